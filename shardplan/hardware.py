@@ -1,0 +1,189 @@
+"""GPUs, links and clusters.
+
+A cluster is GPU × GPUs per node × nodes × intra-node link × inter-node link × host RAM per node.
+Profiles live in ``hardware_profiles/gpus/*.json`` and ``hardware_profiles/links/*.json``; each
+numeric field carries its source in the profile's ``sources`` mapping.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from shardplan.errors import ShardplanError
+from shardplan.profiles import find_by_name, load_all
+from shardplan.units import GiB
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GPUProfile(_Frozen):
+    """One accelerator. ``memory_bytes`` is what the driver exposes (torch ``total_memory``)."""
+
+    name: str
+    display_name: str
+    aliases: tuple[str, ...] = ()
+    vendor: Literal["nvidia", "amd"]
+    memory_bytes: PositiveInt
+    nominal_memory_gb: PositiveInt = Field(description="the marketing capacity, e.g. 24 for '24 GB'")
+    peak_flops: dict[Dtype, PositiveFloat] = Field(description="dense (no sparsity) peak FLOP/s per dtype")
+    memory_bandwidth_bytes_per_s: PositiveFloat
+    default_intra_link: str
+    default_inter_link: str
+    default_gpus_per_node: PositiveInt
+    default_host_ram_bytes: PositiveInt = Field(description="host RAM of a typical node built around it")
+    tdp_watts: PositiveFloat | None = None
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_number_sourced(self) -> "GPUProfile":
+        required = {"memory_bytes", "peak_flops", "memory_bandwidth_bytes_per_s", "default_host_ram_bytes"}
+        missing = sorted(required - set(self.sources))
+        if missing:
+            raise ValueError(f"sources lacks {', '.join(missing)}")
+        if "bf16" not in self.peak_flops and "fp16" not in self.peak_flops:
+            raise ValueError("peak_flops needs bf16 or fp16")
+        return self
+
+
+class LinkProfile(_Frozen):
+    """One interconnect tier. Bandwidth is per direction, per GPU (intra) or per NIC (inter)."""
+
+    name: str
+    display_name: str
+    aliases: tuple[str, ...] = ()
+    kind: Literal["pcie", "nvlink", "infinity_fabric", "infiniband", "ethernet", "roce"]
+    scope: Literal["intra_node", "inter_node"]
+    bandwidth_bytes_per_s: PositiveFloat = Field(description="nameplate, per direction")
+    latency_s: PositiveFloat = Field(description="per-collective start-up latency alpha")
+    efficiency: float = Field(gt=0, le=1, description="achievable bus bandwidth / nameplate")
+    peer_to_peer: bool = True
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_number_sourced(self) -> "LinkProfile":
+        missing = sorted({"bandwidth_bytes_per_s", "latency_s", "efficiency"} - set(self.sources))
+        if missing:
+            raise ValueError(f"sources lacks {', '.join(missing)}")
+        return self
+
+    @property
+    def achievable_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+class Cluster(_Frozen):
+    gpu: GPUProfile
+    gpus_per_node: PositiveInt
+    nodes: PositiveInt = 1
+    intra_link: LinkProfile
+    inter_link: LinkProfile
+    nics_per_node: PositiveInt
+    host_ram_bytes_per_node: PositiveInt
+    capacity_only: bool = Field(False, description="GPU given only by memory size ('24GB')")
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def label(self) -> str:
+        gpu = f"{self.gpu.nominal_memory_gb}GB" if self.capacity_only else self.gpu.name
+        if self.nodes > 1:
+            return f"{self.nodes}x{self.gpus_per_node}x{gpu}"
+        return f"{self.gpus_per_node}x{gpu}"
+
+
+def gpu_profiles() -> tuple[GPUProfile, ...]:
+    return load_all("hardware_profiles/gpus", GPUProfile)
+
+
+def link_profiles() -> tuple[LinkProfile, ...]:
+    return load_all("hardware_profiles/links", LinkProfile)
+
+
+def get_gpu(name: str) -> GPUProfile:
+    return find_by_name(gpu_profiles(), name, "gpu")
+
+
+def get_link(name: str, field: str = "link") -> LinkProfile:
+    return find_by_name(link_profiles(), name, field)
+
+
+def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
+    """A GPU named only by its memory ('24GB'): the built-in profile with that nominal capacity.
+
+    ASSUMPTION: among GPUs of equal capacity the most common training card is listed first in
+    ``CAPACITY_DEFAULTS``; its compute and link figures stand in, and the answer says which.
+    """
+    for name in CAPACITY_DEFAULTS.get(int(nominal_gb), ()):
+        return get_gpu(name)
+    sizes = sorted({g.nominal_memory_gb for g in gpu_profiles()})
+    raise ShardplanError("gpus", f"{nominal_gb:g}GB", f"no GPU profile has that capacity; known: {sizes} GB")
+
+
+CAPACITY_DEFAULTS: dict[int, tuple[str, ...]] = {
+    24: ("rtx4090", "rtx3090"),
+    32: ("rtx5090",),
+    40: ("a100-40gb",),
+    48: ("l40s",),
+    80: ("h100-sxm", "a100-80gb"),
+    141: ("h200",),
+    180: ("b200",),
+    192: ("mi300x",),
+}
+
+_GPUS = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(\d+)\s*[x×*]\s*(.+?)\s*$", re.IGNORECASE)
+_CAPACITY_GPU = re.compile(r"^(\d+(?:\.\d+)?)\s*gi?b?$", re.IGNORECASE)
+
+
+def parse_gpus(
+    text: str,
+    *,
+    intra_link: str | None = None,
+    inter_link: str | None = None,
+    host_ram_bytes_per_node: int | None = None,
+    nics_per_node: int | None = None,
+) -> Cluster:
+    """'4x24GB', '8xh100-sxm', '2x8xa100-80gb' (nodes × GPUs per node × GPU), '4xrtx4090'.
+
+    A bare count ('4x...') above the GPU's usual node size is split into nodes of that size.
+    """
+    match = _GPUS.match(str(text))
+    if not match:
+        raise ShardplanError("gpus", text, "expected COUNTxGPU or NODESxCOUNTxGPU, e.g. '8xh100-sxm'")
+    nodes_text, count_text, gpu_text = match.groups()
+    count = int(count_text)
+    nodes = int(nodes_text) if nodes_text else 1
+    if count < 1 or nodes < 1:
+        raise ShardplanError("gpus", text, "GPU and node counts must be at least 1")
+    capacity = _CAPACITY_GPU.match(gpu_text)
+    if capacity:
+        gpu = gpu_for_capacity(float(capacity.group(1)))
+    else:
+        gpu = get_gpu(gpu_text)
+    per_node = count
+    if nodes_text is None and count > gpu.default_gpus_per_node and count % gpu.default_gpus_per_node == 0:
+        per_node, nodes = gpu.default_gpus_per_node, count // gpu.default_gpus_per_node
+    return Cluster(
+        gpu=gpu,
+        gpus_per_node=per_node,
+        nodes=nodes,
+        intra_link=get_link(intra_link or gpu.default_intra_link, "intra_link"),
+        inter_link=get_link(inter_link or gpu.default_inter_link, "inter_link"),
+        nics_per_node=nics_per_node or max(1, per_node if gpu.default_gpus_per_node >= 8 else 1),
+        host_ram_bytes_per_node=host_ram_bytes_per_node or gpu.default_host_ram_bytes,
+        capacity_only=bool(capacity),
+    )
+
+
+__all__ = [
+    "GPUProfile", "LinkProfile", "Cluster", "gpu_profiles", "link_profiles", "get_gpu", "get_link",
+    "parse_gpus", "gpu_for_capacity", "GiB",
+]

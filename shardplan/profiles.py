@@ -1,0 +1,111 @@
+"""Find, load and validate profile files (models, GPUs, links).
+
+Profiles are data: JSON files validated by frozen pydantic models with ``extra="forbid"``.
+Built-in profiles ship inside the package (``shardplan/data``); users add their own by passing a
+path, or by listing folders in the ``SHARDPLAN_PROFILE_PATH`` environment variable (os.pathsep
+separated). Every error names the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from shardplan.errors import ShardplanError
+
+DATA_DIR = Path(__file__).parent / "data"
+PROFILE_PATH_ENV = "SHARDPLAN_PROFILE_PATH"
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def _describe_validation_error(path: Path, err: ValidationError) -> ShardplanError:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(root)"
+    value = first.get("input")
+    if isinstance(value, dict):
+        value = "{...}"
+    return ShardplanError(f"{path.name}: {field}", value, first["msg"])
+
+
+def read_json(path: Path, field: str = "profile") -> dict:
+    """Read one JSON object from a file, with a one-line error for a missing or malformed file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ShardplanError(field, str(path), "no such file") from None
+    except (IsADirectoryError, PermissionError, OSError) as exc:
+        raise ShardplanError(field, str(path), f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ShardplanError(field, str(path), f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise ShardplanError(field, str(path), "expected a JSON object at the top level")
+    return data
+
+
+def load_profile(path: Path, model: type[T]) -> T:
+    """Validate one profile file against its schema."""
+    data = read_json(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise _describe_validation_error(Path(path), err) from None
+
+
+def search_dirs(kind: str) -> list[Path]:
+    """Folders holding profiles of ``kind`` ('model_profiles', 'hardware_profiles/gpus', ...).
+
+    User folders (from the environment) come first so a user profile can shadow a built-in one.
+    """
+    dirs: list[Path] = []
+    for entry in os.environ.get(PROFILE_PATH_ENV, "").split(os.pathsep):
+        if entry:
+            candidate = Path(entry).expanduser() / kind
+            dirs.append(candidate if candidate.is_dir() else Path(entry).expanduser())
+    dirs.append(DATA_DIR / kind)
+    return dirs
+
+
+@lru_cache(maxsize=None)
+def _load_dir(kind: str, model: type[T], env_value: str) -> tuple[T, ...]:
+    seen: dict[str, T] = {}
+    for folder in search_dirs(kind):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.json")):
+            try:
+                profile = load_profile(path, model)
+            except ShardplanError:
+                if folder.is_relative_to(DATA_DIR):
+                    raise
+                continue  # a foreign JSON file in a user folder is not ours to reject here
+            seen.setdefault(profile.name, profile)
+    return tuple(seen.values())
+
+
+def load_all(kind: str, model: type[T]) -> tuple[T, ...]:
+    """Every profile of one kind: user folders first, then the built-in ones."""
+    return _load_dir(kind, model, os.environ.get(PROFILE_PATH_ENV, ""))
+
+
+def normalize_name(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum() or ch == ".")
+
+
+def find_by_name(profiles: tuple[T, ...], name: str, field: str) -> T:
+    """Match a name or alias, ignoring case, dashes, underscores and spaces."""
+    key = normalize_name(name)
+    for profile in profiles:
+        names = [profile.name, *getattr(profile, "aliases", ())]
+        if any(normalize_name(n) == key for n in names):
+            return profile
+    known = ", ".join(sorted(p.name for p in profiles))
+    raise ShardplanError(field, name, f"unknown; known: {known}")
