@@ -1,0 +1,277 @@
+"""ModelSpec: a decoder transformer's dimensions, and every parameter count derived from them.
+
+Counts follow the Hugging Face `transformers` module layout of each family (which Linear has a
+bias, how many norms a block owns, fused MoE expert banks) and are pinned exactly against models
+built on the meta device (tests/data/hf_model_counts.csv). FLOPs per token follow PaLM (Chowdhery
+et al. 2022, App. B): 6·N_matmul + 12·L·n_heads·head_dim·s for training.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+
+class MoESpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_experts: PositiveInt
+    experts_per_token: PositiveInt
+    intermediate_size: PositiveInt
+    shared_experts: int = Field(0, ge=0, description="always-active experts of the same width")
+    first_dense_layers: int = Field(0, ge=0, description="leading blocks with a dense MLP instead")
+
+
+class MLASpec(BaseModel):
+    """DeepSeek-V2 multi-head latent attention (arXiv 2405.04434, §2.1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kv_lora_rank: PositiveInt
+    q_lora_rank: PositiveInt | None = None
+    qk_rope_head_dim: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    display_name: str = ""
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+    family: Literal["llama", "mistral", "mixtral", "qwen2", "gemma2", "gpt2", "opt", "falcon", "deepseek_v2"]
+    block_class: str = Field("", description="the transformers class FSDP wraps, e.g. LlamaDecoderLayer")
+
+    vocab_size: PositiveInt
+    hidden_size: PositiveInt
+    num_layers: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt | None = None
+    intermediate_size: PositiveInt
+    max_position_embeddings: PositiveInt
+
+    mlp: Literal["swiglu", "geglu", "gelu", "relu"]
+    norm: Literal["rmsnorm", "layernorm"]
+    norms_per_block: PositiveInt = 2
+    qkv_bias: bool = False
+    out_proj_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    learned_position_embeddings: bool = False
+    position_embedding_offset: int = Field(0, ge=0, description="OPT keeps 2 extra position rows")
+    sliding_window: PositiveInt | None = None
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> "ModelSpec":
+        if self.head_dim is None and self.mla is None and self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}")
+        if self.moe and self.moe.experts_per_token > self.moe.num_experts:
+            raise ValueError("moe.experts_per_token exceeds moe.num_experts")
+        return self
+
+    # --- shapes -------------------------------------------------------------------------------
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection output (n_heads × head_dim)."""
+        if self.mla:
+            return self.num_heads * (self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim)
+        return self.num_heads * self.resolved_head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of one of K or V (n_kv_heads × head_dim); GQA/MQA make it narrower than q."""
+        return self.num_kv_heads * self.resolved_head_dim
+
+    @property
+    def attn_out_width(self) -> int:
+        if self.mla:
+            return self.num_heads * self.mla.v_head_dim
+        return self.num_heads * self.resolved_head_dim
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp in ("swiglu", "geglu")
+
+    @property
+    def norm_params(self) -> int:
+        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    # --- per-block parameter counts -----------------------------------------------------------
+    @cached_property
+    def attention_params(self) -> int:
+        h = self.hidden_size
+        if self.mla:
+            m = self.mla
+            if m.q_lora_rank:
+                q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.q_width
+            else:
+                q = h * self.q_width
+            kv_a = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank  # + kv_a_layernorm
+            kv_b = m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv_a + kv_b + self.attn_out_width * h
+        qkv = h * (self.q_width + 2 * self.kv_width)
+        if self.qkv_bias:
+            qkv += self.q_width + 2 * self.kv_width
+        out = self.attn_out_width * h + (h if self.out_proj_bias else 0)
+        return qkv + out
+
+    def mlp_params_for(self, intermediate: int) -> int:
+        h = self.hidden_size
+        if self.gated_mlp:
+            return 3 * h * intermediate + (2 * intermediate + h if self.mlp_bias else 0)
+        return 2 * h * intermediate + (intermediate + h if self.mlp_bias else 0)
+
+    @cached_property
+    def dense_mlp_params(self) -> int:
+        return self.mlp_params_for(self.intermediate_size)
+
+    @cached_property
+    def routed_experts_params_per_block(self) -> int:
+        """The fused expert bank of one MoE block (transformers 5 keeps it as one module)."""
+        if not self.moe:
+            return 0
+        return self.moe.num_experts * self.mlp_params_for(self.moe.intermediate_size)
+
+    @cached_property
+    def moe_block_mlp_params(self) -> int:
+        moe = self.moe
+        if not moe:
+            return self.dense_mlp_params
+        shared = self.mlp_params_for(moe.shared_experts * moe.intermediate_size) if moe.shared_experts else 0
+        router = moe.num_experts * self.hidden_size
+        return self.routed_experts_params_per_block + shared + router
+
+    @property
+    def num_moe_blocks(self) -> int:
+        return self.num_layers - self.moe.first_dense_layers if self.moe else 0
+
+    @cached_property
+    def block_norm_params(self) -> int:
+        return self.norms_per_block * self.norm_params
+
+    @cached_property
+    def dense_block_params(self) -> int:
+        return self.attention_params + self.dense_mlp_params + self.block_norm_params
+
+    @cached_property
+    def moe_block_params(self) -> int:
+        return self.attention_params + self.moe_block_mlp_params + self.block_norm_params
+
+    @cached_property
+    def block_params(self) -> tuple[int, ...]:
+        """Parameters of each decoder block, in order (blocks differ only for partly-MoE models)."""
+        dense = self.num_layers - self.num_moe_blocks
+        return (self.dense_block_params,) * dense + (self.moe_block_params,) * self.num_moe_blocks
+
+    @property
+    def largest_block_params(self) -> int:
+        return max(self.block_params)
+
+    @property
+    def blocks_params(self) -> int:
+        return sum(self.block_params)
+
+    # --- non-block parameters -----------------------------------------------------------------
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """The output projection's weight, whether or not it shares storage with the embedding."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def position_embedding_params(self) -> int:
+        if not self.learned_position_embeddings:
+            return 0
+        return (self.max_position_embeddings + self.position_embedding_offset) * self.hidden_size
+
+    @property
+    def final_norm_params(self) -> int:
+        return self.norm_params
+
+    @property
+    def root_params(self) -> int:
+        """What is not inside a decoder block: FSDP's root unit when each block is wrapped."""
+        untied_head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return self.embedding_params + untied_head + self.position_embedding_params + self.final_norm_params
+
+    @cached_property
+    def total_params(self) -> int:
+        return self.root_params + self.blocks_params
+
+    @property
+    def non_embedding_params(self) -> int:
+        """Total minus embedding tables (token, position) and an untied lm_head (HF convention)."""
+        untied_head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return self.total_params - self.embedding_params - self.position_embedding_params - untied_head
+
+    @property
+    def largest_module_params(self) -> int:
+        """Largest module that owns its parameters directly (DeepSpeed ZeRO-3's gathered unit).
+
+        Candidates: token embedding, an untied lm_head, one MLP projection, a fused QKV projection
+        (GPT-2, Falcon), and a fused MoE expert bank (transformers >= 5 keeps it as one module).
+        """
+        h = self.hidden_size
+        mlp_proj = h * self.intermediate_size + (self.intermediate_size if self.mlp_bias else 0)
+        candidates = [self.embedding_params, mlp_proj, self.routed_experts_params_per_block]
+        if not self.tie_word_embeddings:
+            candidates.append(self.lm_head_params)
+        if self.family in ("gpt2", "falcon"):
+            width = self.q_width + 2 * self.kv_width
+            candidates.append(h * width + (width if self.qkv_bias else 0))
+        return max(candidates)
+
+    # --- MoE ------------------------------------------------------------------------------------
+    @property
+    def routed_experts_params(self) -> int:
+        return self.routed_experts_params_per_block * self.num_moe_blocks
+
+    @property
+    def active_params_per_token(self) -> int:
+        """Parameters one token touches: the unrouted experts drop out."""
+        if not self.moe:
+            return self.total_params
+        idle = (self.moe.num_experts - self.moe.experts_per_token) / self.moe.num_experts
+        return self.total_params - round(self.routed_experts_params * idle)
+
+    # --- FLOPs ----------------------------------------------------------------------------------
+    @property
+    def matmul_params_per_token(self) -> int:
+        """Parameters that enter a matmul for one token: active block weights plus the lm_head.
+
+        The embedding lookup is a gather (no FLOPs); a tied lm_head still costs a matmul.
+        """
+        block_active = self.active_params_per_token - self.root_params
+        return block_active + self.lm_head_params
+
+    def attention_flops_per_token(self, seq_len) -> object:
+        """Forward score + value FLOPs per token: 2·2·L·s·(n_heads·head_dim) [PaLM App. B].
+
+        ASSUMPTION: full (non-causal-skipping) attention, as PaLM and torchtitan count it.
+        """
+        return 4 * self.num_layers * seq_len * self.q_width
+
+    def train_flops_per_token(self, seq_len) -> object:
+        """6·N_matmul + 3 × attention forward = 6N + 12·L·H·Q·T (PaLM App. B)."""
+        return 6 * self.matmul_params_per_token + 3 * self.attention_flops_per_token(seq_len)
+
+    def forward_flops_per_token(self, seq_len) -> object:
+        return 2 * self.matmul_params_per_token + self.attention_flops_per_token(seq_len)
