@@ -1,0 +1,15 @@
+"""Calibration harness: real torch FSDP runs, collective and matmul benchmarks, fitted overlays.
+
+Nothing here imports torch at package import time; the submodules that need torch import it
+themselves (install the ``calibrate`` extra). Submodules:
+
+* ``tiny_model``  — small HF-faithful decoders built from a ModelSpec
+* ``config``      — one calibration configuration (RunConfig) and grids of them
+* ``runner``      — FSDP2 / FSDP1 training steps with per-category memory tracking
+* ``launch``      — torchrun, spawned ranks, fake process group; isolation, timeouts, resume
+* ``results``     — atomic JSONL/CSV/JSON writing
+* ``collectives`` — collective benchmarks, nccl-tests parser, α-β fits
+* ``compute``     — matmul throughput and efficiency-curve fit
+* ``overlay``     — calibrated hardware-profile overlay (write/load)
+* ``cli``         — the typer app mounted as ``shardplan calibrate``
+"""

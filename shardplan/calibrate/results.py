@@ -1,0 +1,115 @@
+"""Atomic result files: JSONL (one record per configuration, resumable), CSV and JSON.
+
+Every write goes to a temporary file in the destination directory and is moved into place with
+``os.replace``, so a reader (or an interrupted calibration) sees either the old file or the new
+one, never a torn line. No torch import here.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json_atomic(path, data) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_jsonl(path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line:
+            records.append(json.loads(line))
+    return records
+
+
+def append_jsonl(path, record: dict) -> Path:
+    """Append one record atomically (rewrite-and-replace: the file is always whole)."""
+    path = Path(path)
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    if old and not old.endswith("\n"):
+        old += "\n"
+    return write_text_atomic(path, old + json.dumps(record, sort_keys=True) + "\n")
+
+
+def done_keys(path, retry_failed: bool = False) -> set[str]:
+    keys = set()
+    for rec in read_jsonl(path):
+        if retry_failed and rec.get("status") != "ok":
+            continue
+        keys.add(rec.get("key"))
+    return keys
+
+
+def write_csv_atomic(path, rows: Iterable[dict], columns: list[str] | None = None) -> Path:
+    rows = list(rows)
+    if columns is None:
+        columns = []
+        for row in rows:
+            for k in row:
+                if k not in columns:
+                    columns.append(k)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    return write_text_atomic(path, buf.getvalue())
+
+
+CONFIG_COLUMNS = ["key", "status", "engine", "strategy", "world_size", "shard_size", "param_dtype", "reduce_dtype",
+                  "ac", "optimizer", "cpu_offload", "micro_batch", "seq_len", "launch", "fake_tensors", "model"]
+SPEC_COLUMNS = ["hidden_size", "num_layers", "num_heads", "num_kv_heads", "resolved_head_dim", "intermediate_size",
+                "vocab_size", "mlp", "norm", "tie_word_embeddings", "total_params"]
+
+
+def flatten(record: dict) -> dict:
+    """One configuration record -> one flat row (config, spec dims, measured bytes, peaks, time)."""
+    cfg = record.get("config", {})
+    row = {"key": record.get("key"), "status": record.get("status")}
+    for c in CONFIG_COLUMNS[2:]:
+        row[c] = cfg.get(c)
+    if row.get("shard_size") is None and cfg:
+        row["shard_size"] = record.get("shard_size")
+    for c in SPEC_COLUMNS:
+        row[c] = record.get("spec", {}).get(c)
+    for k, v in sorted(record.get("measured", {}).items()):
+        row[k] = v
+    for k in ("forward_peak_bytes", "backward_peak_bytes", "total_peak_bytes", "step_time_s",
+              "cuda_max_allocated_bytes", "cuda_max_reserved_bytes", "cuda_active_peak_bytes", "error"):
+        if k in record:
+            row[k] = record[k]
+    for op, c in sorted(record.get("collectives", {}).items()):
+        row[f"{op}_count"] = c["count"]
+        row[f"{op}_bytes"] = c["bytes"]
+    env = record.get("env", {})
+    row["torch"] = env.get("torch")
+    row["device"] = env.get("gpu") or env.get("cpu")
+    row["backend"] = env.get("backend")
+    return row

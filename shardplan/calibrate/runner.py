@@ -1,0 +1,325 @@
+"""Run FSDP2 / FSDP1 training steps on the current process group and measure them.
+
+``measure(cfg)`` assumes ``torch.distributed`` is initialised (gloo, nccl or the fake backend)
+and returns one tidy record: the configuration, per-category memory peaks from torch's own
+trackers (``FSDPMemTracker`` for FSDP2, ``MemTracker`` for FSDP1), the forward/backward phase
+peaks of the root module, the breakdown at the overall peak, step time (median after a warm-up
+step), collective counts/bytes, and on CUDA the allocator's own peaks.
+
+Memory categories (FSDP2, from ``torch.distributed._tools.fsdp2_mem_tracker._FSDPRefType``):
+"Sharded Param", "Unsharded Param", "Buffer", "Sharded Grad", "Unsharded Grad", "Activation",
+"Temp", "All Gather", "Reduce Scatter", "OptState", "Inputs". FSDP1 (``_MemRefType``):
+"Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other". The tracker reports
+the per-category breakdown at the instant of the total peak; a subclass here also keeps each
+category's own maximum over the tracked step ("cat_max").
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from shardplan.calibrate.config import RunConfig
+from shardplan.calibrate.tiny_model import build_tiny_model, tiny_spec
+from shardplan.models import resolve_model
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# tracker category -> record field (FSDP2)
+FSDP2_FIELDS = {
+    "Sharded Param": "params_sharded_bytes",
+    "Unsharded Param": "params_unsharded_bytes",
+    "Sharded Grad": "grads_sharded_bytes",
+    "Unsharded Grad": "grads_unsharded_bytes",
+    "OptState": "optimizer_state_bytes",
+    "All Gather": "all_gather_bytes",
+    "Reduce Scatter": "reduce_scatter_bytes",
+    "Activation": "activations_bytes",
+    "Temp": "temporaries_bytes",
+    "Inputs": "inputs_bytes",
+    "Buffer": "buffers_bytes",
+}
+# FSDP1's generic tracker has no sharded/unsharded split: FlatParameters count as "Parameter",
+# the all-gathered flat storage is produced by the collective (counted as Activation/Temp).
+FSDP1_FIELDS = {
+    "Parameter": "params_sharded_bytes",
+    "Gradient": "grads_sharded_bytes",
+    "Optstate": "optimizer_state_bytes",
+    "Activation": "activations_bytes",
+    "Temp": "temporaries_bytes",
+    "Other": "inputs_bytes",
+    "Buffer": "buffers_bytes",
+}
+CATEGORY_FIELDS = sorted(set(FSDP2_FIELDS.values()) | set(FSDP1_FIELDS.values()) | {"optimizer_step_peak_bytes"})
+
+
+# --- collective counting ---------------------------------------------------------------------
+class CollectiveCounter(TorchDispatchMode):
+    """Counts c10d collectives that pass the dispatcher, with S = the full buffer in bytes
+    (nccl-tests convention: all-gather output, reduce-scatter input, all-reduce tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+
+    def _add(self, name, tensors):
+        n = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+        self.counts[name] = self.counts.get(name, 0) + 1
+        self.bytes[name] = self.bytes.get(name, 0) + n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        c10d = torch.ops.c10d
+        packet = getattr(func, "overloadpacket", None)
+        if packet is c10d._allgather_base_:
+            self._add("all_gather", [args[0]])
+        elif packet is c10d._reduce_scatter_base_:
+            self._add("reduce_scatter", [args[1]])
+        elif packet is c10d.allreduce_:
+            self._add("all_reduce", list(args[0]))
+        elif packet is c10d.allgather_:
+            self._add("all_gather", [t for lst in args[0] for t in lst])
+        elif packet is c10d.reduce_scatter_:
+            self._add("reduce_scatter", [t for lst in args[1] for t in lst])
+        elif packet is c10d.broadcast_:
+            self._add("broadcast", list(args[0]))
+        elif packet is c10d.allgather_into_tensor_coalesced_:
+            self._add("all_gather", list(args[0]))
+        elif packet is c10d.reduce_scatter_tensor_coalesced_:
+            self._add("reduce_scatter", list(args[1]))
+        return func(*args, **kwargs)
+
+
+def _tracker_with_category_max(base):
+    """Subclass a torch memory tracker so it also records every category's own maximum."""
+
+    class Tracker(base):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.cat_max: dict[str, int] = {}
+
+        def _update_snap(self, *a, **k):
+            super()._update_snap(*a, **k)
+            for snap in self._curr_mem_snap.values():
+                for cat, val in snap.items():
+                    name = getattr(cat, "value", cat)
+                    if val > self.cat_max.get(name, 0):
+                        self.cat_max[name] = val
+
+    return Tracker
+
+
+# --- building --------------------------------------------------------------------------------
+def resolve_spec(cfg: RunConfig):
+    spec = resolve_model(cfg.model).spec
+    if cfg.tiny:
+        spec = tiny_spec(spec, **cfg.tiny)
+    return spec
+
+
+def device_type() -> str:
+    return "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+
+
+def build_mesh(cfg: RunConfig, dev: str):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    g = cfg.resolved_shard_size
+    if cfg.strategy in ("full_shard", "shard_grad_op"):
+        return init_device_mesh(dev, (cfg.world_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(dev, (cfg.world_size // g, g), mesh_dim_names=("replicate", "shard"))
+
+
+def wrap_fsdp2(model, cfg: RunConfig, mesh):
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.param_dtype], reduce_dtype=_DTYPES[cfg.reduce_dtype])
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else OffloadPolicy()
+    reshard = cfg.strategy not in ("shard_grad_op", "hybrid_shard_zero2")
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    return model
+
+
+def wrap_fsdp1(model, cfg: RunConfig, dev: str):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = {"full_shard": ShardingStrategy.FULL_SHARD, "shard_grad_op": ShardingStrategy.SHARD_GRAD_OP,
+                "no_shard": ShardingStrategy.NO_SHARD, "hybrid_shard": ShardingStrategy.HYBRID_SHARD,
+                "hybrid_shard_zero2": ShardingStrategy._HYBRID_SHARD_ZERO2}[cfg.strategy]
+    mp = None
+    if cfg.param_dtype != "float32" or cfg.reduce_dtype != "float32":
+        mp = MixedPrecision(param_dtype=_DTYPES[cfg.param_dtype], reduce_dtype=_DTYPES[cfg.reduce_dtype],
+                            buffer_dtype=torch.float32)
+    kwargs = {}
+    if cfg.strategy.startswith("hybrid"):
+        kwargs["device_mesh"] = build_mesh(cfg, dev)
+    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({model.block_class}), sharding_strategy=strategy,
+                mixed_precision=mp, device_id=torch.device("cuda", torch.cuda.current_device()) if dev == "cuda" else torch.device("cpu"),
+                use_orig_params=False, **kwargs)
+
+
+def build_optimizer(model, cfg: RunConfig):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+
+
+def _sync(dev):
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_step(model, opt, inputs):
+    opt.zero_grad(set_to_none=True)
+    loss = model(*inputs)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+# --- the measurement -------------------------------------------------------------------------
+def measure(cfg: RunConfig) -> dict:
+    """Build, wrap, train ``cfg.steps`` untracked steps (timed, collectives counted), then one step
+    under the memory tracker. Returns this rank's record (plain JSON types)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rank = dist.get_rank()
+    dev = device_type()
+    spec = resolve_spec(cfg)
+    torch.manual_seed(cfg.seed)
+    mesh = build_mesh(cfg, dev) if cfg.engine == "fsdp2" else None  # outside FakeTensorMode
+    fake = FakeTensorMode() if cfg.fake_tensors else nullcontext()
+    record: dict = {"key": cfg.key(), "status": "ok", "rank": rank, "config": cfg.model_dump(mode="json"),
+                    "spec": {k: getattr(spec, k) for k in ("family", "hidden_size", "num_layers", "num_heads",
+                                                            "num_kv_heads", "resolved_head_dim",
+                                                            "intermediate_size", "vocab_size", "mlp", "norm",
+                                                            "tie_word_embeddings", "total_params",
+                                                            "root_params", "largest_block_params")}}
+    with fake:
+        device = torch.device(dev, torch.cuda.current_device()) if dev == "cuda" else torch.device("cpu")
+        model = build_tiny_model(spec, dropout=cfg.dropout, device=device)
+        model.set_checkpointing(cfg.ac)
+        if cfg.engine == "fsdp2":
+            model = wrap_fsdp2(model, cfg, mesh)
+        else:
+            model = wrap_fsdp1(model, cfg, dev)
+        opt = build_optimizer(model, cfg)
+        ids = torch.randint(0, spec.vocab_size, (cfg.micro_batch, cfg.seq_len), device=device)
+        inputs = (ids, ids.clone())
+
+        times, counter = [], CollectiveCounter()
+        for i in range(cfg.steps):
+            _sync(dev)
+            t0 = time.perf_counter()
+            with counter if i == cfg.steps - 1 else nullcontext():
+                loss = train_step(model, opt, inputs)
+            _sync(dev)
+            times.append(time.perf_counter() - t0)
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        # tracked step
+        if cfg.engine == "fsdp2":
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+            tracker = _tracker_with_category_max(FSDPMemTracker)(model, opt)
+            tracker.track_inputs(inputs)
+        else:
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            tracker = _tracker_with_category_max(MemTracker)()
+            tracker.track_external(model, opt, *inputs)
+        with tracker:
+            loss = train_step(model, opt, inputs)
+        _sync(dev)
+
+    record.update(_tracker_summary(tracker, model, cfg))
+    record["loss"] = None if cfg.fake_tensors else float(loss.detach().float().item())
+    warm = times[1:]
+    record["step_time_s"] = None if cfg.fake_tensors else statistics.median(warm)
+    record["step_times_s"] = times
+    record["collectives"] = {k: {"count": counter.counts[k], "bytes": counter.bytes[k]} for k in counter.counts}
+    if dev == "cuda":
+        stats = torch.cuda.memory_stats()
+        record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        record["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        record["cuda_active_peak_bytes"] = stats.get("active_bytes.all.peak")
+    record["env"] = environment()
+    return record
+
+
+def _tracker_summary(tracker, model, cfg: RunConfig) -> dict:
+    fields = FSDP2_FIELDS if cfg.engine == "fsdp2" else FSDP1_FIELDS
+    out: dict = {}
+    cat_max = tracker.cat_max
+    measured = {field: 0 for field in CATEGORY_FIELDS}
+    for cat, field in fields.items():
+        measured[field] = int(cat_max.get(cat, 0))
+    out["measured"] = measured
+    peak = tracker.get_tracker_snapshot("peak")
+    peak_dev = {str(d): {getattr(k, "value", k): int(v) for k, v in snap.items()} for d, snap in peak.items()}
+    out["peak_breakdown"] = peak_dev
+    out["total_peak_bytes"] = int(max((s.get("Total", 0) for s in peak_dev.values()), default=0))
+    out["devices"] = sorted(peak_dev)
+    # phase peaks of the root module
+    fw = bw = None
+    root_stats = tracker.memory_tracking.get(model)
+    if root_stats is not None:
+        snaps = root_stats.snapshots
+        fw_key = next((k for k in snaps if getattr(k, "name", "") == "PEAK_FW"), None)
+        bw_key = next((k for k in snaps if getattr(k, "name", "") == "PEAK_BW"), None)
+        if fw_key is not None:
+            fw = {str(d): {getattr(k, "value", k): int(v) for k, v in s.items()} for d, s in snaps[fw_key][-1].items()}
+        if bw_key is not None:
+            bw = {str(d): {getattr(k, "value", k): int(v) for k, v in s.items()} for d, s in snaps[bw_key][-1].items()}
+    out["forward_peak_breakdown"] = fw
+    out["backward_peak_breakdown"] = bw
+    out["forward_peak_bytes"] = int(max((s.get("Total", 0) for s in (fw or {}).values()), default=0))
+    out["backward_peak_bytes"] = int(max((s.get("Total", 0) for s in (bw or {}).values()), default=0))
+    out["category_max"] = {k: int(v) for k, v in cat_max.items()}
+    # steady-state optimizer state (after the step's temporaries are freed) vs. the step's maximum
+    end = tracker.get_tracker_snapshot("current")
+    opt_cat = "OptState" if cfg.engine == "fsdp2" else "Optstate"
+    steady = int(max((getattr_cat(s, opt_cat) for s in end.values()), default=0))
+    measured["optimizer_step_peak_bytes"] = measured["optimizer_state_bytes"]
+    measured["optimizer_state_bytes"] = steady
+    out["end_of_step"] = {str(d): {getattr(k, "value", k): int(v) for k, v in s.items()} for d, s in end.items()}
+    return out
+
+
+def getattr_cat(snap: dict, name: str) -> int:
+    for k, v in snap.items():
+        if getattr(k, "value", k) == name:
+            return int(v)
+    return 0
+
+
+def environment() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    env = {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu,
+           "backend": dist.get_backend() if dist.is_initialized() else None,
+           "omp_threads": torch.get_num_threads(), "hostname_hash": hash(platform.node()) & 0xFFFF}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+    return env
