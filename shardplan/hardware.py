@@ -122,9 +122,15 @@ def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
     ASSUMPTION: among GPUs of equal capacity the most common training card is listed first in
     ``CAPACITY_DEFAULTS``; its compute and link figures stand in, and the answer says which.
     """
-    for name in CAPACITY_DEFAULTS.get(int(nominal_gb), ()):
-        return get_gpu(name)
-    sizes = sorted({g.nominal_memory_gb for g in gpu_profiles()})
+    profiles = gpu_profiles()
+    if float(nominal_gb).is_integer():  # '24.5GB' must not fall through to the 24 GB cards
+        size = int(nominal_gb)
+        for name in CAPACITY_DEFAULTS.get(size, ()):
+            return get_gpu(name)
+        for profile in profiles:  # a size CAPACITY_DEFAULTS does not list, e.g. a user profile
+            if profile.nominal_memory_gb == size:
+                return profile
+    sizes = sorted({g.nominal_memory_gb for g in profiles})
     raise ShardplanError("gpus", f"{nominal_gb:g}GB", f"no GPU profile has that capacity; known: {sizes} GB")
 
 
@@ -169,8 +175,16 @@ def parse_gpus(
     else:
         gpu = get_gpu(gpu_text)
     per_node = count
-    if nodes_text is None and count > gpu.default_gpus_per_node and count % gpu.default_gpus_per_node == 0:
-        per_node, nodes = gpu.default_gpus_per_node, count // gpu.default_gpus_per_node
+    node_size = gpu.default_gpus_per_node
+    if nodes_text is None and count > node_size:
+        if count % node_size:
+            even = next(n for n in range(-(-count // node_size), count + 1) if count % n == 0)
+            raise ShardplanError(
+                "gpus", text,
+                f"{count} GPUs do not fill whole {node_size}-GPU {gpu.name} nodes; write NODESxCOUNTxGPU, "
+                f"e.g. '{even}x{count // even}x{gpu_text}'",
+            )
+        per_node, nodes = node_size, count // node_size
     return Cluster(
         gpu=gpu,
         gpus_per_node=per_node,
