@@ -275,3 +275,30 @@ class ModelSpec(BaseModel):
 
     def forward_flops_per_token(self, seq_len) -> object:
         return 2 * self.matmul_params_per_token + self.attention_flops_per_token(seq_len)
+
+
+LORA_TARGETS = ("all-linear", "attention", "qv")
+
+
+def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
+    """Adapter parameters one block gains: rank·(in + out) per targeted Linear (Hu et al. 2021, §4).
+
+    ASSUMPTION: MoE expert banks are not adapted (PEFT targets named Linear modules; fused expert
+    banks are parameters, not Linears); MLA's low-rank projections are adapted like q/k/v/o.
+    """
+    h = spec.hidden_size
+    attention = {"q": h + spec.q_width, "k": h + spec.kv_width, "v": h + spec.kv_width, "o": spec.attn_out_width + h}
+    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if spec.moe else spec.intermediate_size
+    mlp = (3 if spec.gated_mlp else 2) * (h + mlp_width) if mlp_width else 0
+    if targets == "qv":
+        dims = attention["q"] + attention["v"]
+    elif targets == "attention":
+        dims = sum(attention.values())
+    else:
+        dims = sum(attention.values()) + mlp
+    return rank * dims
+
+
+def block_linear_params(spec: ModelSpec) -> int:
+    """Weights of all Linear layers in the blocks (what QLoRA quantizes to 4 bit)."""
+    return spec.blocks_params - spec.num_layers * spec.block_norm_params

@@ -1,0 +1,156 @@
+"""The evaluation input: one configuration, or many as broadcast numpy columns.
+
+``TrainingConfig`` is what a user states (names); ``Columns`` is what formulas read (numbers).
+A single query is a one-row sweep: ``Columns.build`` accepts scalars or arrays for every field
+and broadcasts them, so the same formulas serve both (DESIGN.md §3, principle 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from shardplan import strategy as st
+from shardplan.hardware import Cluster
+from shardplan.model import ModelSpec, block_linear_params, lora_params_per_block
+from shardplan.overheads import nccl_bytes_for_link
+
+
+class TrainingConfig(BaseModel):
+    """One configuration as a user states it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    strategy: str = "full_shard"
+    engine: str = "fsdp2"
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    ac: str = "none"
+    ac_every_k: PositiveInt = 2
+    offload: str = "none"
+    method: str = "full"
+    lora_rank: PositiveInt = 16
+    lora_targets: str = "all-linear"
+    micro_batch: PositiveInt = 1
+    seq_len: PositiveInt = Field(1024, description="default: TRL SFTConfig.max_length (1024)")
+    grad_accum: PositiveInt = 1
+    shard_group_size: PositiveInt | None = Field(None, description="HSDP shard group; default GPUs per node")
+    attention: str = "sdpa"
+    dropout: bool = False
+
+
+MODEL_FIELDS = (
+    "total_params", "root_params", "unit_params", "largest_module_params", "num_layers", "hidden_size",
+    "vocab_size", "q_width", "kv_width", "attn_out_width", "num_heads", "mlp_width", "gated_mlp",
+    "layernorm", "tied_embeddings", "lora_params", "quantizable_params",
+)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Numeric columns of a sweep; every field broadcasts against every other."""
+
+    # model
+    total_params: np.ndarray
+    root_params: np.ndarray
+    unit_params: np.ndarray          # largest FSDP unit (a decoder block)
+    largest_module_params: np.ndarray
+    num_layers: np.ndarray
+    hidden_size: np.ndarray
+    vocab_size: np.ndarray
+    q_width: np.ndarray
+    kv_width: np.ndarray
+    attn_out_width: np.ndarray
+    num_heads: np.ndarray
+    mlp_width: np.ndarray            # MLP width one token passes through (MoE: k experts + shared)
+    gated_mlp: np.ndarray
+    layernorm: np.ndarray
+    tied_embeddings: np.ndarray
+    lora_params: np.ndarray          # adapters over the whole model at the configured rank
+    quantizable_params: np.ndarray   # block Linear weights (QLoRA's 4-bit part)
+    # cluster
+    world_size: np.ndarray
+    gpus_per_node: np.ndarray
+    gpu_memory_bytes: np.ndarray
+    host_ram_bytes_per_node: np.ndarray
+    nccl_buffer_bytes: np.ndarray    # device memory NCCL holds outside torch's allocator
+    # knobs
+    strategy: np.ndarray
+    engine: np.ndarray
+    precision: np.ndarray
+    optimizer: np.ndarray
+    ac: np.ndarray
+    ac_every_k: np.ndarray
+    offload: np.ndarray
+    method: np.ndarray
+    micro_batch: np.ndarray
+    seq_len: np.ndarray
+    grad_accum: np.ndarray
+    shard_group_size: np.ndarray
+    attention: np.ndarray
+    dropout: np.ndarray
+
+    @classmethod
+    def build(cls, **values: Any) -> "Columns":
+        names = [f.name for f in fields(cls)]
+        missing = sorted(set(names) - set(values))
+        if missing:
+            raise TypeError(f"Columns.build missing {missing}")
+        arrays = np.broadcast_arrays(*(np.asarray(values[n]) for n in names))
+        return cls(**dict(zip(names, arrays)))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.total_params.shape
+
+
+def model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-linear") -> dict[str, int]:
+    """The numbers formulas need from one ModelSpec."""
+    if spec.moe:
+        mlp_width = (spec.moe.experts_per_token + spec.moe.shared_experts) * spec.moe.intermediate_size
+    else:
+        mlp_width = spec.intermediate_size
+    return dict(
+        total_params=spec.total_params, root_params=spec.root_params, unit_params=spec.largest_block_params,
+        largest_module_params=spec.largest_module_params, num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size, vocab_size=spec.vocab_size, q_width=spec.q_width,
+        kv_width=spec.kv_width if not spec.mla else spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim,
+        attn_out_width=spec.attn_out_width, num_heads=spec.num_heads, mlp_width=mlp_width,
+        gated_mlp=spec.gated_mlp, layernorm=spec.norm == "layernorm", tied_embeddings=spec.tie_word_embeddings,
+        lora_params=spec.num_layers * lora_params_per_block(spec, lora_rank, lora_targets),
+        quantizable_params=block_linear_params(spec),
+    )
+
+
+def cluster_values(cluster: Cluster) -> dict[str, int]:
+    nccl = nccl_bytes_for_link(cluster.intra_link.name, cluster.intra_link.kind) if cluster.world_size > 1 else 0
+    return dict(world_size=cluster.world_size, gpus_per_node=cluster.gpus_per_node,
+                gpu_memory_bytes=cluster.gpu.memory_bytes, host_ram_bytes_per_node=cluster.host_ram_bytes_per_node,
+                nccl_buffer_bytes=nccl)
+
+
+def knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
+    """Names -> codes, with one-line errors for unknown names."""
+    return dict(
+        strategy=st.code(st.STRATEGIES, config.strategy, "strategy"),
+        engine=st.code(st.ENGINES, config.engine, "engine"),
+        precision=st.code(st.PRECISIONS, config.precision, "precision"),
+        optimizer=st.code(st.OPTIMIZERS, config.optimizer, "optimizer"),
+        ac=st.code(st.AC_MODES, config.ac, "ac"),
+        ac_every_k=config.ac_every_k,
+        offload=st.code(st.OFFLOADS, config.offload, "offload"),
+        method=st.code(st.METHODS, config.method, "method"),
+        micro_batch=config.micro_batch, seq_len=config.seq_len, grad_accum=config.grad_accum,
+        shard_group_size=config.shard_group_size or cluster.gpus_per_node,
+        attention=st.code(st.ATTENTIONS, config.attention, "attention"),
+        dropout=config.dropout,
+    )
+
+
+def columns_for(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Columns:
+    """One configuration as 0-d columns."""
+    return Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
+                         **knob_values(config, cluster))

@@ -1,0 +1,205 @@
+"""The capacity query: does a configuration fit, term by term, and what would make it fit.
+
+``evaluate`` answers one configuration (a one-row sweep through ``estimate_memory``);
+``fit`` answers one strategy or all of them; ``alternatives`` tries the cheapest changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from shardplan import strategy as st
+from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
+from shardplan.errors import ShardplanError
+from shardplan.hardware import Cluster
+from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.model import ModelSpec
+
+
+class Alternative(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    change: str
+    fits: bool
+    peak_allocated_bytes: int
+    device_total_bytes: int
+    world_size: int
+    config: dict[str, Any]
+
+
+class PerGPU(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    non_torch_bytes: int
+    device_total_bytes: int
+    headroom_bytes: int
+    peak_phase: str
+    model_state_bytes: int
+    breakdown: dict[str, int]
+
+
+class PerNode(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    host_bytes: int
+    host_ram_bytes: int
+    host_offloaded_bytes_per_gpu: int
+
+
+class FitResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    fits: bool
+    fits_gpu: bool
+    fits_host: bool
+    valid: bool
+    strategy: str
+    engine: str
+    config: dict[str, Any]
+    model: dict[str, Any]
+    gpu: dict[str, Any]
+    cluster: dict[str, Any]
+    per_gpu: PerGPU
+    per_node: PerNode
+    alternatives: list[Alternative] = []
+    notes: list[str] = []
+
+
+def _columns(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Columns:
+    return Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
+                         **knob_values(config, cluster))
+
+
+def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> None:
+    """Impossible configurations get a one-line error naming the field and value."""
+    knobs = knob_values(config, cluster)
+    if not bool(st.is_valid(knobs["strategy"], knobs["engine"])):
+        raise ShardplanError("strategy", config.strategy, f"not expressible with engine {config.engine!r} "
+                                                          f"(zero1/zero2 need --engine deepspeed)")
+    if config.shard_group_size and cluster.world_size % config.shard_group_size:
+        raise ShardplanError("shard_group_size", config.shard_group_size,
+                             f"must divide the {cluster.world_size} GPUs")
+
+
+def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: list[str] | None = None) -> FitResult:
+    m = estimate_memory(_columns(spec, cluster, config))
+    scalar = {k: v.item() if isinstance(v, np.ndarray) else v for k, v in m.items()}
+    notes = list(notes or [])
+    if not scalar["valid"]:
+        notes.append(f"{config.strategy} with engine {config.engine}, offload {config.offload}, "
+                     f"method {config.method} is not a combination the framework offers")
+    return FitResult(
+        fits=bool(scalar["fits"]), fits_gpu=bool(scalar["fits_gpu"]), fits_host=bool(scalar["fits_host"]),
+        valid=bool(scalar["valid"]), strategy=config.strategy, engine=config.engine,
+        config=config.model_dump(),
+        model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
+               "trainable_params": int(spec.total_params if config.method == "full"
+                                       else model_values(spec, config.lora_rank, config.lora_targets)["lora_params"])},
+        gpu={"name": cluster.gpu.name, "memory_bytes": cluster.gpu.memory_bytes, "capacity_only": cluster.capacity_only},
+        cluster={"label": cluster.label, "world_size": cluster.world_size, "gpus_per_node": cluster.gpus_per_node,
+                 "nodes": cluster.nodes, "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name},
+        per_gpu=PerGPU(
+            peak_allocated_bytes=int(scalar["peak_allocated_bytes"]), peak_reserved_bytes=int(scalar["peak_reserved_bytes"]),
+            non_torch_bytes=int(scalar["non_torch_bytes"]), device_total_bytes=int(scalar["device_total_bytes"]),
+            headroom_bytes=int(scalar["headroom_bytes"]), peak_phase=str(scalar["peak_phase"]),
+            model_state_bytes=int(scalar["model_state_bytes"]),
+            breakdown={term: int(scalar[term]) for term in BREAKDOWN_TERMS},
+        ),
+        per_node=PerNode(host_bytes=int(scalar["host_bytes_per_node"]), host_ram_bytes=int(scalar["host_ram_bytes_per_node"]),
+                         host_offloaded_bytes_per_gpu=int(scalar["host_offloaded_bytes_per_gpu"])),
+        notes=notes,
+    )
+
+
+def default_offload(engine: str) -> str:
+    return "optimizer" if engine == "deepspeed" else "optimizer+params"
+
+
+def _with(config: TrainingConfig, **changes: Any) -> TrainingConfig:
+    return config.model_copy(update=changes)
+
+
+def minimum_gpus(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limit: int = 4096) -> int | None:
+    """Smallest GPU count (same GPU, same node size, whole nodes beyond one) at which it fits."""
+    counts = [n for n in (1, 2, 4, 8) if n <= cluster.gpus_per_node] if cluster.gpus_per_node < 8 else [1, 2, 4, 8]
+    counts += [cluster.gpus_per_node * k for k in range(1, limit // cluster.gpus_per_node + 1)]
+    counts = sorted(set(c for c in counts if c <= limit))
+    world = np.array(counts)
+    per_node = np.minimum(world, cluster.gpus_per_node)
+    knobs = knob_values(config, cluster)
+    knobs["shard_group_size"] = np.minimum(knobs["shard_group_size"], world)
+    values = {**cluster_values(cluster), "world_size": world, "gpus_per_node": per_node}
+    m = estimate_memory(Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **values, **knobs))
+    fitting = world[m["fits"]]
+    return int(fitting[0]) if fitting.size else None
+
+
+def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> list[Alternative]:
+    """Cheapest changes first: ones that keep the training identical (checkpointing, a smaller
+    micro-batch with more accumulation, sharding, offload), then more GPUs, then LoRA/QLoRA."""
+    candidates: list[tuple[str, TrainingConfig]] = []
+    if config.ac != "full":
+        candidates.append(("activation checkpointing (--ac full)", _with(config, ac="full")))
+    if config.micro_batch > 1:
+        candidates.append((f"micro-batch 1 with {config.micro_batch}x gradient accumulation",
+                           _with(config, micro_batch=1, grad_accum=config.grad_accum * config.micro_batch)))
+    if config.strategy != "full_shard":
+        candidates.append(("full sharding (--strategy full_shard)", _with(config, strategy="full_shard",
+                                                                          engine="fsdp2" if config.engine == "deepspeed" and config.strategy in ("zero1", "zero2") else config.engine)))
+    sharded = "full_shard" if config.strategy in ("ddp", "no_shard", "zero1", "zero2") else config.strategy
+    if config.offload == "none":
+        candidates.append((f"CPU offload (--offload {default_offload(config.engine)}, --strategy {sharded})",
+                           _with(config, strategy=sharded, offload=default_offload(config.engine))))
+        candidates.append(("CPU offload + activation checkpointing",
+                           _with(config, strategy=sharded, offload=default_offload(config.engine), ac="full")))
+    method_changes: list[tuple[str, TrainingConfig]] = []
+    if config.method == "full":
+        method_changes.append(("LoRA (--method lora) + activation checkpointing",
+                               _with(config, method="lora", ac="full", strategy=sharded)))
+    if config.method != "qlora":
+        method_changes.append(("QLoRA (--method qlora) + activation checkpointing",
+                               _with(config, method="qlora", ac="full", strategy=sharded)))
+
+    def tried(change: str, cluster_: Cluster, candidate: TrainingConfig) -> Alternative | None:
+        r = evaluate(spec, cluster_, candidate)
+        if not r.valid:
+            return None
+        return Alternative(change=change, fits=r.fits, peak_allocated_bytes=r.per_gpu.peak_allocated_bytes,
+                           device_total_bytes=r.per_gpu.device_total_bytes, world_size=cluster_.world_size,
+                           config=candidate.model_dump())
+
+    results = [tried(change, cluster, candidate) for change, candidate in candidates]
+    gpu_changes = [("same settings", config)]
+    if config.ac != "full":
+        gpu_changes.append(("with activation checkpointing", _with(config, ac="full")))
+    for label, candidate in gpu_changes:
+        need = minimum_gpus(spec, cluster, candidate)
+        if need is not None and need != cluster.world_size:
+            bigger = cluster.model_copy(update={"gpus_per_node": min(need, cluster.gpus_per_node),
+                                                "nodes": max(1, need // cluster.gpus_per_node)})
+            results.append(tried(f"{need} GPUs instead of {cluster.world_size} ({label})", bigger, candidate))
+            break
+    results += [tried(change, cluster, candidate) for change, candidate in method_changes]
+    return [r for r in results if r is not None]
+
+
+def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: list[str] | None = None,
+        notes: list[str] | None = None) -> list[FitResult]:
+    """One result per strategy (all valid ones for the engine when ``strategies`` is None)."""
+    if strategies is None:
+        engine = st.code(st.ENGINES, config.engine, "engine")
+        strategies = [name for i, name in enumerate(st.STRATEGIES) if bool(st.is_valid(i, engine))]
+    results = []
+    for name in strategies:
+        cfg = _with(config, strategy=name)
+        check_config(spec, cluster, cfg)
+        result = evaluate(spec, cluster, cfg, notes)
+        if not result.fits:
+            result = result.model_copy(update={"alternatives": alternatives(spec, cluster, cfg)})
+        results.append(result)
+    return results

@@ -1,0 +1,146 @@
+"""Model states per GPU: parameters, gradients, optimizer states, fp32 master copy.
+
+Bytes per parameter and which ranks share each state, per engine:
+
+* ZeRO paper (Rajbhandari et al., SC'20, Fig. 1): mixed-precision Adam holds 2Ψ + 2Ψ + KΨ with
+  K = 12; stage 1/2/3 divide the optimizer / +gradients / +parameters by N.
+* FSDP2 ``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the
+  sharded parameters stay in their original fp32 and are the master weights; sharded gradients
+  come back in fp32; 16-bit unsharded copies exist only for units in flight (a transient term,
+  see buffers.py). Source: torch ``distributed/fsdp/_fully_shard/_fsdp_api.py`` docstring.
+* FSDP1 ``MixedPrecision``: fp32 sharded flat parameter and fp32 sharded gradient likewise.
+* DDP (torch ``DistributedDataParallel``): full fp32 params and grads, plus gradient buckets of
+  the same size unless ``gradient_as_bucket_view=True`` (torch DDP docstring: "the saved memory
+  size will be equal to the total gradients size").
+* DeepSpeed: 16-bit params (2/N_p), 16-bit grads (2/N_g; not kept at stage 3), and per optimizer
+  partition fp32 grads + fp32 master + Adam moments = 16/N_o. This reproduces
+  ``estimate_zero2_model_states_mem_needs`` (2Ψ + 18Ψ/N) and ``estimate_zero3_...`` (18Ψ/N + 4L)
+  exactly (tests/test_deepspeed_reference.py).
+
+All functions broadcast over numpy arrays; codes come from ``shardplan.strategy``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardplan import strategy as st
+
+# QLoRA 4-bit NF4 storage with double quantization (Dettmers et al. 2023, §3 "Double
+# Quantization"): 4 bits per weight + 8-bit absmax per 64-weight block + an fp32 constant per
+# 256 such blocks = 0.5 + 1/64 + 4/(64·256) bytes per weight.
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+
+def param_storage_bytes_per_element(engine, precision):
+    """Bytes per element of the persistent (sharded) parameter copy the engine stores.
+
+    FSDP/DDP under mixed precision keep fp32 parameters; DeepSpeed keeps 16-bit ones (its fp32
+    copy is the optimizer's master, counted in ``master_bytes_per_element``).
+    """
+    precision = np.asarray(precision)
+    sixteen = (precision == st.BF16_PURE) | ((np.asarray(engine) == st.DEEPSPEED) & (precision != st.FP32))
+    return np.where(sixteen, 2, 4)
+
+
+def grad_bytes_per_element(engine, precision):
+    """Persistent gradient dtype: fp32 for FSDP/DDP mixed and fp32; 16-bit for pure bf16 and DeepSpeed's
+    16-bit gradient partition (its fp32 gradient partition is counted with the optimizer)."""
+    return param_storage_bytes_per_element(engine, precision)
+
+
+def master_bytes_per_element(engine, precision):
+    """A separate fp32 master copy: DeepSpeed under 16-bit training (and its fp32 gradient
+    partition, 4 more bytes), none elsewhere."""
+    ds16 = (np.asarray(engine) == st.DEEPSPEED) & (np.asarray(precision) != st.FP32)
+    return np.where(ds16, 8, 0)
+
+
+def optimizer_bytes_per_element(optimizer, precision, hidden_size):
+    """Optimizer state bytes per parameter, in the master dtype (fp32, or bf16 for pure bf16).
+
+    AdamW: exp_avg + exp_avg_sq (Loshchilov & Hutter 2019); SGD with momentum and Lion: one
+    buffer; 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states + an fp32 absmax
+    per 2048-element block each; Adafactor (Shazeer & Stern 2018) without first moment: a row
+    and a column factor per matrix, ≈ 2/h of the matrix in fp32 (ASSUMPTION: square-ish h×h').
+    """
+    opt = np.asarray(optimizer)
+    master = np.where(np.asarray(precision) == st.BF16_PURE, 2, 4)
+    hidden = np.asarray(hidden_size, dtype=np.float64)
+    return np.select(
+        [opt == st.ADAMW, opt == st.SGD, opt == st.LION, opt == st.ADAMW_8BIT, opt == st.ADAFACTOR],
+        [2.0 * master, 1.0 * master, 1.0 * master, 2.0 + 2 * 4 / 2048, master * 2.0 / hidden],
+    )
+
+
+def _floor(numerator, divisor):
+    """floor(numerator / divisor) as int64; numerators stay below 2**53, so float64 is exact."""
+    return np.floor(np.asarray(numerator, dtype=np.float64) / np.asarray(divisor)).astype(np.int64)
+
+
+def zero_paper_model_state_bytes(params, world_size, stage, k=12):
+    """ZeRO paper Fig. 1: per-GPU model states of mixed-precision Adam at stage 0–3 (K = 12)."""
+    params = np.asarray(params, dtype=np.float64)
+    n = np.asarray(world_size, dtype=np.float64)
+    stage = np.asarray(stage)
+    p_shard = np.where(stage >= 3, n, 1.0)
+    g_shard = np.where(stage >= 2, n, 1.0)
+    o_shard = np.where(stage >= 1, n, 1.0)
+    return 2 * params / p_shard + 2 * params / g_shard + k * params / o_shard
+
+
+def model_states(c):
+    """Per-GPU bytes of params, grads, master copy and optimizer states, plus what is offloaded.
+
+    Returns a dict of int64 arrays: ``params``, ``grads``, ``grad_buckets``, ``master_params``,
+    ``optimizer_states`` (GPU) and ``host_offloaded`` (bytes this rank keeps in host RAM).
+    """
+    n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    ds = c.engine == st.DEEPSPEED
+    fsdp = ~ds & (c.strategy != st.DDP)
+    peft = c.method != st.FULL
+
+    trainable = np.where(peft, c.lora_params, c.total_params)
+    frozen = np.where(peft, c.total_params, 0)
+    # Frozen base: 16-bit (LoRA) or NF4 for block Linears and 16-bit for the rest (QLoRA).
+    frozen_bytes = np.where(
+        c.method == st.QLORA,
+        np.ceil(c.quantizable_params * NF4_BYTES_PER_PARAM) + 2 * (c.total_params - c.quantizable_params),
+        2 * frozen,
+    ).astype(np.int64)
+
+    ds_stage3 = ds & ((c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD))
+    p_bytes = param_storage_bytes_per_element(c.engine, c.precision)
+    # DeepSpeed stage 3 keeps no persistent 16-bit gradient partition (estimator: 18Ψ/N = 2 + 16).
+    g_bytes = np.where(ds_stage3, 0, grad_bytes_per_element(c.engine, c.precision))
+    m_bytes = master_bytes_per_element(c.engine, c.precision)
+    o_bytes = optimizer_bytes_per_element(c.optimizer, c.precision, c.hidden_size)
+
+    params = _floor(trainable * p_bytes, n_p) + _floor(frozen_bytes, n_p)
+    grads = _floor(trainable * g_bytes, n_g)
+    master = _floor(trainable * m_bytes, n_o)
+    # States split the same way are floored once as a group, as DeepSpeed's estimators do
+    # (int(18Ψ/N)); the optimizer term takes the remainder so the group total is exact.
+    same_p = n_p == n_o
+    same_g = n_g == n_o
+    group_bytes = np.where(same_p, p_bytes, 0) + np.where(same_g, g_bytes, 0) + m_bytes + o_bytes
+    group = _floor(trainable * group_bytes, n_o)
+    optimizer = group - np.where(same_p, _floor(trainable * p_bytes, n_p), 0) - np.where(same_g, grads, 0) - master
+    grad_buckets = np.where((c.strategy == st.DDP) & ~ds, trainable * g_bytes, 0)
+
+    # Offload: FSDP's CPUOffloadPolicy moves sharded params, grads and optimizer to the host;
+    # DeepSpeed ZeRO-Offload moves the optimizer partition (with fp32 grads and master), and at
+    # stage 3 optionally the 16-bit params (ZeRO-Infinity).
+    off_opt = c.offload != st.OFFLOAD_NONE
+    off_params = (c.offload == st.OFFLOAD_ALL) | (off_opt & fsdp)
+    off_grads = off_opt & (fsdp | (ds & ~ds_stage3))
+    host = (np.where(off_params, params, 0) + np.where(off_grads, grads, 0)
+            + np.where(off_opt, master + optimizer, 0))
+    return {
+        "params": np.where(off_params, 0, params),
+        "grads": np.where(off_grads, 0, grads),
+        "grad_buckets": grad_buckets,
+        "master_params": np.where(off_opt, 0, master),
+        "optimizer_states": np.where(off_opt, 0, optimizer),
+        "host_offloaded": host,
+    }

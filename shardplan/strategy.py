@@ -1,0 +1,95 @@
+"""The strategy vocabulary (DESIGN.md §2), its knobs, and which combinations are valid.
+
+Every categorical knob is an index into a tuple of names, so formulas can take numpy integer
+arrays and branch with ``np.where`` (DESIGN.md §3, principle 2). ``*_names`` tuples are the only
+place the spelling lives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardplan.errors import ShardplanError
+
+STRATEGIES = ("ddp", "no_shard", "zero1", "zero2", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2")
+DDP, NO_SHARD, ZERO1, ZERO2, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 = range(len(STRATEGIES))
+
+ENGINES = ("fsdp2", "fsdp1", "deepspeed")
+FSDP2, FSDP1, DEEPSPEED = range(len(ENGINES))
+
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "bf16-pure", "fp32")
+BF16_MIXED, FP16_MIXED, BF16_PURE, FP32 = range(len(PRECISIONS))
+
+OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw-8bit", "lion")
+ADAMW, SGD, ADAFACTOR, ADAMW_8BIT, LION = range(len(OPTIMIZERS))
+
+AC_MODES = ("none", "full", "selective", "every-k")
+AC_NONE, AC_FULL, AC_SELECTIVE, AC_EVERY_K = range(len(AC_MODES))
+
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_ALL = range(len(OFFLOADS))
+
+METHODS = ("full", "lora", "qlora")
+FULL, LORA, QLORA = range(len(METHODS))
+
+ATTENTIONS = ("sdpa", "eager")
+SDPA, EAGER = range(len(ATTENTIONS))
+
+# Which framework names each strategy maps to (DESIGN.md §2), for reports and exports.
+FRAMEWORK_NAMES = {
+    "ddp": {"fsdp1": "DistributedDataParallel", "fsdp2": "replicate / DDP", "deepspeed": "stage 0"},
+    "no_shard": {"fsdp1": "ShardingStrategy.NO_SHARD", "fsdp2": "fully_shard on a (replicate=n, shard=1) mesh", "deepspeed": "stage 0"},
+    "zero1": {"deepspeed": "stage 1"},
+    "zero2": {"deepspeed": "stage 2"},
+    "shard_grad_op": {"fsdp1": "ShardingStrategy.SHARD_GRAD_OP", "fsdp2": "fully_shard(reshard_after_forward=False)", "deepspeed": "stage 2 (≈)"},
+    "full_shard": {"fsdp1": "ShardingStrategy.FULL_SHARD", "fsdp2": "fully_shard(reshard_after_forward=True)", "deepspeed": "stage 3"},
+    "hybrid_shard": {"fsdp1": "ShardingStrategy.HYBRID_SHARD", "fsdp2": "fully_shard on a 2-D (replicate, shard) mesh", "deepspeed": "stage 3 + hpZ/MiCS"},
+    "hybrid_shard_zero2": {"fsdp1": "ShardingStrategy._HYBRID_SHARD_ZERO2", "fsdp2": "2-D mesh + reshard_after_forward=False"},
+}
+
+
+def _squash(text: object) -> str:
+    return "".join(ch for ch in str(text).lower() if ch.isalnum())
+
+
+def code(names: tuple[str, ...], value: str, field: str) -> int:
+    """Name -> index, with a one-line error listing the accepted names."""
+    key = _squash(value)
+    for i, name in enumerate(names):
+        if _squash(name) == key:
+            return i
+    raise ShardplanError(field, value, f"unknown; choose one of {', '.join(names)}")
+
+
+def is_valid(strategy, engine) -> np.ndarray:
+    """Combinations a framework can express (DESIGN.md §2 table).
+
+    zero1/zero2 exist only in DeepSpeed; hybrid_shard_zero2 has no DeepSpeed equivalent.
+    DeepSpeed's shard_grad_op is run as stage 2 and hybrid_shard as stage 3 with hpZ.
+    """
+    strategy = np.asarray(strategy)
+    engine = np.asarray(engine)
+    deepspeed_only = (strategy == ZERO1) | (strategy == ZERO2)
+    not_deepspeed = strategy == HYBRID_SHARD_ZERO2
+    return np.where(deepspeed_only, engine == DEEPSPEED, np.where(not_deepspeed, engine != DEEPSPEED, True))
+
+
+def shard_degrees(strategy, engine, world_size, shard_group_size):
+    """(param, grad, optimizer) shard degree per strategy: how many ranks split each state.
+
+    ZeRO paper (Rajbhandari et al., SC'20, §5): stage 1 shards optimizer states, stage 2 adds
+    gradients, stage 3 adds parameters. FSDP's SHARD_GRAD_OP still shards parameters at rest
+    (FSDP1 notes, `docs/source/notes/fsdp.rst`); it only keeps them unsharded from forward to
+    backward, which is a transient term. HYBRID strategies shard within ``shard_group_size``.
+    """
+    s = np.asarray(strategy)
+    n = np.asarray(world_size)
+    g = np.minimum(np.asarray(shard_group_size), n)
+    one = np.ones_like(n)
+    hybrid = (s == HYBRID_SHARD) | (s == HYBRID_SHARD_ZERO2)
+    full = (s == FULL_SHARD) | (s == SHARD_GRAD_OP)
+    ds_stage2_like = (np.asarray(engine) == DEEPSPEED) & (s == SHARD_GRAD_OP)
+    param = np.where(hybrid, g, np.where(full & ~ds_stage2_like, n, one))
+    grad = np.where(hybrid, g, np.where(full | (s == ZERO2), n, one))
+    optim = np.where(hybrid, g, np.where(full | (s == ZERO2) | (s == ZERO1), n, one))
+    return param, grad, optim
