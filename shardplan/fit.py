@@ -27,6 +27,7 @@ class Alternative(BaseModel):
     peak_allocated_bytes: int
     device_total_bytes: int
     world_size: int
+    limit: str = ""
     config: dict[str, Any]
 
 
@@ -116,6 +117,16 @@ def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: l
     )
 
 
+def limiting_resource(r: FitResult) -> str:
+    """Which capacity a result exceeds, in words (empty when it fits)."""
+    over = []
+    if not r.fits_gpu:
+        over.append(f"GPU memory (over by {(-r.per_gpu.headroom_bytes) / 2**30:,.1f} GiB)")
+    if not r.fits_host:
+        over.append(f"host RAM ({r.per_node.host_bytes / 2**30:,.0f} of {r.per_node.host_ram_bytes / 2**30:,.0f} GiB per node)")
+    return "; ".join(over)
+
+
 def default_offload(engine: str) -> str:
     return "optimizer" if engine == "deepspeed" else "optimizer+params"
 
@@ -171,7 +182,7 @@ def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> l
             return None
         return Alternative(change=change, fits=r.fits, peak_allocated_bytes=r.per_gpu.peak_allocated_bytes,
                            device_total_bytes=r.per_gpu.device_total_bytes, world_size=cluster_.world_size,
-                           config=candidate.model_dump())
+                           limit=limiting_resource(r), config=candidate.model_dump())
 
     results = [tried(change, cluster, candidate) for change, candidate in candidates]
     gpu_changes = [("same settings", config)]

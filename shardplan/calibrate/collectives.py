@@ -113,8 +113,33 @@ def _rel(x, t, alpha, beta):
     return (alpha + beta * x - t) / t
 
 
+def _segment(x, t, k: int):
+    """Best split of the size-sorted points into k contiguous segments (each >= 3 points), by
+    exhaustive search over breakpoints (sizes are few: tens of points)."""
+    import itertools
+
+    n = len(t)
+    best = None
+    for cuts in itertools.combinations(range(3, n - 2), k - 1):
+        bounds = (0, *cuts, n)
+        if any(b - a < 3 for a, b in zip(bounds, bounds[1:])):
+            continue
+        segs, sse = [], 0.0
+        for a, b in zip(bounds, bounds[1:]):
+            al, be = _wls_line(x[a:b], t[a:b])
+            segs.append((a, b, al, be))
+            sse += float(np.sum(_rel(x[a:b], t[a:b], al, be) ** 2))
+        if best is None or sse < best[1]:
+            best = (segs, sse)
+    return best
+
+
+def _max_rel(x, t, segs) -> float:
+    return max(float(np.max(np.abs(_rel(x[a:b], t[a:b], al, be)))) for a, b, al, be in segs)
+
+
 def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err: float = MAX_REL_ERR,
-             piecewise: bool = True) -> LinkFit:
+             piecewise: bool = True, max_segments: int = 3) -> LinkFit:
     """Fit t = α + S·f(n)/B to the samples of one (op, world size, tier)."""
     if not samples:
         raise ShardplanError("samples", 0, "no measurements to fit")
@@ -131,16 +156,14 @@ def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err:
     t = np.array([p[1] for p in pts], dtype=float)
     x = size * float(bus_factor(op, n))
 
-    alpha, beta = _wls_line(x, t)
-    best = ([(0, len(t), alpha, beta)], float(np.sum(_rel(x, t, alpha, beta) ** 2)))
-    single_max = float(np.max(np.abs(_rel(x, t, alpha, beta))))
-    if piecewise and single_max > PIECEWISE_TRIGGER and len(t) >= 6:
-        for k in range(3, len(t) - 2):
-            a1, b1 = _wls_line(x[:k], t[:k])
-            a2, b2 = _wls_line(x[k:], t[k:])
-            sse = float(np.sum(_rel(x[:k], t[:k], a1, b1) ** 2) + np.sum(_rel(x[k:], t[k:], a2, b2) ** 2))
-            if sse < 0.5 * best[1]:
-                best = ([(0, k, a1, b1), (k, len(t), a2, b2)], sse)
+    best = _segment(x, t, 1)
+    for k in range(2, max_segments + 1 if piecewise else 2):
+        if _max_rel(x, t, best[0]) <= PIECEWISE_TRIGGER or len(t) < 3 * k:
+            break
+        cand = _segment(x, t, k)
+        if cand[1] >= 0.5 * best[1]:  # a breakpoint must at least halve the squared relative error
+            break
+        best = cand
     segments, pred = [], np.empty_like(t)
     for lo, hi, a, b in best[0]:
         segments.append(Segment(int(size[lo]), int(size[hi - 1]), a, 1.0 / b))

@@ -1,0 +1,203 @@
+"""The ``shardplan`` command: thin typer commands that parse, call the library and render."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+from pydantic import ValidationError
+from tabulate import tabulate
+
+from shardplan import report
+from shardplan.config import TrainingConfig
+from shardplan.errors import ShardplanError
+from shardplan.fit import default_offload, fit as fit_strategies
+from shardplan.hardware import GPUProfile, LinkProfile, get_gpu, get_link, gpu_profiles, link_profiles, parse_gpus
+from shardplan.model import ModelSpec
+from shardplan.models import model_profiles, resolve_model
+from shardplan.profiles import load_profile, read_json
+from shardplan.query import parse_query
+from shardplan.units import GiB, parse_capacity_bytes
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Will it fit, how fast will it run, and which sharding strategy to use.")
+models_app = typer.Typer(add_completion=False, invoke_without_command=True, help="List or show model profiles.")
+hardware_app = typer.Typer(add_completion=False, invoke_without_command=True, help="List or show GPU and link profiles.")
+profiles_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Validate profile files.")
+app.add_typer(models_app, name="models")
+app.add_typer(hardware_app, name="hardware")
+app.add_typer(profiles_app, name="profiles")
+
+
+def _merge(query_value, option_value, default):
+    return option_value if option_value is not None else (query_value if query_value is not None else default)
+
+
+@app.command()
+def fit(
+    query: Optional[str] = typer.Argument(None, help="free text, e.g. '70B on 4x24GB' or 'llama-3.1-8b on 8xh100-sxm seq 8192 batch 2'"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="profile name, HF config.json path, or a size like '70B'"),
+    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="'4x24GB', '8xh100-sxm', '2x8xa100-80gb'"),
+    strategy: Optional[str] = typer.Option(None, help="ddp, no_shard, zero1, zero2, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2; all when omitted"),
+    engine: Optional[str] = typer.Option(None, help="fsdp2 (default), fsdp1, deepspeed"),
+    method: Optional[str] = typer.Option(None, help="full (default), lora, qlora"),
+    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank (default 16)"),
+    lora_targets: Optional[str] = typer.Option(None, help="all-linear (default), attention, qv"),
+    precision: Optional[str] = typer.Option(None, help="bf16-mixed (default), fp16-mixed, bf16-pure, fp32"),
+    optimizer: Optional[str] = typer.Option(None, help="adamw (default), sgd, adafactor, adamw-8bit, lion"),
+    ac: Optional[str] = typer.Option(None, help="activation checkpointing: none (default), full, selective, every-k"),
+    ac_every_k: Optional[int] = typer.Option(None, help="with --ac every-k: checkpoint every k-th block"),
+    offload: Optional[str] = typer.Option(None, help="none (default), optimizer, optimizer+params"),
+    seq_len: Optional[int] = typer.Option(None, help="sequence length (default 1024)"),
+    micro_batch: Optional[int] = typer.Option(None, help="micro-batch per GPU (default 1)"),
+    grad_accum: Optional[int] = typer.Option(None, help="gradient accumulation steps (default 1)"),
+    shard_group_size: Optional[int] = typer.Option(None, help="HSDP shard group size (default GPUs per node)"),
+    attention: Optional[str] = typer.Option(None, help="sdpa (default) or eager"),
+    host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
+    intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
+    inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON (a list when no --strategy)"),
+):
+    """Will it fit? Per-GPU memory, term by term, for one strategy or all of them."""
+    parsed = parse_query(query) if query else None
+    q = parsed.options if parsed else {}
+    model_text = model or (parsed.model if parsed else None)
+    gpus_text = gpus or (parsed.gpus if parsed else None)
+    if not model_text:
+        raise ShardplanError("model", None, "give a query like '70B on 4x24GB' or --model")
+    if not gpus_text:
+        raise ShardplanError("gpus", None, "give a query like '70B on 4x24GB' or --gpus")
+    resolved = resolve_model(model_text)
+    cluster = parse_gpus(gpus_text, intra_link=intra_link, inter_link=inter_link,
+                         host_ram_bytes_per_node=parse_capacity_bytes(host_ram, "host_ram") if host_ram else None)
+    engine_name = _merge(q.get("engine"), engine, "fsdp2")
+    offload_name = _merge(q.get("offload"), offload, "none")
+    if offload_name == "auto":
+        offload_name = default_offload(engine_name)
+    config = TrainingConfig(
+        engine=engine_name, method=_merge(q.get("method"), method, "full"),
+        lora_rank=_merge(q.get("lora_rank"), lora_rank, 16), lora_targets=lora_targets or "all-linear",
+        precision=_merge(q.get("precision"), precision, "bf16-mixed"),
+        optimizer=_merge(q.get("optimizer"), optimizer, "adamw"), ac=_merge(q.get("ac"), ac, "none"),
+        ac_every_k=ac_every_k or 2, offload=offload_name, seq_len=_merge(q.get("seq_len"), seq_len, 1024),
+        micro_batch=_merge(q.get("micro_batch"), micro_batch, 1), grad_accum=_merge(q.get("grad_accum"), grad_accum, 1),
+        shard_group_size=shard_group_size, attention=attention or "sdpa",
+    )
+    strategy_name = strategy or q.get("strategy")
+    notes = [f"model: {resolved.how}"]
+    if cluster.capacity_only:
+        notes.append(f"gpus: '{gpus_text}' names only a capacity; using the {cluster.gpu.display_name} profile "
+                     f"({cluster.gpu.memory_bytes / GiB:.2f} GiB usable) for it")
+    if config.seq_len > resolved.spec.max_position_embeddings:
+        notes.append(f"seq_len {config.seq_len} exceeds the model's context of {resolved.spec.max_position_embeddings}")
+    results = fit_strategies(resolved.spec, cluster, config, [strategy_name] if strategy_name else None, notes)
+    if as_json:
+        typer.echo(report.to_json(results[0] if strategy_name else results))
+    else:
+        typer.echo(report.render_fit(results))
+
+
+@models_app.callback()
+def models_list(ctx: typer.Context):
+    """List the built-in (and user) model profiles."""
+    if ctx.invoked_subcommand:
+        return
+    rows = [[m.name, m.family, f"{m.total_params / 1e9:.2f}B", m.num_layers, m.hidden_size, m.vocab_size,
+             ", ".join(m.aliases[:2])] for m in model_profiles()]
+    typer.echo(tabulate(rows, headers=["name", "family", "params", "layers", "hidden", "vocab", "aliases"]))
+
+
+@models_app.command("show")
+def models_show(name: str, as_json: bool = typer.Option(False, "--json")):
+    """Show one model's dimensions and derived counts."""
+    spec = resolve_model(name).spec
+    derived = {"total_params": spec.total_params, "non_embedding_params": spec.non_embedding_params,
+               "embedding_params": spec.embedding_params, "root_params": spec.root_params,
+               "largest_block_params": spec.largest_block_params, "largest_module_params": spec.largest_module_params,
+               "active_params_per_token": spec.active_params_per_token,
+               "train_flops_per_token_at_4096": spec.train_flops_per_token(4096)}
+    if as_json:
+        import json
+        typer.echo(json.dumps({**spec.model_dump(mode="json"), "derived": derived}, indent=2))
+        return
+    rows = [[k, v] for k, v in spec.model_dump(mode="json", exclude_none=True).items()] + [[k, f"{v:,}"] for k, v in derived.items()]
+    typer.echo(tabulate(rows, headers=["field", "value"]))
+
+
+@hardware_app.callback()
+def hardware_list(ctx: typer.Context):
+    """List GPU and link profiles."""
+    if ctx.invoked_subcommand:
+        return
+    gpus = [[g.name, g.display_name, f"{g.memory_bytes / GiB:.1f}", f"{g.peak_flops.get('bf16', 0) / 1e12:.0f}",
+             f"{g.memory_bandwidth_bytes_per_s / 1e12:.2f}", g.default_intra_link] for g in gpu_profiles()]
+    typer.echo(tabulate(gpus, headers=["gpu", "name", "GiB", "bf16 TFLOP/s", "HBM TB/s", "intra link"]))
+    typer.echo("")
+    links = [[l.name, l.kind, l.scope, f"{l.bandwidth_bytes_per_s / 1e9:.1f}", f"{l.latency_s * 1e6:.1f}", l.efficiency]
+             for l in link_profiles()]
+    typer.echo(tabulate(links, headers=["link", "kind", "scope", "GB/s per dir", "alpha us", "efficiency"]))
+
+
+@hardware_app.command("show")
+def hardware_show(name: str):
+    """Show one GPU or link profile with its sources."""
+    try:
+        profile = get_gpu(name)
+    except ShardplanError:
+        profile = get_link(name, "hardware")
+    typer.echo(profile.model_dump_json(indent=2))
+
+
+def _validate_one(path: Path) -> str:
+    data = read_json(path)
+    if "model_type" in data:
+        from shardplan.hf_config import spec_from_hf_config_file
+        spec = spec_from_hf_config_file(path)
+        return f"{path}: ok (Hugging Face config, {spec.total_params:,} params)"
+    schema = GPUProfile if "vendor" in data else LinkProfile if "scope" in data else ModelSpec
+    profile = load_profile(path, schema)
+    return f"{path}: ok ({schema.__name__} {profile.name})"
+
+
+@profiles_app.command("validate")
+def profiles_validate(path: Path):
+    """Validate a profile file (model, GPU, link, or HF config.json) or every JSON file in a folder."""
+    paths = sorted(path.rglob("*.json")) if path.is_dir() else [path]
+    if not paths:
+        raise ShardplanError("path", str(path), "no JSON files found")
+    for p in paths:
+        typer.echo(_validate_one(p))
+
+
+def _one_line_validation(err: ValidationError) -> ShardplanError:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or err.title
+    return ShardplanError(field, first.get("input"), first["msg"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: user errors print one line on stderr and exit 2, never a traceback."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except ShardplanError as err:
+        typer.echo(f"shardplan: error: {err}", err=True)
+        return 2
+    except ValidationError as err:
+        typer.echo(f"shardplan: error: {_one_line_validation(err)}", err=True)
+        return 2
+    except click.exceptions.Exit as err:
+        return err.exit_code
+    except click.exceptions.Abort:
+        typer.echo("shardplan: aborted", err=True)
+        return 130
+    except click.ClickException as err:
+        err.show()
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

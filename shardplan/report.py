@@ -1,0 +1,120 @@
+"""All text formatting lives here: verdicts, breakdown tables, alternatives, JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+from tabulate import tabulate
+
+from shardplan.fit import FitResult
+from shardplan.memory import BREAKDOWN_TERMS
+from shardplan.units import GiB
+
+TERM_NOTES = {
+    "params": "sharded parameters at rest (fp32 master under mixed precision; 16-bit/NF4 frozen base for LoRA/QLoRA)",
+    "grads": "sharded gradients (fp32 under mixed precision) held at this moment",
+    "grad_buckets": "DDP gradient buckets (gradient_as_bucket_view=False)",
+    "master_params": "DeepSpeed fp32 master weights + fp32 gradient partition",
+    "optimizer_states": "optimizer moments (AdamW: exp_avg + exp_avg_sq)",
+    "activations": "tensors saved for backward by every block (+ final norm)",
+    "logits_and_loss": "16-bit logits + fp32 log-softmax + its fp32 gradients: (a+12)·b·s·V",
+    "unsharded_params": "unsharded 16-bit params of the units in flight (current + prefetched)",
+    "all_gather_buffers": "all-gather output being copied out",
+    "unsharded_grads": "current unit's unsharded gradients",
+    "reduce_scatter_buffers": "reduce-scatter input in the reduce dtype",
+    "root_unsharded": "root unit (embeddings, final norm, lm_head) kept unsharded forward→backward",
+    "root_grads": "lm_head gradient, computed first in backward",
+    "autocast_weight_copies": "16-bit weight copies autocast saves for backward (DDP)",
+    "gathered_params": "DeepSpeed ZeRO-3: one gathered module's 16-bit params + grads (4·L)",
+    "comm_buckets": "DeepSpeed reduce bucket (16-bit)",
+    "qlora_dequant": "QLoRA: one Linear dequantized to 16-bit",
+    "optimizer_step_temporaries": "foreach AdamW temporaries (sqrt of exp_avg_sq)",
+}
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:,.2f}"
+
+
+def verdict(r: FitResult) -> str:
+    free = r.per_gpu.headroom_bytes
+    where = f"{r.cluster['label']} ({r.gpu['name']}, {gib(r.gpu['memory_bytes'])} GiB each)"
+    if not r.valid:
+        return f"✗ {r.strategy}/{r.engine}: not a valid combination"
+    if r.fits:
+        return (f"✓ FITS  {r.model['display_name']} {r.config['method']} with {r.strategy} ({r.engine}) on {where}: "
+                f"{gib(r.per_gpu.device_total_bytes)} GiB per GPU, {gib(free)} GiB to spare")
+    reasons = []
+    if not r.fits_gpu:
+        reasons.append(f"needs {gib(r.per_gpu.device_total_bytes)} GiB per GPU, over by {gib(-free)} GiB")
+    if not r.fits_host:
+        reasons.append(f"needs {gib(r.per_node.host_bytes)} GiB host RAM per node of {gib(r.per_node.host_ram_bytes)}")
+    return (f"✗ DOES NOT FIT  {r.model['display_name']} {r.config['method']} with {r.strategy} ({r.engine}) on {where}: "
+            + "; ".join(reasons))
+
+
+def breakdown_table(results: list[FitResult]) -> str:
+    headers = ["term (GiB per GPU)"] + [r.strategy for r in results] + ([] if len(results) > 1 else ["what it is"])
+    rows = []
+    for term in BREAKDOWN_TERMS:
+        values = [r.per_gpu.breakdown[term] for r in results]
+        if not any(values):
+            continue
+        row = [term] + [gib(v) for v in values]
+        if len(results) == 1:
+            row.append(TERM_NOTES[term])
+        rows.append(row)
+    totals = [
+        ("(model states)", [r.per_gpu.model_state_bytes for r in results],
+         "params + grads + master + optimizer (+ DeepSpeed gathered module)"),
+        ("= peak allocated", [r.per_gpu.peak_allocated_bytes for r in results], "sum of the terms above, at the peak moment"),
+        ("peak reserved", [r.per_gpu.peak_reserved_bytes for r in results], "allocated + caching-allocator fragmentation"),
+        ("+ CUDA context, NCCL", [r.per_gpu.non_torch_bytes for r in results], "outside torch's allocator"),
+        ("= device total", [r.per_gpu.device_total_bytes for r in results], "compared with the GPU's memory"),
+        ("host RAM per node", [r.per_node.host_bytes for r in results], "offloaded states, processes, checkpoint load"),
+    ]
+    for label, values, note in totals:
+        rows.append([label] + [gib(v) for v in values] + ([note] if len(results) == 1 else []))
+    rows.append(["peak moment"] + [r.per_gpu.peak_phase for r in results] + (["start of backward, or optimizer step"] if len(results) == 1 else []))
+    rows.append(["fits"] + ["yes" if r.fits else "no" for r in results] + ([""] if len(results) == 1 else []))
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
+def alternatives_table(r: FitResult) -> str:
+    rows = [[("✓" if a.fits else "✗"), a.change, gib(a.peak_allocated_bytes), gib(a.device_total_bytes), a.limit]
+            for a in r.alternatives]
+    return tabulate(rows, headers=["", f"change (from {r.strategy})", "peak alloc GiB", "device total GiB", "limit"],
+                    tablefmt="simple", disable_numparse=True)
+
+
+def render_fit(results: list[FitResult]) -> str:
+    lines: list[str] = []
+    first = results[0]
+    for note in first.notes:
+        lines.append(f"note: {note}")
+    cfg = first.config
+    lines.append(f"model {first.model['display_name']} ({first.model['params']:,} params), method {cfg['method']}, "
+                 f"precision {cfg['precision']}, optimizer {cfg['optimizer']}, seq {cfg['seq_len']}, "
+                 f"micro-batch {cfg['micro_batch']}, AC {cfg['ac']}, offload {cfg['offload']}")
+    lines.append("")
+    for r in results:
+        lines.append(verdict(r))
+    lines.append("")
+    lines.append(breakdown_table(results))
+    failing = [r for r in results if not r.fits]
+    if len(failing) == len(results):
+        best = min(results, key=lambda r: r.per_gpu.device_total_bytes)
+        lines.append("")
+        lines.append(f"Nothing fits as asked. Cheapest changes, tried on {best.strategy} (the smallest footprint):")
+        lines.append(alternatives_table(best))
+    elif failing and len(results) == 1:
+        lines.append("")
+        lines.append(alternatives_table(failing[0]))
+    return "\n".join(lines)
+
+
+def to_json(results: Iterable[FitResult] | FitResult) -> str:
+    if isinstance(results, FitResult):
+        return results.model_dump_json(indent=2)
+    return json.dumps([r.model_dump(mode="json") for r in results], indent=2)
