@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 from pydantic import ValidationError
 from tabulate import tabulate
@@ -22,14 +21,26 @@ from shardplan.profiles import load_profile, read_json
 from shardplan.query import parse_query
 from shardplan.units import GiB, parse_capacity_bytes
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, invoke_without_command=True,
                   help="Will it fit, how fast will it run, and which sharding strategy to use.")
 models_app = typer.Typer(add_completion=False, invoke_without_command=True, help="List or show model profiles.")
 hardware_app = typer.Typer(add_completion=False, invoke_without_command=True, help="List or show GPU and link profiles.")
-profiles_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Validate profile files.")
+profiles_app = typer.Typer(add_completion=False, invoke_without_command=True, help="Validate profile files.")
 app.add_typer(models_app, name="models")
 app.add_typer(hardware_app, name="hardware")
 app.add_typer(profiles_app, name="profiles")
+
+
+@app.callback()
+def _top(ctx: typer.Context):
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+
+
+@profiles_app.callback()
+def _profiles(ctx: typer.Context):
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
 
 
 def _merge(query_value, option_value, default):
@@ -188,13 +199,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as err:
         typer.echo(f"shardplan: error: {_one_line_validation(err)}", err=True)
         return 2
-    except click.exceptions.Exit as err:
+    except typer.Exit as err:
         return err.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         typer.echo("shardplan: aborted", err=True)
         return 130
-    except click.ClickException as err:
-        err.show()
+    except Exception as err:
+        # click's usage errors (typer vendors its own click, so match by shape, not by class)
+        if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):
+            raise
+        message = err.format_message()
+        negative = "No such option: -" in message and "No such option: --" not in message
+        hint = " (put '--' before a query that starts with '-')" if negative else ""
+        typer.echo(f"shardplan: error: {message}{hint}", err=True)
         return 2
     return 0
 

@@ -305,6 +305,9 @@ def _bench_worker(rank: int, world: int, port: int, kw: dict, out: str) -> None:
     import torch
     import torch.distributed as dist
 
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 deprecates *_into_tensor names
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     backend = "nccl" if torch.cuda.is_available() else "gloo"

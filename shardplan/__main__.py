@@ -1,0 +1,5 @@
+import sys
+
+from shardplan.cli import main
+
+sys.exit(main())

@@ -1,0 +1,206 @@
+"""``shardplan calibrate ...``: the typer app ``calibrate_app`` (mount with
+``app.add_typer(calibrate_app, name="calibrate")``). Thin: parse, call the library, write files
+atomically, print a short table. torch is imported inside the commands only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from shardplan.errors import ShardplanError
+
+calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute coefficients.",
+                            no_args_is_help=True, add_completion=False)
+
+
+def _fail(err: ShardplanError):
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(2)
+
+
+def _progress(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@calibrate_app.command("fsdp")
+def fsdp_cmd(
+    out: Path = typer.Option(Path("calibration_fsdp.jsonl"), help="results JSONL (appended; resumable)"),
+    grid: str = typer.Option("", help="'default' = the built-in test grid (>= 24 tiny configurations)"),
+    config: Optional[Path] = typer.Option(None, help="JSON file: one RunConfig object or a list of them"),
+    model: str = typer.Option("llama-3.1-8b", help="model name/path (tiny dimensions unless --full-size)"),
+    full_size: bool = typer.Option(False, help="keep the model's real dimensions (use with --fake-tensors)"),
+    world_size: List[int] = typer.Option([2], help="repeatable"),
+    engine: List[str] = typer.Option(["fsdp2"], help="fsdp2 / fsdp1 (repeatable)"),
+    strategy: List[str] = typer.Option(["full_shard"], help="full_shard / shard_grad_op / hybrid_shard / no_shard"),
+    param_dtype: str = typer.Option("bfloat16"),
+    reduce_dtype: str = typer.Option("float32"),
+    ac: List[str] = typer.Option(["none"], help="none / full / selective (repeatable)"),
+    optimizer: str = typer.Option("adamw"),
+    micro_batch: int = typer.Option(2),
+    seq_len: int = typer.Option(32),
+    launch: str = typer.Option("fake", help="fake (one process, fake PG) or spawn (real ranks, gloo/nccl)"),
+    fake_tensors: bool = typer.Option(False, help="FakeTensorMode: no real allocation (7B-70B shapes)"),
+    timeout: float = typer.Option(600.0, help="seconds per configuration before it is recorded as a timeout"),
+    isolate: bool = typer.Option(True, help="run each configuration in a child process (survives OOM/hangs)"),
+    resume: bool = typer.Option(True, help="skip configurations already in --out"),
+    csv: Optional[Path] = typer.Option(None, help="also write a flat CSV of all records in --out"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="also write all records as one JSON file"),
+):
+    """Measure FSDP training runs: per-category peak memory, phase peaks, step time, collectives."""
+    import itertools
+
+    from shardplan.calibrate.config import RunConfig, default_grid
+    from shardplan.calibrate.launch import run_grid
+    from shardplan.calibrate.results import flatten, read_jsonl, write_csv_atomic, write_json_atomic
+
+    try:
+        if grid == "default":
+            configs = default_grid(launch=launch)
+        elif config is not None:
+            data = json.loads(config.read_text())
+            configs = [RunConfig.model_validate(d) for d in (data if isinstance(data, list) else [data])]
+        else:
+            base = {} if not full_size else {"tiny": {}}
+            configs = [RunConfig(model=model, world_size=w, engine=e, strategy=s, param_dtype=param_dtype,
+                                 reduce_dtype=reduce_dtype, ac=a, optimizer=optimizer, micro_batch=micro_batch,
+                                 seq_len=seq_len, launch=launch, fake_tensors=fake_tensors, **base)
+                       for w, e, s, a in itertools.product(world_size, engine, strategy, ac)]
+    except ShardplanError as err:
+        _fail(err)
+    except Exception as err:  # pydantic validation of user input
+        _fail(ShardplanError("config", str(config or grid or model), str(err).splitlines()[0]))
+    run_grid(configs, out, isolate=isolate, timeout_s=timeout, resume=resume, progress=_progress)
+    rows = [flatten(r) for r in read_jsonl(out)]
+    if csv:
+        write_csv_atomic(csv, rows)
+    if json_out:
+        write_json_atomic(json_out, read_jsonl(out))
+    _print_rows(rows)
+
+
+def _print_rows(rows):
+    cols = ["engine", "strategy", "world_size", "param_dtype", "ac", "status", "total_peak_bytes",
+            "forward_peak_bytes", "backward_peak_bytes"]
+    typer.echo("  ".join(cols))
+    for r in rows:
+        typer.echo("  ".join(str(r.get(c, "")) for c in cols))
+
+
+@calibrate_app.command("collectives")
+def collectives_cmd(
+    out: Path = typer.Option(Path("calibration.json"), help="calibration overlay to write/merge"),
+    nccl_tests: List[Path] = typer.Option([], help="import nccl-tests output file(s) instead of measuring"),
+    op: Optional[str] = typer.Option(None, help="collective of the nccl-tests file (default: from its text)"),
+    world_size: List[int] = typer.Option([2], help="ranks to benchmark with (repeatable); or of the file"),
+    tier: str = typer.Option("intra_node", help="link tier the measurement represents"),
+    min_bytes: int = typer.Option(1024),
+    max_bytes: int = typer.Option(1 << 24),
+    factor: int = typer.Option(2, help="size step factor"),
+    iters: int = typer.Option(5),
+    warmup: int = typer.Option(2),
+    min_r2_log: float = typer.Option(0.90, help="refuse fits with a lower R² (log space)"),
+    max_rel_err: float = typer.Option(0.50, help="refuse fits with a larger max relative error"),
+    samples_csv: Optional[Path] = typer.Option(None, help="write the raw samples as CSV"),
+    fits_json: Optional[Path] = typer.Option(None, help="write the fits with residuals as JSON"),
+):
+    """Benchmark (or import nccl-tests output for) AG/RS/AR and fit t = α + S·f(n)/B."""
+    from dataclasses import asdict
+
+    from shardplan.calibrate.collectives import (benchmark_spawn, default_sizes, fit_all,
+                                                 parse_nccl_tests_file)
+    from shardplan.calibrate.overlay import write_calibration
+    from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
+
+    try:
+        samples = []
+        source = {}
+        if nccl_tests:
+            ws = world_size[0] if world_size != [2] else None
+            for f in nccl_tests:
+                samples += parse_nccl_tests_file(f, op=op, world_size=ws, tier=tier)
+            source["nccl_tests"] = [str(f) for f in nccl_tests]
+        else:
+            for w in world_size:
+                _progress(f"benchmarking all_gather / reduce_scatter / all_reduce on {w} local ranks ...")
+                samples += benchmark_spawn(w, sizes=default_sizes(min_bytes, max_bytes, factor), iters=iters,
+                                           warmup=warmup, tier=tier)
+            source.update(_env())
+        if samples_csv:  # written before fitting, so a refused fit can still be inspected
+            write_csv_atomic(samples_csv, [dict(asdict(s), algbw_bytes_per_s=s.algbw_bytes_per_s,
+                                                busbw_bytes_per_s=s.busbw_bytes_per_s) for s in samples])
+        fits = fit_all(samples, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
+    except ShardplanError as err:
+        _fail(err)
+    if fits_json:
+        write_json_atomic(fits_json, [f.to_dict() for f in fits])
+    write_calibration(out, links=fits, source=source)
+    typer.echo("op              n  tier         segment             alpha_us   B_GB/s   R2_log  max_rel_err")
+    for f in fits:
+        for s in f.segments:
+            typer.echo(f"{f.op:14s} {f.world_size:3d}  {f.tier:11s}  {s.min_bytes:>9d}-{s.max_bytes:<9d} "
+                       f"{s.alpha_s * 1e6:9.2f} {s.bandwidth_bytes_per_s / 1e9:8.3f}   {f.r2_log:.4f}  {f.max_rel_err:.3f}")
+    typer.echo(f"wrote {out}")
+
+
+@calibrate_app.command("compute")
+def compute_cmd(
+    out: Path = typer.Option(Path("calibration.json"), help="calibration overlay to write/merge"),
+    dtype: List[str] = typer.Option(["float32", "bfloat16"]),
+    size: List[int] = typer.Option([64, 128, 256, 512, 1024], help="square matmul sizes m (repeatable)"),
+    iters: int = typer.Option(5),
+    peak_tflops: Optional[float] = typer.Option(None, help="nameplate peak (TFLOP/s) to express efficiency"),
+    threads: int = typer.Option(1, help="CPU threads (torch.set_num_threads)"),
+    samples_csv: Optional[Path] = typer.Option(None),
+):
+    """Measure achieved matmul FLOP/s per dtype and size; fit F_max/(1+(m_half/m)^p)."""
+    from dataclasses import asdict
+
+    import torch
+
+    from shardplan.calibrate.compute import fit_efficiency, measure_matmul
+    from shardplan.calibrate.overlay import write_calibration
+    from shardplan.calibrate.results import write_csv_atomic
+
+    torch.set_num_threads(threads)
+    samples = measure_matmul(dtypes=tuple(dtype), sizes=tuple(size), iters=iters, progress=_progress)
+    try:
+        fits = [fit_efficiency([s for s in samples if s.dtype == d],
+                               peak_flops_per_s=peak_tflops * 1e12 if peak_tflops else None) for d in dtype]
+    except ShardplanError as err:
+        _fail(err)
+    if samples_csv:
+        write_csv_atomic(samples_csv, [dict(asdict(s), flops_per_s=s.flops_per_s) for s in samples])
+    write_calibration(out, compute=fits, source=_env())
+    for f in fits:
+        typer.echo(f"{f.dtype:9s} {f.device}: F_max {f.f_max_flops_per_s / 1e12:.4f} TFLOP/s, m_half {f.m_half:.0f}, "
+                   f"p {f.p:.1f}, max rel err {f.max_rel_err:.3f}")
+    typer.echo(f"wrote {out}")
+
+
+def _env() -> dict:
+    import datetime as dt
+    import platform
+
+    import torch
+
+    env = {"torch": torch.__version__, "python": platform.python_version(),
+           "date": dt.date.today().isoformat(), "device": "cpu"}
+    try:
+        env["cpu"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        env["cpu"] = platform.processor()
+    if torch.cuda.is_available():
+        env.update(device="cuda", gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    return env
+
+
+def main() -> None:  # standalone: python -m shardplan.calibrate.cli
+    calibrate_app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
