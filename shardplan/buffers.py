@@ -68,7 +68,7 @@ def engine_buffers(c):
     unsharded_grads = np.where(fsdp, unit * trainable * a, 0)
     reduce_scatter = np.where(fsdp, np.where(fsdp1, 2, 1) * unit * trainable * r, 0)
     root_unsharded = np.where(fsdp, c.root_params * np.where(c.method == st.FULL, a, 2), 0)
-    root_grads = np.where(fsdp, c.vocab_size * c.hidden_size * trainable * a, 0)
+    root_grads = np.where(fsdp & (c.method == st.FULL), c.vocab_size * c.hidden_size * a, 0)  # frozen under PEFT
 
     autocast = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
     autocast_copies = np.where(ddp & ~ds & autocast & (c.method == st.FULL),
