@@ -71,6 +71,8 @@ def fit(
     intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (a list when no --strategy)"),
+    export_to: Optional[str] = typer.Option(None, "--export", help="also export the first fitting result: "
+                                            "FORMAT[=PATH], FORMAT one of fsdp2, fsdp1, accelerate, deepspeed, trainer, torchrun"),
 ):
     """Will it fit? Per-GPU memory, term by term, for one strategy or all of them."""
     parsed = parse_query(query) if query else None
@@ -105,10 +107,83 @@ def fit(
     if config.seq_len > resolved.spec.max_position_embeddings:
         notes.append(f"seq_len {config.seq_len} exceeds the model's context of {resolved.spec.max_position_embeddings}")
     results = fit_strategies(resolved.spec, cluster, config, [strategy_name] if strategy_name else None, notes)
+    if export_to:
+        _export_results([r.model_dump(mode="json") for r in results], export_to, None)
     if as_json:
         typer.echo(report.to_json(results[0] if strategy_name else results))
     else:
         typer.echo(report.render_fit(results))
+
+
+def _export_results(plans: list[dict], fmt_path: str, index: Optional[int], block_class: Optional[str] = None) -> None:
+    """``--export FORMAT[=PATH]``: write the chosen plan's export atomically, or to stdout."""
+    from shardplan.export import choose_plan, export, export_option, plan_spec, write_atomic
+
+    fmt, path = export_option(fmt_path)
+    text = export(plan_spec(choose_plan(plans, index), block_class), fmt)
+    if path is None:
+        typer.echo(text, nl=False)
+    else:
+        write_atomic(path, text)
+        typer.echo(f"wrote {fmt} export to {path}", err=True)
+
+
+@app.command("export")
+def export_command(
+    plan: str = typer.Argument(..., help="JSON from `shardplan fit --json` or `shardplan plan --json` ('-' = stdin)"),
+    to: str = typer.Option(..., "--to", "-t", help="fsdp2, fsdp1, accelerate, deepspeed, trainer, torchrun"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="file to write (atomically); stdout when omitted"),
+    index: Optional[int] = typer.Option(None, help="which plan of a list (default: the first that fits)"),
+    block_class: Optional[str] = typer.Option(None, help="transformer block class to wrap, when the model profile has none"),
+):
+    """Write a plan as the config or code a framework expects."""
+    from shardplan.export import load_plans
+
+    _export_results(load_plans(plan), f"{to}={output}" if output else to, index, block_class)
+
+
+@app.command("plan")
+def plan_command(
+    model: str = typer.Argument(..., help="profile name, HF config.json path, or a size like '70B'"),
+    gpus: str = typer.Option(..., "--gpus", "-g", help="'8xh100-sxm', '2x8xa100-80gb', '4x24GB'"),
+    seq_len: int = typer.Option(4096, help="sequence length in tokens"),
+    global_batch_tokens: Optional[str] = typer.Option(None, help="global batch in tokens, e.g. '1M' (decimal)"),
+    global_batch: Optional[int] = typer.Option(None, help="global batch in sequences"),
+    method: str = typer.Option("full", help="full, lora, qlora"),
+    lora_rank: int = typer.Option(16, help="LoRA rank"),
+    precision: str = typer.Option("bf16-mixed", help="bf16-mixed, fp16-mixed, bf16-pure, fp32"),
+    optimizer: str = typer.Option("adamw", help="adamw, sgd, adafactor, adamw-8bit, lion"),
+    train_tokens: Optional[str] = typer.Option(None, help="tokens to train, e.g. '15T', for time and cost"),
+    price_per_gpu_hour: Optional[float] = typer.Option(None, help="$ per GPU-hour, for cost"),
+    calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
+    host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
+    intra_link: Optional[str] = typer.Option(None, help="intra-node link profile"),
+    inter_link: Optional[str] = typer.Option(None, help="inter-node link profile"),
+    top: int = typer.Option(5, help="how many plans to show"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+):
+    """Fastest strategy that fits: search strategy × engine × AC × micro-batch × offload × HSDP group."""
+    from shardplan.planner import plan as run_plan, resolve_workload
+    from shardplan.plan_report import plan_to_json, render_plan
+    from shardplan.units import parse_count
+
+    resolved = resolve_model(model)
+    cluster = parse_gpus(gpus, intra_link=intra_link, inter_link=inter_link,
+                         host_ram_bytes_per_node=parse_capacity_bytes(host_ram, "host_ram") if host_ram else None)
+    workload = resolve_workload(seq_len, cluster.world_size,
+                                parse_count(global_batch_tokens, "global_batch_tokens") if global_batch_tokens else None,
+                                global_batch, context=resolved.spec.max_position_embeddings)
+    overlay = None
+    if calibration is not None:
+        from shardplan.calibrate.overlay import load_calibration
+        overlay = load_calibration(calibration)
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise ShardplanError("price_per_gpu_hour", price_per_gpu_hour, "must not be negative")
+    base = TrainingConfig(method=method, lora_rank=lora_rank, precision=precision, optimizer=optimizer, seq_len=seq_len)
+    result = run_plan(resolved.spec, cluster, base, workload, top=top,
+                      train_tokens=parse_count(train_tokens, "train_tokens") if train_tokens else None,
+                      price_per_gpu_hour=price_per_gpu_hour, calibration=overlay, notes=[f"model: {resolved.how}"])
+    typer.echo(plan_to_json(result) if as_json else render_plan(result))
 
 
 @models_app.callback()

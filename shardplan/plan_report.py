@@ -1,0 +1,59 @@
+"""Text and JSON rendering of ``shardplan plan`` results (formatting only; numbers come from planner)."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from shardplan.planner import PlanResult
+from shardplan.units import GiB
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:,.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds:,.0f} s"
+
+
+def render_plan(result: PlanResult) -> str:
+    lines = [f"note: {n}" for n in result.notes]
+    w = result.workload
+    lines.append(f"{result.model['display_name']} on {result.cluster['label']} ({result.cluster['intra_link']} / "
+                 f"{result.cluster['inter_link']}), seq {w.seq_len}, global batch {w.global_batch_tokens:,} tokens "
+                 f"({w.sequences_per_gpu} sequence(s) per GPU); {result.candidates:,} candidates, {result.fitting:,} fit; "
+                 f"{'calibrated' if result.calibrated else 'nameplate'} coefficients")
+    lines.append("")
+    if not result.plans:
+        lines.append(f"✗ {result.explanation}")
+    else:
+        rows = []
+        for p in result.plans:
+            rows.append([p.rank, p.strategy, p.engine, p.ac, p.offload, p.micro_batch, p.grad_accum,
+                         "" if p.strategy not in ("hybrid_shard", "hybrid_shard_zero2") else p.shard_group_size,
+                         "every" if p.sync_every_micro_batch else "once", f"{p.tokens_per_s_per_gpu:,.0f}",
+                         f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.step_time_s:,.2f}", f"{p.exposed_comm_s * 1e3:,.0f}",
+                         f"{p.peak_allocated_bytes / GiB:,.1f}", f"{p.headroom_bytes / GiB:,.1f}"]
+                        + ([f"{_duration(p.time_to_train_s)}", f"{p.gpu_hours:,.0f}"] if p.time_to_train_s else [])
+                        + ([f"${p.cost:,.0f}"] if p.cost is not None else []))
+        headers = ["#", "strategy", "engine", "AC", "offload", "mb", "accum", "group", "sync", "tok/s/GPU", "tok/s",
+                   "MFU", "step s", "exposed ms", "peak GiB", "free GiB"]
+        if result.plans[0].time_to_train_s:
+            headers += ["time", "GPU-h"]
+        if result.plans[0].cost is not None:
+            headers += ["cost"]
+        lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+        lines.append("")
+        for p in result.plans:
+            lines.append(f"#{p.rank} {p.strategy}/{p.engine}: " + "; ".join(p.why))
+    if result.rejected:
+        lines.append("")
+        lines.append("Rejected strategy families (no micro-batch, AC or offload setting fits):")
+        for r in result.rejected:
+            lines.append(f"  ✗ {r.strategy}/{r.engine}: {r.reason}; largest term {r.largest_term} "
+                         f"{r.largest_term_bytes / GiB:,.1f} GiB")
+    return "\n".join(lines)
+
+
+def plan_to_json(result: PlanResult) -> str:
+    return result.model_dump_json(indent=2)

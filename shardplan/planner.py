@@ -1,0 +1,294 @@
+"""``shardplan plan``: search strategy × engine × AC × micro-batch × grad accumulation × offload ×
+HSDP shard-group size × gradient-sync mode as one vectorized evaluation, keep what fits, rank by
+throughput (ties: more headroom), and explain the winners and the rejected families.
+
+The whole grid is one ``Columns`` with one row per candidate; ``estimate_memory``, ``comm_volume``
+and ``step_time`` each run once over it (DESIGN.md §3, principle 2).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from shardplan import strategy as st
+from shardplan.comm import COLLECTIVES, comm_volume, link_rates
+from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
+from shardplan.errors import ShardplanError
+from shardplan.hardware import Cluster
+from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.model import ModelSpec
+from shardplan.throughput import compute_rates, step_time, training_cost
+
+PLAN_AC = ("none", "selective", "full")
+PLAN_OFFLOADS = ("none", "optimizer", "optimizer+params")
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    seq_len: int
+    global_batch_tokens: int
+    global_batch_sequences: int
+    sequences_per_gpu: int
+    requested_tokens: int
+    notes: list[str] = []
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    strategy: str
+    engine: str
+    micro_batch: int
+    grad_accum: int
+    ac: str
+    offload: str
+    shard_group_size: int
+    sync_every_micro_batch: bool
+    fits: bool
+    peak_allocated_bytes: int
+    device_total_bytes: int
+    headroom_bytes: int
+    step_time_s: float
+    compute_s: float
+    exposed_comm_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    comm_bytes_per_step: dict[str, int]
+    comm_s: dict[str, float]
+    no_sync_grad_bytes: int
+    time_to_train_s: float | None = None
+    gpu_hours: float | None = None
+    cost: float | None = None
+    why: list[str] = []
+
+
+class Rejected(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    strategy: str
+    engine: str
+    reason: str
+    largest_term: str
+    largest_term_bytes: int
+    device_total_bytes: int
+    gpu_memory_bytes: int
+
+
+class PlanResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: dict[str, Any]
+    cluster: dict[str, Any]
+    workload: Workload
+    candidates: int
+    fitting: int
+    plans: list[Plan]
+    rejected: list[Rejected]
+    calibrated: bool
+    explanation: str = ""
+    notes: list[str] = []
+
+
+def resolve_workload(seq_len: int, world_size: int, global_batch_tokens: int | None = None,
+                     global_batch_sequences: int | None = None, context: int | None = None) -> Workload:
+    """Global batch = micro-batch × grad accumulation × data-parallel degree × seq_len. A batch that
+    is not a whole number of sequences per GPU is rounded to the nearest one (at least one), and
+    the adjustment is explained; non-positive inputs are one-line errors."""
+    if world_size < 1:
+        raise ShardplanError("gpus", world_size, "need at least one GPU")
+    if seq_len < 1:
+        raise ShardplanError("seq_len", seq_len, "must be a positive number of tokens")
+    notes: list[str] = []
+    if context is not None and seq_len > context:
+        notes.append(f"seq_len {seq_len} exceeds the model's context of {context}: planned as asked "
+                     f"(needs RoPE scaling or continued pre-training at that length)")
+    if global_batch_tokens is None and global_batch_sequences is None:
+        global_batch_sequences = world_size
+        notes.append(f"no global batch given: one sequence per GPU ({world_size} × {seq_len} tokens)")
+    if global_batch_sequences is not None:
+        if global_batch_sequences < 1:
+            raise ShardplanError("global_batch", global_batch_sequences, "must be at least 1 sequence")
+        requested = global_batch_sequences * seq_len
+    else:
+        if global_batch_tokens < 1:
+            raise ShardplanError("global_batch_tokens", global_batch_tokens, "must be positive")
+        requested = global_batch_tokens
+    per_gpu_exact = requested / (seq_len * world_size)
+    per_gpu = max(1, int(round(per_gpu_exact)))
+    tokens = per_gpu * world_size * seq_len
+    if tokens != requested:
+        notes.append(f"global batch adjusted from {requested:,} to {tokens:,} tokens = {per_gpu} sequence(s) per GPU "
+                     f"× {world_size} GPUs × {seq_len} tokens ({requested:,} / ({world_size} × {seq_len}) = "
+                     f"{per_gpu_exact:.3g} is not a whole number; micro-batch × grad accumulation must equal it)")
+    return Workload(seq_len=seq_len, global_batch_tokens=tokens, global_batch_sequences=per_gpu * world_size,
+                    sequences_per_gpu=per_gpu, requested_tokens=requested, notes=notes)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def shard_group_sizes(cluster: Cluster) -> list[int]:
+    """HSDP shard groups: divisors of the world size from 2 up to it, powers of two and the node size."""
+    n = cluster.world_size
+    sizes = {d for d in divisors(n) if d >= 2 and (d & (d - 1) == 0 or d % cluster.gpus_per_node == 0)}
+    return sorted(sizes) or [n]
+
+
+def build_grid(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload,
+               max_micro_batch: int = 64) -> tuple[Columns, dict[str, np.ndarray]]:
+    """All candidate rows as one ``Columns`` (plus the sync-mode column)."""
+    micro = [d for d in divisors(workload.sequences_per_gpu) if d <= max_micro_batch]
+    rows: list[tuple] = []
+    groups = shard_group_sizes(cluster)
+    for s, e in itertools.product(range(len(st.STRATEGIES)), range(len(st.ENGINES))):
+        if not bool(st.is_valid(s, e)):
+            continue
+        hybrid = s in (st.HYBRID_SHARD, st.HYBRID_SHARD_ZERO2)
+        # HSDP with one replica is FULL_SHARD / SHARD_GRAD_OP: only groups smaller than the world.
+        for g in ([x for x in groups if x < cluster.world_size] if hybrid else [cluster.world_size]):
+            for ac, off, mb, sync in itertools.product(PLAN_AC, PLAN_OFFLOADS, micro, (True, False)):
+                k = workload.sequences_per_gpu // mb
+                # no_sync only where the engine offers it (DeepSpeed ZeRO-2/3 rejects no_sync) and it differs
+                if not sync and (k == 1 or e == st.DEEPSPEED):
+                    continue
+                rows.append((s, e, st.code(st.AC_MODES, ac, "ac"), st.code(st.OFFLOADS, off, "offload"), mb, k, g, sync))
+    arr = np.array(rows, dtype=np.int64)
+    knobs = knob_values(base.model_copy(update={"seq_len": workload.seq_len}), cluster)
+    knobs.update(strategy=arr[:, 0], engine=arr[:, 1], ac=arr[:, 2], offload=arr[:, 3], micro_batch=arr[:, 4],
+                 grad_accum=arr[:, 5], shard_group_size=arr[:, 6])
+    c = Columns.build(**model_values(spec, base.lora_rank, base.lora_targets), **cluster_values(cluster), **knobs)
+    return c, {"sync_every_micro_batch": arr[:, 7].astype(bool)}
+
+
+def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None) -> dict[str, np.ndarray]:
+    """Memory, communication and time for every row, each computed once over the whole grid."""
+    m = estimate_memory(c)
+    links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
+    v = comm_volume(c, sync)
+    t = step_time(c, links, rates, sync, volume=v)
+    device_total = m["device_total_bytes"] + v["no_sync_grad_bytes"]
+    fits = m["fits"] & (device_total <= c.gpu_memory_bytes)
+    return {**m, **v, **t, "device_total_bytes": device_total, "headroom_bytes": c.gpu_memory_bytes - device_total,
+            "fits": fits, "calibrated": np.asarray(links.calibrated or rates.calibrated)}
+
+
+def _why(i: int, r: dict, c: Columns, order: np.ndarray, pos: int) -> list[str]:
+    reasons = []
+    exposed, step = float(r["exposed_comm_s"][i]), float(r["step_time_s"][i])
+    reasons.append(f"exposed communication {exposed * 1e3:,.0f} ms of a {step:,.2f} s step "
+                   f"({100 * exposed / step:.1f} %)")
+    if int(c.ac[i]) == st.AC_NONE:
+        reasons.append("no activation recomputation")
+    else:
+        reasons.append(f"AC {st.AC_MODES[int(c.ac[i])]} recomputes {100 * (float(r['hfu'][i]) / max(float(r['mfu'][i]), 1e-12) - 1):.0f} % extra FLOPs")
+    if int(c.offload[i]) != st.OFFLOAD_NONE:
+        reasons.append(f"CPU offload costs {float(r['offload_transfer_s'][i]) + float(r['optimizer_s'][i]):,.2f} s per step")
+    reasons.append(f"micro-batch {int(c.micro_batch[i])} → GEMM efficiency {float(r['gemm_efficiency'][i]):.2f}")
+    if pos > 0:
+        best = order[0]
+        reasons.append(f"{100 * (1 - float(r['tokens_per_s'][i]) / float(r['tokens_per_s'][best])):.1f} % slower than #1")
+    elif len(order) > 1:
+        nxt = order[1]
+        reasons.append(f"{100 * (float(r['tokens_per_s'][i]) / float(r['tokens_per_s'][nxt]) - 1):.1f} % faster than #2")
+    return reasons
+
+
+def _name(codes, names, i):
+    return names[int(codes[i])]
+
+
+def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload, *, top: int = 5,
+         train_tokens: float | None = None, price_per_gpu_hour: float | None = None, calibration=None,
+         notes: list[str] | None = None) -> PlanResult:
+    """Rank every fitting candidate by tokens/s (ties: headroom); explain rejected families."""
+    if top < 1:
+        raise ShardplanError("top", top, "must be at least 1")
+    c, extra = build_grid(spec, cluster, base, workload)
+    sync = extra["sync_every_micro_batch"]
+    r = evaluate_grid(c, sync, cluster, calibration)
+    fitting = np.flatnonzero(r["fits"])
+    order = fitting[np.lexsort((-r["headroom_bytes"][fitting], -r["tokens_per_s"][fitting]))]
+    # one row per distinct (strategy, engine, ac, offload) family member: keep the best micro-batch
+    seen, chosen = set(), []
+    for i in order:
+        key = (int(c.strategy[i]), int(c.engine[i]), int(c.ac[i]), int(c.offload[i]), int(c.shard_group_size[i]))
+        if key in seen:
+            continue
+        seen.add(key)
+        chosen.append(i)
+        if len(chosen) == top:
+            break
+    chosen_arr = np.array(chosen, dtype=np.int64)
+    plans = []
+    for pos, i in enumerate(chosen):
+        cost = (training_cost(float(r["tokens_per_s"][i]), cluster.world_size, train_tokens, price_per_gpu_hour)
+                if train_tokens else {})
+        plans.append(Plan(
+            rank=pos + 1, strategy=_name(c.strategy, st.STRATEGIES, i), engine=_name(c.engine, st.ENGINES, i),
+            micro_batch=int(c.micro_batch[i]), grad_accum=int(c.grad_accum[i]), ac=_name(c.ac, st.AC_MODES, i),
+            offload=_name(c.offload, st.OFFLOADS, i), shard_group_size=int(c.shard_group_size[i]),
+            sync_every_micro_batch=bool(sync[i]), fits=True,
+            peak_allocated_bytes=int(r["peak_allocated_bytes"][i]), device_total_bytes=int(r["device_total_bytes"][i]),
+            headroom_bytes=int(r["headroom_bytes"][i]), step_time_s=float(r["step_time_s"][i]),
+            compute_s=float(r["compute_s"][i]), exposed_comm_s=float(r["exposed_comm_s"][i]),
+            tokens_per_s_per_gpu=float(r["tokens_per_s_per_gpu"][i]), tokens_per_s=float(r["tokens_per_s"][i]),
+            mfu=float(r["mfu"][i]), hfu=float(r["hfu"][i]),
+            comm_bytes_per_step={n: int(r[f"{n}_bytes"][i]) for n in COLLECTIVES},
+            comm_s={n: float(r[f"{n}_s"][i]) for n in COLLECTIVES},
+            no_sync_grad_bytes=int(r["no_sync_grad_bytes"][i]),
+            time_to_train_s=float(cost["time_to_train_s"]) if cost else None,
+            gpu_hours=float(cost["gpu_hours"]) if cost else None,
+            cost=float(cost["cost"]) if cost.get("cost") is not None else None,
+            why=_why(i, r, c, chosen_arr, pos),
+        ))
+    rejected = rejected_families(c, r)
+    explanation = ""
+    if not plans:
+        smallest = int(np.argmin(np.where(r["valid"], r["device_total_bytes"], np.iinfo(np.int64).max)))
+        term = max(BREAKDOWN_TERMS, key=lambda t: int(r[t][smallest]))
+        explanation = (f"nothing fits: of {c.shape[0]:,} candidates the smallest footprint "
+                       f"({_name(c.strategy, st.STRATEGIES, smallest)}/{_name(c.engine, st.ENGINES, smallest)}, AC "
+                       f"{_name(c.ac, st.AC_MODES, smallest)}, offload {_name(c.offload, st.OFFLOADS, smallest)}, "
+                       f"micro-batch {int(c.micro_batch[smallest])}) needs {int(r['device_total_bytes'][smallest]) / 2**30:,.1f} GiB "
+                       f"per GPU of {cluster.gpu.memory_bytes / 2**30:,.1f} GiB"
+                       + ("" if bool(r["fits_host"][smallest]) else
+                          f" and {int(r['host_bytes_per_node'][smallest]) / 2**30:,.0f} GiB host RAM per node")
+                       + f"; its largest term is {term} ({int(r[term][smallest]) / 2**30:,.1f} GiB). "
+                       f"Try more GPUs, LoRA/QLoRA, or a shorter sequence (`shardplan fit` lists alternatives).")
+    return PlanResult(
+        model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params},
+        cluster={"label": cluster.label, "world_size": cluster.world_size, "gpu": cluster.gpu.name,
+                 "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name, "nodes": cluster.nodes},
+        workload=workload, candidates=int(c.shape[0]), fitting=int(fitting.size), plans=plans, rejected=rejected,
+        calibrated=bool(r["calibrated"]), explanation=explanation, notes=list(notes or []) + workload.notes,
+    )
+
+
+def rejected_families(c: Columns, r: dict) -> list[Rejected]:
+    """Valid (strategy, engine) families with no fitting row: the closest row's largest term."""
+    out = []
+    fam = c.strategy * len(st.ENGINES) + c.engine
+    for key in np.unique(fam):
+        rows = np.flatnonzero((fam == key) & r["valid"])
+        if rows.size == 0 or r["fits"][rows].any():
+            continue
+        i = rows[np.argmin(r["device_total_bytes"][rows])]
+        term = max(BREAKDOWN_TERMS, key=lambda t: int(r[t][i]))
+        if not bool(r["fits_host"][i]) and bool(r["fits_gpu"][i]):
+            reason = f"host RAM: needs {int(r['host_bytes_per_node'][i]) / 2**30:,.0f} GiB per node"
+        else:
+            reason = (f"GPU memory: best case {int(r['device_total_bytes'][i]) / 2**30:,.1f} GiB of "
+                      f"{int(c.gpu_memory_bytes[i]) / 2**30:,.1f} GiB")
+        out.append(Rejected(strategy=_name(c.strategy, st.STRATEGIES, i), engine=_name(c.engine, st.ENGINES, i),
+                            reason=reason, largest_term=term, largest_term_bytes=int(r[term][i]),
+                            device_total_bytes=int(r["device_total_bytes"][i]), gpu_memory_bytes=int(c.gpu_memory_bytes[i])))
+    return out

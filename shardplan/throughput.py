@@ -1,0 +1,321 @@
+"""Compute, step time and throughput: FLOPs per step, their time, the comm/compute overlap per
+FSDP unit, offload and optimizer time; tokens/s, MFU/HFU, and the cost of N training tokens.
+
+Time of one micro-batch's compute, per GPU (a roofline sum; every term below has a source):
+
+* matmuls: FLOPs / (peak × GEMM efficiency(m)), peak per dtype from the GPU profile, the large-
+  GEMM efficiency from measured "maximum achievable matmul FLOPS" (``GEMM_EFFICIENCY``), falling
+  for small matrices by the saturation curve the calibration harness fits
+  (``shardplan/calibrate/compute.py``): eff(m) = eff_max / (1 + (m_half/m)^p);
+* attention core (flash/SDPA): FLOPs / (peak × attention efficiency) (``ATTENTION_EFFICIENCY``);
+* element-wise work (norms, RoPE, SwiGLU, residual adds, cross-entropy): bytes / HBM bandwidth.
+
+FLOPs (PaLM, Chowdhery et al. 2022, App. B; torchtitan ``get_dense_model_nparams_and_flops``):
+6·N_matmul per token for forward + backward, N_matmul = block Linear weights + lm_head; attention
+12·L·s·q per token with full (non-causal) score matrices — half of it with a causal mask, which is
+what flash kernels execute (FlashAttention-2 paper, §4.1, counts causal FLOPs as half). Full
+activation checkpointing adds one forward (8N instead of 6N); selective (Korthikanti et al. 2022,
+§5) recomputes the attention core; LoRA skips the frozen base's weight gradients (4N for the base).
+
+Overlap (DESIGN.md §4): per micro-batch, forward Σ max(compute_i, AG_{i+1}), backward
+Σ max(compute_i, AG_{i−1} + RS_{i+1}) on one communication stream (HSDP's replica all-reduce on its
+own stream, max'ed alongside), the first all-gather and the last reduce-scatter exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardplan import strategy as st
+from shardplan.activations import checkpointed_layers, compute_dtype_bytes
+from shardplan.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, trainable_params
+
+# Measured large bf16 GEMM throughput / dense peak ("Maximum Achievable Matmul FLOPS", stas00/
+# ml-engineering ``compute/accelerator/README.md``, MAMF comparison table): A100 SXM 267.9/312 =
+# 85.9 %, A100 PCIe 82.2 %, H100 SXM 792.1/989 = 80.1 %, GH200 83.0 %, MI300X 60.1 %.
+GEMM_EFFICIENCY = {"a100-80gb": 0.859, "a100-40gb": 0.859, "a100-80gb-pcie": 0.822, "h100-sxm": 0.801,
+                   "h100-pcie": 0.801, "h200": 0.830, "mi300x": 0.601}
+# GPUs without a public MAMF figure take the median of the table above.
+DEFAULT_GEMM_EFFICIENCY = 0.822
+# Attention kernels: FlashAttention-2 reaches "50-73% of the theoretical maximum FLOPs/s on A100"
+# (Dao 2023, arXiv 2307.08691, abstract; backward, 2.5× the forward's FLOPs, sits at the low end)
+# but "only 35% utilization on H100" (FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, abstract).
+ATTENTION_EFFICIENCY = {"h100-sxm": 0.35, "h100-pcie": 0.35, "h200": 0.35, "b200": 0.35}
+DEFAULT_ATTENTION_EFFICIENCY = 0.50
+# eff(m) saturation: ASSUMPTION m_half = 256, p = 2 — within 2 % of eff_max from m = 2048 on,
+# consistent with MAMF's best shapes (smallest dimension ≥ 1536); calibrate to replace.
+GEMM_M_HALF = 256.0
+GEMM_P = 2.0
+# Achievable fraction of nameplate HBM bandwidth for streaming element-wise kernels.
+# ASSUMPTION 0.9 (STREAM-like copies reach ~90 % of nameplate on HBM GPUs).
+HBM_EFFICIENCY = 0.9
+# Host link for CPU offload: PCIe generation of the GPU's host interface (datasheets).
+HOST_LINK = {"h100-sxm": "pcie5", "h100-pcie": "pcie5", "h200": "pcie5", "b200": "pcie5", "rtx5090": "pcie5"}
+DEFAULT_HOST_LINK = "pcie4"
+# CPU optimizer (DeepSpeed CPUAdam / torch CPU AdamW) is memory-bandwidth bound: it streams the
+# fp32 master, both moments and the gradient. ASSUMPTION: 50 GB/s of host DRAM bandwidth per node
+# for it (a fraction of a 2-socket server's ~300-400 GB/s); calibrate to replace.
+CPU_OPTIMIZER_BYTES_PER_S_PER_NODE = 50e9
+# Element-wise traffic per token per layer in units of the activation width (see
+# ``elementwise_bytes_per_token``); backward moves ~2× the forward's bytes (reads the incoming
+# gradient and the saved input, writes the outgoing gradient).
+BACKWARD_ELEMENTWISE_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class ComputeRates:
+    """Per-GPU compute coefficients; fields broadcast like ``Columns``. ``peak_flops_by_precision``
+    is indexed by the precision code (bf16-mixed, fp16-mixed, bf16-pure, fp32)."""
+
+    peak_flops_by_precision: np.ndarray
+    gemm_efficiency: np.ndarray
+    gemm_m_half: np.ndarray
+    gemm_p: np.ndarray
+    attention_efficiency: np.ndarray
+    hbm_bytes_per_s: np.ndarray
+    host_link_bytes_per_s: np.ndarray
+    cpu_optimizer_bytes_per_s_per_node: np.ndarray
+    calibrated: bool = False
+
+
+def compute_rates(cluster, calibration=None) -> ComputeRates:
+    """Coefficients for a cluster's GPU: nameplate from the GPU profile × the cited defaults, or a
+    calibrated overlay's bf16 matmul curve (``ComputeCalibration``: eff_max, m_half, p)."""
+    from shardplan.hardware import get_link
+    gpu = cluster.gpu
+    pf = gpu.peak_flops
+    bf16 = pf.get("bf16", pf.get("fp16"))
+    fp16 = pf.get("fp16", bf16)
+    peak = np.array([bf16, fp16, bf16, pf.get("fp32", bf16 / 16)], dtype=np.float64)
+    eff = GEMM_EFFICIENCY.get(gpu.name, DEFAULT_GEMM_EFFICIENCY)
+    m_half, p, calibrated = GEMM_M_HALF, GEMM_P, False
+    if calibration is not None:
+        fits = [f for f in calibration.compute if f.dtype in ("bfloat16", "bf16") and f.device != "cpu"]
+        if fits:
+            f = fits[0]
+            eff = f.eff_max if f.eff_max else f.f_max_flops_per_s / bf16
+            m_half, p, calibrated = f.m_half, f.p, True
+    host = get_link(HOST_LINK.get(gpu.name, DEFAULT_HOST_LINK))
+    return ComputeRates(
+        peak_flops_by_precision=peak, gemm_efficiency=np.asarray(eff), gemm_m_half=np.asarray(m_half),
+        gemm_p=np.asarray(p), attention_efficiency=np.asarray(ATTENTION_EFFICIENCY.get(gpu.name, DEFAULT_ATTENTION_EFFICIENCY)),
+        hbm_bytes_per_s=np.asarray(gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY),
+        host_link_bytes_per_s=np.asarray(host.achievable_bytes_per_s),
+        cpu_optimizer_bytes_per_s_per_node=np.asarray(CPU_OPTIMIZER_BYTES_PER_S_PER_NODE), calibrated=calibrated)
+
+
+# --- FLOPs ------------------------------------------------------------------------------------
+def block_matmul_params(c):
+    """Weights one token multiplies in a block: q,k,v,o projections and the (active) MLP."""
+    h = c.hidden_size
+    return h * (c.q_width + 2 * c.kv_width) + c.attn_out_width * h + np.where(c.gated_mlp, 3, 2) * h * c.mlp_width
+
+
+def matmul_params_per_token(c):
+    """N_matmul = L·block + lm_head (V·h; a tied head still multiplies). Matches
+    ``ModelSpec.matmul_params_per_token`` up to biases and norms."""
+    return c.num_layers * block_matmul_params(c) + c.vocab_size * c.hidden_size
+
+
+def attention_forward_flops_per_token(c, causal=True):
+    """Scores + weighted values: 4·L·s·q per token (PaLM App. B), halved under a causal mask."""
+    full = 4.0 * c.num_layers * c.seq_len * c.q_width
+    return full / 2 if causal else full
+
+
+def model_flops_per_token(c):
+    """Model FLOPs for MFU: 6·N_matmul + 3 × causal attention forward (no recompute counted).
+    ASSUMPTION: MFU counts causal attention FLOPs (what flash kernels execute); torchtitan and PaLM
+    count the full s² scores (``palm_model_flops_per_token``) — compare tokens/s, not MFU, across them."""
+    return 6.0 * matmul_params_per_token(c) + 3.0 * attention_forward_flops_per_token(c)
+
+
+def palm_model_flops_per_token(c):
+    return 6.0 * matmul_params_per_token(c) + 3.0 * attention_forward_flops_per_token(c, causal=False)
+
+
+def recompute_fraction(c):
+    """Blocks whose forward is recomputed in backward: all (full, selective), 1/k-th (every-k), none."""
+    return checkpointed_layers(c) / np.maximum(c.num_layers, 1)
+
+
+def flops_per_token(c):
+    """Hardware FLOPs per token by kind (dict): ``matmul`` and ``attention``, forward and backward,
+    with recompute and LoRA's missing base weight gradients."""
+    peft = c.method != st.FULL
+    blocks = c.num_layers * block_matmul_params(c)
+    head = c.vocab_size * c.hidden_size
+    fwd_mm = 2.0 * (blocks + head)
+    # backward: input gradients (2N) + weight gradients (2N, only trainable weights)
+    bwd_mm = np.where(peft, 2.0 * (blocks + head) + 6.0 * c.lora_params, 4.0 * (blocks + head))
+    attn_fwd = attention_forward_flops_per_token(c)
+    # flash backward recomputes the scores: 2.5× the forward (FlashAttention-2 paper §3.2 / §4.1)
+    attn_bwd = np.where(c.attention == st.SDPA, 2.5, 2.0) * attn_fwd
+    frac = recompute_fraction(c)
+    full_like = (c.ac == st.AC_FULL) | (c.ac == st.AC_EVERY_K)
+    rec_mm = np.where(full_like, frac * 2.0 * blocks, 0.0)
+    rec_attn = np.where(c.ac == st.AC_NONE, 0.0, frac * attn_fwd)
+    return {"fwd_matmul": fwd_mm, "bwd_matmul": bwd_mm + rec_mm, "fwd_attention": attn_fwd,
+            "bwd_attention": attn_bwd + rec_attn, "recompute": rec_mm + rec_attn}
+
+
+def elementwise_bytes_per_token(c):
+    """HBM traffic of the non-matmul kernels, forward + backward (+ recompute), per token.
+
+    Forward per layer (read + write of each element, activation width a): 2 norms 2·2h, 2
+    residual adds 3h each, RoPE on q and k 2(q+kv), gated MLP activation silu(gate)·up 5i (2i
+    non-gated); head: logits written in a, read and upcast to fp32, log-softmax fp32 out and its
+    backward, ≈ (a + 4·4)·V. ASSUMPTION: unfused eager kernels (torch.compile fuses some of this).
+    """
+    a = compute_dtype_bytes(c.precision)
+    h = c.hidden_size
+    mlp = np.where(c.gated_mlp, 5, 2) * c.mlp_width
+    layer_fwd = a * (4 * h + 6 * h + 2 * (c.q_width + c.kv_width) + mlp)
+    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
+    head = (a + 16) * c.vocab_size
+    return layers + head
+
+
+def gemm_efficiency(c, rates: ComputeRates):
+    """eff(m) for the block GEMMs of one micro-batch: m = (tokens·h·i)^(1/3), tokens = b·s
+    (``shardplan/calibrate/compute.py`` curve)."""
+    tokens = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
+    m = np.cbrt(tokens * c.hidden_size * np.maximum(c.mlp_width, 1))
+    return rates.gemm_efficiency / (1.0 + (rates.gemm_m_half / m) ** rates.gemm_p)
+
+
+def compute_time_per_token_s(c, rates: ComputeRates):
+    """(forward, backward) seconds per token on one GPU, recompute included in backward."""
+    peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
+    f = flops_per_token(c)
+    eff = gemm_efficiency(c, rates)
+    ew = elementwise_bytes_per_token(c) / rates.hbm_bytes_per_s
+    share_fwd = 1.0 / (2.0 + BACKWARD_ELEMENTWISE_FACTOR + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c)))
+    fwd = f["fwd_matmul"] / (peak * eff) + f["fwd_attention"] / (peak * rates.attention_efficiency) + ew * share_fwd
+    bwd = f["bwd_matmul"] / (peak * eff) + f["bwd_attention"] / (peak * rates.attention_efficiency) + ew * (1 - share_fwd)
+    return fwd, bwd
+
+
+def qlora_dequant_s(c, rates: ComputeRates):
+    """QLoRA dequantizes every 4-bit Linear to 16-bit at each use (forward, backward, recompute):
+    read ~0.5 + write 2 bytes per weight per use (bitsandbytes ``dequantize_4bit``). Per micro-batch."""
+    uses = 2 + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    return np.where(c.method == st.QLORA, c.quantizable_params * 2.5 * uses / rates.hbm_bytes_per_s, 0.0)
+
+
+def optimizer_step_s(c, rates: ComputeRates):
+    """GPU optimizer step, memory-bound: reads and writes master + states, reads the gradient, per
+    sharded trainable parameter (AdamW fp32: 4·(2·3 + 1) = 28 B/param). Offloaded: the CPU does it
+    (``cpu_optimizer_step_s``)."""
+    _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    states = np.select([c.optimizer == st.ADAMW, c.optimizer == st.ADAMW_8BIT, c.optimizer == st.ADAFACTOR], [2.0, 0.5, 0.1], 1.0)
+    master = np.where(c.precision == st.BF16_PURE, 2, 4)
+    per_param = master * (2 * (1 + states) + 1)
+    shard = trainable_params(c) / n_o
+    return np.where(c.offload == st.OFFLOAD_NONE, shard * per_param / rates.hbm_bytes_per_s, 0.0)
+
+
+def cpu_optimizer_step_s(c, rates: ComputeRates):
+    """Offloaded optimizer on the host: same bytes as on the GPU, streamed by the node's DRAM for all
+    its GPUs at once (ASSUMPTION in ``CPU_OPTIMIZER_BYTES_PER_S_PER_NODE``)."""
+    _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    shard = trainable_params(c) / n_o
+    per_node = shard * 28.0 * np.minimum(c.gpus_per_node, c.world_size)
+    return np.where(c.offload != st.OFFLOAD_NONE, per_node / rates.cpu_optimizer_bytes_per_s_per_node, 0.0)
+
+
+def offload_transfer_s(c, rates: ComputeRates, syncs):
+    """PCIe time per step: gradients device→host at each sync and updated parameters host→device
+    once (optimizer offload); with parameter offload (FSDP CPUOffloadPolicy, ZeRO-Infinity) the
+    sharded parameters also go host→device before each all-gather (forward, and backward when
+    resharded). ASSUMPTION: not overlapped with compute (FSDP2 copies on the default stream)."""
+    n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    t = trainable_params(c)
+    a = compute_dtype_bytes(c.precision)
+    grads = np.where(c.offload != st.OFFLOAD_NONE, syncs * t * 4.0 / n_g, 0.0)
+    params_back = np.where(c.offload != st.OFFLOAD_NONE, t * a / n_o, 0.0)
+    fsdp = c.engine != st.DEEPSPEED
+    params_resident = (c.offload == st.OFFLOAD_ALL) | ((c.offload != st.OFFLOAD_NONE) & fsdp)
+    reshard = (c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD)
+    gathers = c.grad_accum * np.where(reshard, 2, 1)
+    params_in = np.where(params_resident, gathers * c.total_params * 4.0 / n_p, 0.0)
+    return (grads + params_back + params_in) / rates.host_link_bytes_per_s
+
+
+def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=True, volume=None):
+    """Every time column for the configurations in ``c`` (a dict of arrays; see module docstring)."""
+    v = comm_volume(c, sync_every_micro_batch) if volume is None else volume
+    t = comm_times(c, links, v)
+    k = np.asarray(c.grad_accum, dtype=np.float64)
+    syncs = np.where(v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0,
+                     np.where(~np.asarray(sync_every_micro_batch) | (c.strategy == st.ZERO1), 1, k), 0)
+    L = np.asarray(c.num_layers, dtype=np.float64)
+    units = L + 1
+    tokens_mb = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
+
+    fwd_tok, bwd_tok = compute_time_per_token_s(c, rates)
+    head_share = (c.vocab_size * c.hidden_size) / matmul_params_per_token(c)
+    cf_total = fwd_tok * tokens_mb + qlora_dequant_s(c, rates) / 2
+    cb_total = bwd_tok * tokens_mb + qlora_dequant_s(c, rates) / 2
+    cf, cb = cf_total * (1 - head_share) / L, cb_total * (1 - head_share) / L
+    head_f, head_b = cf_total * head_share, cb_total * head_share
+
+    # per-unit, per-micro-batch collective times (calls already count micro-batches / syncs)
+    def per_call(name, per):
+        return np.where(per > 0, t[f"{name}_s"] / np.maximum(per, 1), 0.0)
+
+    ag_f = per_call("ag_fwd", units * k)
+    ag_b = per_call("ag_bwd", L * k)
+    sync_den = units * np.maximum(syncs, 1)
+    rs = per_call("rs_grad", sync_den * (v["rs_grad_calls"] > 0))
+    ar = per_call("ar_grad", sync_den * (v["ar_grad_calls"] > 0))
+    rep = per_call("ar_replica", sync_den * (v["ar_replica_calls"] > 0))
+
+    fwd = ag_f + ag_f + (L - 1) * np.maximum(cf, ag_f) + cf + head_f
+
+    def backward(reduce):
+        rs_, ar_, rep_ = reduce
+        # AG_{i-1} and RS_{i+1} share one stream; DDP's all-reduce and HSDP's replica all-reduce
+        # run on their own; the last block's and the root's reductions are exposed.
+        interval = np.maximum(np.maximum(cb, ag_b + rs_), ar_ + rep_)
+        return head_b + ag_b + (L - 1) * interval + cb + 2 * (rs_ + ar_ + rep_)
+
+    zero = np.zeros_like(rs)
+    bwd_sync = backward((rs, ar, rep))
+    bwd_nosync = backward((zero, zero, zero))
+    micro = syncs * (fwd + bwd_sync) + (k - syncs) * (fwd + bwd_nosync)
+    opt = optimizer_step_s(c, rates)
+    cpu_opt = cpu_optimizer_step_s(c, rates)
+    offload = offload_transfer_s(c, rates, syncs)
+    step = micro + opt + cpu_opt + offload + t["ag_post_step_s"]
+
+    compute = k * (cf_total + cb_total)
+    comm_total = sum(t[f"{n}_s"] for n in COLLECTIVE_OP)
+    peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
+    tokens_step = tokens_mb * k
+    f = flops_per_token(c)
+    hw_flops = (f["fwd_matmul"] + f["bwd_matmul"] + f["fwd_attention"] + f["bwd_attention"]) * tokens_step
+    out = {f"{n}_s": t[f"{n}_s"] for n in COLLECTIVE_OP}
+    out.update(
+        compute_s=compute, optimizer_s=opt + cpu_opt, offload_transfer_s=offload, comm_s=comm_total,
+        step_time_s=step, exposed_comm_s=np.maximum(step - compute - opt - cpu_opt - offload, 0.0),
+        tokens_per_step_per_gpu=tokens_step, tokens_per_s_per_gpu=tokens_step / step,
+        tokens_per_s=tokens_step * c.world_size / step,
+        mfu=model_flops_per_token(c) * tokens_step / (step * peak),
+        hfu=hw_flops / (step * peak),
+        gemm_efficiency=gemm_efficiency(c, rates),
+    )
+    return out
+
+
+def training_cost(tokens_per_s, world_size, train_tokens, price_per_gpu_hour=None):
+    """Time, GPU-hours and (given a $/GPU-hour) cost to train ``train_tokens`` tokens."""
+    seconds = np.asarray(train_tokens, dtype=np.float64) / tokens_per_s
+    gpu_hours = seconds * world_size / 3600.0
+    out = {"time_to_train_s": seconds, "gpu_hours": gpu_hours}
+    if price_per_gpu_hour is not None:
+        out["cost"] = gpu_hours * price_per_gpu_hour
+    return out
