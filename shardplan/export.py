@@ -1,0 +1,180 @@
+"""Export a plan to what a framework expects: FSDP2/FSDP1 code, accelerate YAML, DeepSpeed JSON,
+Hugging Face Trainer flags, torchrun/SLURM launch lines.
+
+``plan_spec(obj)`` turns a ``FitResult`` / planner plan / dict (as written by ``--json``) into a
+``PlanSpec``; ``export(spec, fmt)`` renders one format as text; ``write_atomic`` writes it; and
+``read_back(fmt, text)`` parses an export back into the plan's knobs (the round-trip contract).
+No torch, accelerate or DeepSpeed import here: exports are plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from shardplan.errors import ShardplanError
+from shardplan.exporters import deepspeed as ds_export
+from shardplan.exporters import fsdp as fsdp_export
+from shardplan.exporters import hf as hf_export
+from shardplan.exporters import launch as launch_export
+from shardplan.exporters.spec import KNOBS, PlanSpec
+
+__all__ = ["FORMATS", "PlanSpec", "export", "load_plans", "plan_spec", "read_back", "write_atomic"]
+
+EXPORTERS: dict[str, Callable[[PlanSpec], str]] = {
+    "fsdp2": fsdp_export.fsdp2_snippet,
+    "fsdp1": fsdp_export.fsdp1_snippet,
+    "accelerate": hf_export.accelerate_yaml,
+    "deepspeed": ds_export.deepspeed_json,
+    "trainer": hf_export.trainer_flags,
+    "torchrun": launch_export.torchrun_lines,
+}
+FORMATS = tuple(EXPORTERS)
+READERS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "fsdp2": fsdp_export.read_back,
+    "fsdp1": fsdp_export.read_back,
+    "accelerate": hf_export.read_back_accelerate,
+    "deepspeed": ds_export.read_back,
+    "trainer": hf_export.read_back_trainer,
+    "torchrun": launch_export.read_back,
+}
+
+
+def _model_fields(model: Any, block_class: str | None) -> dict[str, Any]:
+    """Model name -> (name, hf_id, block_class), looking the profile up when only a name is given."""
+    if isinstance(model, str):
+        model = {"name": model}
+    model = dict(model or {})
+    name = model.get("name") or model.get("model_name")
+    if not name:
+        raise ShardplanError("model", None, "the plan names no model")
+    hf_id = model.get("hf_id")
+    block = block_class or model.get("block_class")
+    if not block or not hf_id:
+        try:
+            from shardplan.models import get_model
+
+            spec = get_model(name)
+            block = block or spec.block_class
+            hf_id = hf_id or next((a for a in spec.aliases if "/" in a), None)
+        except ShardplanError:
+            pass
+    if not block:
+        raise ShardplanError("block_class", None, f"unknown for model {name!r}; pass --block-class "
+                                                  "(the transformers decoder layer class, e.g. LlamaDecoderLayer)")
+    return {"model_name": name, "hf_id": hf_id, "block_class": block}
+
+
+def plan_spec(obj: Any, block_class: str | None = None) -> PlanSpec:
+    """A PlanSpec from a PlanSpec, a FitResult/planner record (pydantic) or a dict of the same keys.
+
+    Accepted dict shapes: PlanSpec's own fields; or ``fit --json`` records (``config``, ``model``,
+    ``cluster``, ``gpu``, ``per_gpu``); planner records may carry the knobs at the top level.
+    """
+    if isinstance(obj, PlanSpec):
+        return obj if block_class is None else obj.model_copy(update={"block_class": block_class})
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump(mode="json")
+    if not isinstance(obj, dict):
+        raise ShardplanError("plan", type(obj).__name__, "expected a plan object (JSON object)")
+    if "model_name" in obj and "block_class" in obj:
+        data = dict(obj)
+        if block_class:
+            data["block_class"] = block_class
+        return PlanSpec.model_validate(data)
+    config = {**{k: obj[k] for k in KNOBS if k in obj}, **dict(obj.get("config") or {})}
+    cluster = dict(obj.get("cluster") or {})
+    gpu = obj.get("gpu") or cluster.get("gpu") or {}
+    per_gpu = dict(obj.get("per_gpu") or {})
+    fields: dict[str, Any] = {k: config[k] for k in KNOBS if config.get(k) is not None}
+    fields.update(_model_fields(obj.get("model"), block_class))
+    fields["nodes"] = int(cluster.get("nodes", obj.get("nodes", 1)))
+    fields["gpus_per_node"] = int(cluster.get("gpus_per_node", obj.get("gpus_per_node", 1)))
+    fields["gpu"] = gpu.get("name", "") if isinstance(gpu, dict) else str(gpu)
+    for key in ("forward_prefetch", "backward_prefetch", "limit_all_gathers"):
+        if key in obj:
+            fields[key] = obj[key]
+    if "fits" in obj:
+        fields["fits"] = bool(obj["fits"])
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        value = per_gpu.get(key, obj.get(key))
+        if value is not None:
+            fields[key] = int(value)
+    breakdown = per_gpu.get("breakdown", obj.get("breakdown"))
+    if isinstance(breakdown, dict):
+        fields["breakdown"] = {k: int(v) for k, v in breakdown.items()}
+    return PlanSpec(**fields)
+
+
+def load_plans(path: str | Path) -> list[dict[str, Any]]:
+    """Plan objects from a JSON file (one object, a list, or ``{"plans": [...]}``); '-' reads stdin."""
+    import sys
+
+    text = sys.stdin.read() if str(path) == "-" else None
+    if text is None:
+        p = Path(path)
+        if not p.is_file():
+            raise ShardplanError("plan", str(path), "no such file")
+        text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ShardplanError("plan", str(path), f"not JSON ({err.msg} at line {err.lineno})") from None
+    if isinstance(data, dict) and isinstance(data.get("plans"), list):
+        data = data["plans"]
+    plans = data if isinstance(data, list) else [data]
+    if not plans or not all(isinstance(p, dict) for p in plans):
+        raise ShardplanError("plan", str(path), "expected a JSON object or a non-empty list of objects")
+    return plans
+
+
+def choose_plan(plans: list[dict[str, Any]], index: int | None = None) -> dict[str, Any]:
+    """``index`` when given; else the first plan that fits (or the first when none says)."""
+    if index is not None:
+        if not -len(plans) <= index < len(plans):
+            raise ShardplanError("index", index, f"the file holds {len(plans)} plan(s)")
+        return plans[index]
+    for p in plans:
+        if p.get("fits", True):
+            return p
+    raise ShardplanError("plan", f"{len(plans)} plan(s)", "none fits; export one anyway with `shardplan export FILE --index N`")
+
+
+def export(spec: PlanSpec, fmt: str) -> str:
+    if fmt not in EXPORTERS:
+        raise ShardplanError("to", fmt, f"unknown format; choose one of {', '.join(FORMATS)}")
+    return EXPORTERS[fmt](spec)
+
+
+def read_back(fmt: str, text: str) -> dict[str, Any]:
+    """The knobs an export carries, parsed from the export itself (see each reader for what it can see)."""
+    if fmt not in READERS:
+        raise ShardplanError("to", fmt, f"unknown format; choose one of {', '.join(FORMATS)}")
+    return READERS[fmt](text)
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write via a temp file in the same folder + ``os.replace``: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def export_option(value: str) -> tuple[str, Path | None]:
+    """``--export FORMAT[=PATH]`` -> (format, path or None)."""
+    fmt, _, path = value.partition("=")
+    fmt = fmt.strip().lower()
+    if fmt not in EXPORTERS:
+        raise ShardplanError("export", value, f"unknown format; choose one of {', '.join(FORMATS)}")
+    return fmt, Path(path) if path else None

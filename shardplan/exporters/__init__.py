@@ -1,0 +1,1 @@
+"""One module per framework family; ``shardplan.export`` dispatches to them."""

@@ -1,0 +1,93 @@
+"""DeepSpeed config JSON (keys as ``deepspeed.runtime.config.DeepSpeedConfig`` and
+``deepspeed.runtime.zero.config.DeepSpeedZeroConfig`` accept them).
+
+Stage per strategy from DESIGN.md §2; ``hybrid_shard`` is ZeRO-3 with MiCS (``mics_shard_size``,
+all states sharded within a group, replicated across groups, as HSDP). Buckets: DeepSpeed's own
+defaults (5e8 elements, ``runtime/zero/config.py``), the numbers shardplan's buffer terms assume
+(``buffers.DEEPSPEED_REDUCE_BUCKET_ELEMENTS``). train_batch_size = micro × accum × world.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shardplan.buffers import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+from shardplan.errors import ShardplanError
+from shardplan.exporters.spec import PlanSpec
+
+OPTIMIZER_TYPES = {"adamw": "AdamW", "sgd": "SGD", "lion": "Lion"}  # DeepSpeed-native; others: client optimizer
+
+
+def deepspeed_config(spec: PlanSpec) -> dict[str, Any]:
+    stage = spec.zero_stage
+    if spec.offload != "none" and stage == 0:
+        raise ShardplanError("offload", spec.offload, "DeepSpeed offloads only at ZeRO stage 1-3")
+    if spec.offload == "optimizer+params" and stage != 3:
+        raise ShardplanError("offload", spec.offload, "DeepSpeed offloads parameters only at ZeRO stage 3; "
+                                                      "use --offload optimizer")
+    zero: dict[str, Any] = {"stage": stage}
+    if stage >= 1:
+        zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=DEEPSPEED_REDUCE_BUCKET_ELEMENTS)
+    if stage in (1, 2):
+        zero.update(allgather_partitions=True, allgather_bucket_size=DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
+                    reduce_scatter=True)
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=int(0.9 * DEEPSPEED_REDUCE_BUCKET_ELEMENTS),
+                    stage3_param_persistence_threshold=100_000, stage3_max_live_parameters=1_000_000_000,
+                    stage3_max_reuse_distance=1_000_000_000, stage3_gather_16bit_weights_on_model_save=True)
+        if spec.hybrid and spec.shard_size < spec.world_size:
+            zero.update(mics_shard_size=spec.shard_size, mics_hierarchical_params_gather=False)
+    if spec.offload != "none":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if spec.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    config: dict[str, Any] = {
+        "train_batch_size": spec.global_batch,
+        "train_micro_batch_size_per_gpu": spec.micro_batch,
+        "gradient_accumulation_steps": spec.grad_accum,
+        "gradient_clipping": 1.0,
+    }
+    if spec.precision in ("bf16-mixed", "bf16-pure"):
+        config["bf16"] = {"enabled": True}
+    elif spec.precision == "fp16-mixed":
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                          "hysteresis": 2, "min_loss_scale": 1}
+    config["zero_optimization"] = zero
+    if spec.optimizer in OPTIMIZER_TYPES:
+        params: dict[str, Any] = {"lr": 1e-5}
+        if spec.optimizer == "adamw":
+            params.update(betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0)
+        if spec.optimizer == "sgd":
+            params["momentum"] = 0.9
+        config["optimizer"] = {"type": OPTIMIZER_TYPES[spec.optimizer], "params": params}
+    config["steps_per_print"] = 100
+    config["wall_clock_breakdown"] = False
+    return config
+
+
+def deepspeed_json(spec: PlanSpec) -> str:
+    """JSON has no comments, so the file carries only DeepSpeed keys (the plan summary is in
+    the other exports and in ``shardplan fit``'s report)."""
+    return json.dumps(deepspeed_config(spec), indent=2) + "\n"
+
+
+def read_back(text: str) -> dict[str, Any]:
+    """Knobs a DeepSpeed config states: stage (as a strategy), precision, offload, batch sizes, optimizer."""
+    c = json.loads(text)
+    z = c.get("zero_optimization", {})
+    stage = z.get("stage", 0)
+    world = c["train_batch_size"] // (c["train_micro_batch_size_per_gpu"] * c["gradient_accumulation_steps"])
+    mics = z.get("mics_shard_size")
+    strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "full_shard"}[stage]
+    if mics:
+        strategy = "hybrid_shard"
+    offload = ("optimizer+params" if "offload_param" in z else "optimizer" if "offload_optimizer" in z else "none")
+    precision = ("bf16-mixed" if c.get("bf16", {}).get("enabled") else
+                 "fp16-mixed" if c.get("fp16", {}).get("enabled") else "fp32")
+    opt = c.get("optimizer", {}).get("type")
+    return {"engine": "deepspeed", "zero_stage": stage, "strategy": strategy, "precision": precision,
+            "offload": offload, "micro_batch": c["train_micro_batch_size_per_gpu"],
+            "grad_accum": c["gradient_accumulation_steps"], "world_size": world,
+            "shard_group_size": mics or (world if stage == 3 else 1 if stage == 0 else world),
+            "optimizer": {v: k for k, v in OPTIMIZER_TYPES.items()}.get(opt)}

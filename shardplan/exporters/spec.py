@@ -1,0 +1,156 @@
+"""PlanSpec: everything an exporter needs to write a framework config for one plan.
+
+Built from a ``FitResult`` (``shardplan fit --json``), a planner plan, or any dict with the same
+keys. Frozen; exporters only read it. Derived framework values (dtypes, mesh shape, ZeRO stage,
+global batch) are properties here so every exporter spells them the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from shardplan import strategy as st
+from shardplan.errors import ShardplanError
+
+KNOBS = ("strategy", "engine", "precision", "optimizer", "ac", "ac_every_k", "offload", "method", "lora_rank",
+         "lora_targets", "micro_batch", "grad_accum", "seq_len", "shard_group_size")
+
+# precision -> (param, reduce, buffer) dtypes as torch names; None = keep the stored dtype.
+DTYPES = {
+    "bf16-mixed": ("bfloat16", "float32", "float32"),
+    "fp16-mixed": ("float16", "float32", "float32"),
+    "bf16-pure": (None, None, None),   # the model itself is cast to bf16; nothing to mix
+    "fp32": (None, None, None),
+}
+# DeepSpeed ZeRO stage per strategy (DESIGN.md §2 table).
+ZERO_STAGE = {"ddp": 0, "no_shard": 0, "zero1": 1, "zero2": 2, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
+# peft target_modules per shardplan lora_targets (Llama-style projection names).
+LORA_TARGET_MODULES = {"all-linear": "all-linear", "attention": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                       "qv": ["q_proj", "v_proj"]}
+
+
+class PlanSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # model
+    model_name: str
+    hf_id: str | None = Field(None, description="Hugging Face repo id, e.g. meta-llama/Llama-3.1-8B")
+    block_class: str = Field(description="the transformer block class FSDP wraps, e.g. LlamaDecoderLayer")
+    # cluster
+    nodes: PositiveInt = 1
+    gpus_per_node: PositiveInt = 1
+    gpu: str = ""
+    # training knobs (TrainingConfig names)
+    strategy: str = "full_shard"
+    engine: str = "fsdp2"
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    ac: str = "none"
+    ac_every_k: PositiveInt = 2
+    offload: str = "none"
+    method: str = "full"
+    lora_rank: PositiveInt = 16
+    lora_targets: str = "all-linear"
+    micro_batch: PositiveInt = 1
+    grad_accum: PositiveInt = 1
+    seq_len: PositiveInt = 1024
+    shard_group_size: PositiveInt | None = None
+    # engine options the plan assumes (FSDP1 defaults; BACKWARD_PRE is what shardplan's buffers model)
+    forward_prefetch: bool = False
+    backward_prefetch: Literal["BACKWARD_PRE", "BACKWARD_POST", "NONE"] = "BACKWARD_PRE"
+    limit_all_gathers: bool = True
+    # prediction
+    fits: bool | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    breakdown: dict[str, int] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> "PlanSpec":
+        for field, names in (("strategy", st.STRATEGIES), ("engine", st.ENGINES), ("precision", st.PRECISIONS),
+                             ("optimizer", st.OPTIMIZERS), ("ac", st.AC_MODES), ("offload", st.OFFLOADS),
+                             ("method", st.METHODS)):
+            if getattr(self, field) not in names:
+                raise ShardplanError(field, getattr(self, field), f"unknown; choose one of {', '.join(names)}")
+        if self.shard_group_size and self.world_size % self.shard_group_size:
+            raise ShardplanError("shard_group_size", self.shard_group_size, f"must divide the {self.world_size} GPUs")
+        return self
+
+    # --- derived ----------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks one parameter is sharded over (the inner mesh dimension)."""
+        if self.strategy in ("hybrid_shard", "hybrid_shard_zero2"):
+            return min(self.shard_group_size or self.gpus_per_node, self.world_size)
+        if self.strategy in ("ddp", "no_shard"):
+            return 1
+        return self.world_size
+
+    @property
+    def replicate_size(self) -> int:
+        return self.world_size // self.shard_size
+
+    @property
+    def hybrid(self) -> bool:
+        return self.strategy in ("hybrid_shard", "hybrid_shard_zero2")
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        return self.strategy not in ("shard_grad_op", "hybrid_shard_zero2")
+
+    @property
+    def dtypes(self) -> tuple[str | None, str | None, str | None]:
+        return DTYPES[self.precision]
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: micro-batch × accumulation × data-parallel ranks."""
+        return self.micro_batch * self.grad_accum * self.world_size
+
+    @property
+    def checkpointed(self) -> bool:
+        return self.ac != "none"
+
+    @property
+    def peft(self) -> bool:
+        return self.method != "full"
+
+    @property
+    def zero_stage(self) -> int:
+        if self.strategy not in ZERO_STAGE:
+            raise ShardplanError("strategy", self.strategy, "has no DeepSpeed equivalent; use --engine fsdp2 or fsdp1")
+        return ZERO_STAGE[self.strategy]
+
+    def knobs(self) -> dict[str, Any]:
+        """The training knobs an export must carry (the round-trip contract)."""
+        return {k: getattr(self, k) for k in KNOBS} | {"shard_group_size": self.shard_size}
+
+    def header_lines(self) -> list[str]:
+        """Human summary + one machine-readable line, for comment headers of code/shell exports."""
+        model = f"{self.model_name}" + (f" ({self.hf_id})" if self.hf_id else "")
+        gpus = f"{self.nodes}x{self.gpus_per_node}" if self.nodes > 1 else f"{self.gpus_per_node}"
+        lines = [f"shardplan plan: {model} on {gpus} x {self.gpu or 'GPU'} ({self.world_size} GPUs)",
+                 f"strategy {self.strategy} (engine {self.engine}), precision {self.precision}, optimizer "
+                 f"{self.optimizer}, offload {self.offload}, activation checkpointing {self.ac}, method {self.method}"
+                 + (f" (r={self.lora_rank}, {self.lora_targets})" if self.peft else ""),
+                 f"micro-batch {self.micro_batch} x grad-accum {self.grad_accum} x {self.world_size} ranks = "
+                 f"{self.global_batch} sequences of {self.seq_len} tokens per step"]
+        if self.hybrid:
+            lines.append(f"HSDP mesh: {self.replicate_size} replicas x {self.shard_size}-way shard groups")
+        if self.peak_allocated_bytes is not None:
+            text = f"predicted peak per GPU: {self.peak_allocated_bytes / 2**30:.2f} GiB allocated"
+            if self.peak_reserved_bytes is not None:
+                text += f", {self.peak_reserved_bytes / 2**30:.2f} GiB reserved"
+            lines.append(text + ("" if self.fits is None else (" (fits)" if self.fits else " (DOES NOT FIT)")))
+        top = sorted(((v, k) for k, v in self.breakdown.items() if v), reverse=True)[:5]
+        if top:
+            lines.append("largest terms: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for v, k in top))
+        lines.append("shardplan-plan: " + json.dumps(self.model_dump(exclude={"breakdown"}), separators=(",", ":")))
+        return lines
