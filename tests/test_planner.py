@@ -1,0 +1,86 @@
+"""shardplan plan: vectorized search, ranking, explanations, workload errors."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shardplan.cli import main
+from shardplan.config import TrainingConfig
+from shardplan.errors import ShardplanError
+from shardplan.hardware import parse_gpus
+from shardplan.models import resolve_model
+from shardplan.planner import plan, resolve_workload
+
+SPEC = resolve_model("llama-3.1-8b").spec
+
+
+def test_headline_plan_is_fast_and_ranked():
+    cluster = parse_gpus("8xh100-sxm")
+    w = resolve_workload(8192, 8, 1_000_000, context=SPEC.max_position_embeddings)
+    t0 = time.perf_counter()
+    result = plan(SPEC, cluster, TrainingConfig(), w, top=5)
+    assert time.perf_counter() - t0 < 0.5
+    assert result.plans and result.fitting > 0
+    rates = [p.tokens_per_s for p in result.plans]
+    assert rates == sorted(rates, reverse=True)
+    for p in result.plans:
+        assert p.micro_batch * p.grad_accum * 8 * 8192 == w.global_batch_tokens
+        assert p.micro_batch > 0 and p.grad_accum > 0 and 0 < p.mfu <= 1
+        assert p.step_time_s >= p.compute_s and p.why
+    assert {r.strategy for r in result.rejected} >= {"ddp"}
+    assert any("adjusted" in n for n in result.notes)
+
+
+def test_nothing_fits_gives_no_plan_and_explanation():
+    spec = resolve_model("llama-3.1-405b").spec
+    result = plan(spec, parse_gpus("2x24GB"), TrainingConfig(), resolve_workload(4096, 2, None, 2))
+    assert result.plans == [] and result.fitting == 0
+    assert "nothing fits" in result.explanation and "largest term" in result.explanation
+
+
+@pytest.mark.parametrize("args, words", [
+    (dict(seq_len=8192, world_size=0, global_batch_tokens=1), "at least one GPU"),
+    (dict(seq_len=8192, world_size=8, global_batch_tokens=-5), "positive"),
+    (dict(seq_len=8192, world_size=8, global_batch_sequences=0), "at least 1"),
+])
+def test_impossible_workloads_one_line_errors(args, words):
+    with pytest.raises(ShardplanError, match=words):
+        resolve_workload(**args)
+
+
+def test_adjustments_explained_never_negative():
+    w = resolve_workload(8192, 64, 1000)  # far below one sequence per GPU
+    assert w.sequences_per_gpu == 1 and w.global_batch_tokens == 64 * 8192 and "adjusted" in w.notes[0]
+    long = resolve_workload(200_000, 8, None, 8, context=131072)
+    assert any("exceeds the model's context" in n for n in long.notes)
+
+
+def test_cli_plan_json_fields(capsys):
+    rc = main(["plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--seq-len", "8192", "--global-batch-tokens", "1M",
+               "--json", "--top", "3", "--price-per-gpu-hour", "2", "--train-tokens", "1T"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    p = data["plans"][0]
+    for field in ("strategy", "engine", "micro_batch", "grad_accum", "ac", "offload", "fits", "peak_allocated_bytes",
+                  "step_time_s", "tokens_per_s_per_gpu", "mfu", "comm_bytes_per_step", "exposed_comm_s", "cost"):
+        assert field in p
+    assert set(p["comm_bytes_per_step"]) >= {"ag_fwd", "ag_bwd", "rs_grad", "ar_grad", "ar_replica", "ag_post_step"}
+
+
+def test_cli_plan_errors_are_one_line(capsys):
+    assert main(["plan", "llama-3.1-8b", "--gpus", "0xh100-sxm"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert main(["plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--global-batch-tokens", "-1"]) == 2
+
+
+def test_cli_plan_text_under_a_second():
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "shardplan.cli", "plan", "llama-3.1-8b", "--gpus", "8xh100-sxm",
+                          "--seq-len", "8192", "--global-batch-tokens", "1M"], capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    assert out.returncode == 0, out.stderr
+    assert "tok/s/GPU" in out.stdout and elapsed < 3.0  # process start + imports included
