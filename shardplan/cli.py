@@ -258,6 +258,93 @@ def profiles_validate(path: Path):
         typer.echo(_validate_one(p))
 
 
+def _sweep_list(text: Optional[str], field: str, integers: bool = False):
+    """'a,b,c' -> list; for integers also 'lo-hi' (inclusive). None -> None (the default)."""
+    if text is None:
+        return None
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise ShardplanError(field, text, "empty list")
+    if not integers:
+        return items
+    values: list[int] = []
+    for item in items:
+        lo, sep, hi = item.partition("-")
+        try:
+            values += list(range(int(lo), int(hi) + 1)) if sep else [int(item)]
+        except ValueError:
+            raise ShardplanError(field, item, "expected integers like '1,2,8' or a range '1-8'") from None
+    return values
+
+
+@app.command("sweep")
+def sweep_command(
+    output: Path = typer.Option(..., "--output", "-o", help="file to write: .csv, or .parquet (needs pyarrow)"),
+    models: str = typer.Option("llama-3.1-8b", help="comma-separated model names or sizes"),
+    gpus: str = typer.Option("h100-sxm", help="comma-separated GPU profiles or capacities ('24GB')"),
+    gpu_counts: str = typer.Option("8", help="total GPU counts: '1,2,4,8' or '1-8'"),
+    nodes: Optional[str] = typer.Option(None, help="node counts to spread the GPUs over (default: the GPU's usual node size)"),
+    strategies: Optional[str] = typer.Option(None, help="comma-separated; all eight when omitted"),
+    engines: str = typer.Option("fsdp2", help="fsdp2, fsdp1, deepspeed"),
+    method: str = typer.Option("full", help="full, lora, qlora"),
+    lora_rank: str = typer.Option("16"),
+    precision: str = typer.Option("bf16-mixed"),
+    optimizer: str = typer.Option("adamw"),
+    ac: str = typer.Option("none", help="none, full, selective, every-k"),
+    offload: str = typer.Option("none", help="none, optimizer, optimizer+params"),
+    micro_batch: str = typer.Option("1"),
+    seq_len: str = typer.Option("1024"),
+    grad_accum: str = typer.Option("1"),
+    columns: str = typer.Option("all", help="'all', 'summary', or comma-separated column names"),
+    valid_only: bool = typer.Option(False, help="drop combinations the frameworks cannot express"),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="stderr progress bar (default: on a terminal)"),
+):
+    """Evaluate the product of every listed value; one row per configuration, written atomically."""
+    import os
+    import tempfile
+    import time
+
+    from shardplan.sweep import sweep as run_sweep
+
+    suffix = output.suffix.lower()
+    if suffix not in (".csv", ".parquet"):
+        raise ShardplanError("output", str(output), "use a .csv or .parquet file name")
+    if suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ShardplanError("output", str(output), "Parquet needs pyarrow (pip install 'shardplan[notebooks]')") from None
+    t0 = time.perf_counter()
+    df = run_sweep(
+        models=_sweep_list(models, "models"), gpus=_sweep_list(gpus, "gpus"),
+        gpu_counts=_sweep_list(gpu_counts, "gpu_counts", True), nodes=_sweep_list(nodes, "nodes", True),
+        strategies=_sweep_list(strategies, "strategies"), engines=_sweep_list(engines, "engines"),
+        method=_sweep_list(method, "method"), lora_rank=_sweep_list(lora_rank, "lora_rank", True),
+        precision=_sweep_list(precision, "precision"), optimizer=_sweep_list(optimizer, "optimizer"),
+        ac=_sweep_list(ac, "ac"), offload=_sweep_list(offload, "offload"),
+        micro_batch=_sweep_list(micro_batch, "micro_batch", True), seq_len=_sweep_list(seq_len, "seq_len", True),
+        grad_accum=_sweep_list(grad_accum, "grad_accum", True), columns=columns, valid_only=valid_only,
+        progress=progress,
+    )
+    elapsed = time.perf_counter() - t0
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    os.close(fd)
+    try:
+        if suffix == ".csv":
+            df.to_csv(tmp, index=False)
+        else:
+            df.to_parquet(tmp, index=False)
+        os.replace(tmp, output)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    for note in df.attrs.get("notes", []):
+        typer.echo(f"note: {note} (rows marked valid=False)", err=True)
+    typer.echo(f"wrote {len(df):,} rows x {len(df.columns)} columns to {output} "
+               f"({elapsed:.2f} s to evaluate, {len(df) / max(elapsed, 1e-9):,.0f} configurations/s)")
+
+
 def _one_line_validation(err: ValidationError) -> ShardplanError:
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or err.title

@@ -1,0 +1,575 @@
+"""Sweeps: the same formulas over the cartesian product of many knobs, as numpy arrays.
+
+``sweep(models=[...], gpus=[...], gpu_counts=[...], strategies=[...], seq_len=[...], ...)``
+returns a pandas DataFrame with one row per configuration, whose columns carry the names of the
+record fields (``estimate_memory``'s terms, ``comm_volume`` / ``comm_times``, and step time /
+tokens/s / MFU when ``shardplan.throughput`` provides them). No formula lives here: this module
+only lays the product out and calls ``memory``, ``comm`` and ``throughput`` (DESIGN.md §3,
+principle 2: a single query is a one-row sweep).
+
+How the product is evaluated, without a Python loop per configuration:
+
+* every knob is an *axis* (its distinct values, in the order given); axes of one value are fixed
+  scalars; the row order is the C order of the product (the last axis varies fastest);
+* the product is cut into chunks of at most ``chunk_size`` rows: outer axes are fixed per chunk,
+  the axis where the chunk boundary falls is sliced, and the inner axes stay a broadcast grid —
+  each ``Columns`` field is an array shaped only along the axes it depends on (a model column
+  varies along the model axis, a cluster column along GPU × nodes × GPU count), so numpy computes
+  every intermediate at the size of the axes it really involves, and only the results that vary
+  with everything are materialised at chunk size;
+* the chosen columns are copied into preallocated arrays (labels as small integer codes, exposed
+  as pandas categoricals), so memory is bounded by the output plus one chunk's temporaries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+import sys
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+from shardplan import strategy as st
+from shardplan.config import MODEL_FIELDS, Columns, cluster_values, model_values
+from shardplan.errors import ShardplanError
+from shardplan.hardware import Cluster, parse_gpus
+from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.models import resolve_model
+from shardplan.units import parse_capacity_bytes
+
+DEFAULT_CHUNK_ROWS = 1 << 20
+
+# Categorical knob axes: sweep argument -> (Columns field, the names tuple that codes index).
+CATEGORICAL_KNOBS = {
+    "engines": ("engine", st.ENGINES),
+    "strategies": ("strategy", st.STRATEGIES),
+    "method": ("method", st.METHODS),
+    "precision": ("precision", st.PRECISIONS),
+    "optimizer": ("optimizer", st.OPTIMIZERS),
+    "offload": ("offload", st.OFFLOADS),
+    "ac": ("ac", st.AC_MODES),
+    "attention": ("attention", st.ATTENTIONS),
+}
+INTEGER_KNOBS = ("ac_every_k", "micro_batch", "seq_len", "grad_accum")
+
+# Axis order of the product (the last varies fastest) and the DataFrame column each axis fills.
+AXES = ("models", "gpus", "nodes", "gpu_counts", "engines", "strategies", "method", "lora_rank", "lora_targets",
+        "precision", "optimizer", "offload", "ac", "ac_every_k", "micro_batch", "seq_len", "grad_accum",
+        "shard_group_size", "attention", "dropout")
+AXIS_COLUMN = {"models": "model", "gpus": "gpu", "nodes": "nodes", "gpu_counts": "world_size", "engines": "engine",
+               "strategies": "strategy", "method": "method", "lora_rank": "lora_rank", "lora_targets": "lora_targets",
+               "precision": "precision", "optimizer": "optimizer", "offload": "offload", "ac": "ac",
+               "ac_every_k": "ac_every_k", "micro_batch": "micro_batch", "seq_len": "seq_len",
+               "grad_accum": "grad_accum", "shard_group_size": "shard_group_size", "attention": "attention",
+               "dropout": "dropout"}
+LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS)
+
+MEMORY_COLUMNS = BREAKDOWN_TERMS + (
+    "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes", "device_total_bytes", "gpu_memory_bytes",
+    "headroom_bytes", "model_state_bytes", "host_offloaded_bytes_per_gpu", "host_bytes_per_node",
+    "host_ram_bytes_per_node", "peak_phase", "valid", "fits_gpu", "fits_host", "fits",
+)
+# What ``columns="summary"`` keeps besides the configuration labels (those that exist).
+SUMMARY_COLUMNS = ("fits", "valid", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
+                   "headroom_bytes", "comm_bytes_per_step", "step_time_s", "tokens_per_s", "mfu")
+CLUSTER_COLUMNS = ("gpus_per_node",)
+
+
+# --- axes ---------------------------------------------------------------------------------------
+def _as_list(value: Any) -> list:
+    if value is None:
+        return [None]
+    if isinstance(value, (str, bytes, bool, int, np.integer)):
+        return [value]
+    if isinstance(value, Cluster):
+        return [value]
+    return list(value)
+
+
+def _dedupe(values: Iterable) -> list:
+    out = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+@dataclass(frozen=True)
+class _Axis:
+    name: str
+    labels: tuple          # what the DataFrame shows (category names or integers)
+    codes: np.ndarray      # what formulas read (codes for categorical knobs, integers otherwise)
+
+    @property
+    def size(self) -> int:
+        return len(self.labels)
+
+
+def _positive_ints(name: str, values: Iterable) -> list[int]:
+    out = []
+    for v in values:
+        try:
+            iv = int(v)
+        except (TypeError, ValueError):
+            raise ShardplanError(name, v, "expected a positive integer") from None
+        if iv != v or iv < 1:
+            raise ShardplanError(name, v, "expected a positive integer")
+        out.append(iv)
+    return _dedupe(out)
+
+
+def _knob_axis(arg: str, values: Any) -> _Axis:
+    if arg in CATEGORICAL_KNOBS:
+        field, names = CATEGORICAL_KNOBS[arg]
+        raw = list(names) if values is None else _as_list(values)
+        codes = _dedupe(st.code(names, v, field) for v in raw)
+        return _Axis(arg, tuple(names[i] for i in codes), np.asarray(codes, dtype=np.int64))
+    if arg == "dropout":
+        flags = _dedupe(bool(v) for v in _as_list(values))
+        return _Axis(arg, tuple(flags), np.asarray(flags, dtype=bool))
+    ints = _positive_ints(arg, _as_list(values))
+    if not ints:
+        raise ShardplanError(arg, values, "needs at least one value")
+    return _Axis(arg, tuple(ints), np.asarray(ints, dtype=np.int64))
+
+
+# --- tables for model- and cluster-dependent columns ---------------------------------------------
+CLUSTER_FIELDS = ("world_size", "gpus_per_node", "gpu_memory_bytes", "host_ram_bytes_per_node", "nccl_buffer_bytes")
+RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter_nic_bytes_per_s", "nics_per_node")
+
+
+def _cluster_for(gpu: str, count: int, nodes: int | None, **link_options) -> tuple[Cluster | None, str]:
+    """The cluster of ``count`` GPUs in all (spread over ``nodes`` nodes, or the GPU's usual node
+    size when ``nodes`` is None), or None with the reason when that count cannot be laid out."""
+    try:
+        if nodes is None:
+            return parse_gpus(f"{count}x{gpu}", **link_options), ""
+        if count % nodes:
+            return None, f"{count} GPUs do not split over {nodes} nodes"
+        return parse_gpus(f"{nodes}x{count // nodes}x{gpu}", **link_options), ""
+    except ShardplanError as err:
+        if err.field == "gpus" and "whole" in err.reason:
+            return None, err.reason
+        raise
+
+
+@dataclass
+class _Plan:
+    axes: list[_Axis]
+    model_table: dict[str, np.ndarray]      # [model, lora_rank, lora_targets]
+    cluster_table: dict[str, np.ndarray]    # [gpu, nodes, gpu_counts]
+    cluster_notes: list[str]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(a.size for a in self.axes)
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape)
+
+    def axis(self, name: str) -> _Axis:
+        return self.axes[AXES.index(name)]
+
+
+def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
+    axes: dict[str, _Axis] = {}
+    specs = []
+    for text in _as_list(args["models"]):
+        spec = text if hasattr(text, "total_params") else resolve_model(str(text)).spec
+        if all(spec.name != s.name for s in specs):
+            specs.append(spec)
+    axes["models"] = _Axis("models", tuple(s.name for s in specs), np.arange(len(specs)))
+    gpu_texts = _dedupe(str(g).strip() for g in _as_list(args["gpus"]))
+    axes["gpus"] = _Axis("gpus", tuple(gpu_texts), np.arange(len(gpu_texts)))
+    nodes = [None] if args["nodes"] is None else _positive_ints("nodes", _as_list(args["nodes"]))
+    axes["nodes"] = _Axis("nodes", tuple(nodes), np.arange(len(nodes)))
+    counts = _positive_ints("gpu_counts", _as_list(args["gpu_counts"]))
+    axes["gpu_counts"] = _Axis("gpu_counts", tuple(counts), np.asarray(counts, dtype=np.int64))
+    for arg in CATEGORICAL_KNOBS:
+        axes[arg] = _knob_axis(arg, args[arg])
+    for arg in INTEGER_KNOBS + ("lora_rank", "dropout"):
+        axes[arg] = _knob_axis(arg, args[arg])
+    targets = _dedupe(str(t) for t in _as_list(args["lora_targets"]))
+    axes["lora_targets"] = _Axis("lora_targets", tuple(targets), np.arange(len(targets)))
+    groups = args["shard_group_size"]
+    if groups is None:
+        axes["shard_group_size"] = _Axis("shard_group_size", (None,), np.asarray([0]))
+    else:
+        g = _positive_ints("shard_group_size", _as_list(groups))
+        axes["shard_group_size"] = _Axis("shard_group_size", tuple(g), np.asarray(g, dtype=np.int64))
+
+    ranks = axes["lora_rank"].labels
+    shape_m = (len(specs), len(ranks), len(targets))
+    model_table = {f: np.zeros(shape_m, dtype=np.int64) for f in MODEL_FIELDS}
+    for (i, spec), (j, rank), (k, tgt) in itertools.product(enumerate(specs), enumerate(ranks), enumerate(targets)):
+        for f, v in model_values(spec, rank, tgt).items():
+            model_table[f][i, j, k] = int(v)
+
+    shape_c = (len(gpu_texts), len(nodes), len(counts))
+    cluster_table = {f: np.zeros(shape_c, dtype=np.int64) for f in CLUSTER_FIELDS + ("nodes", "cluster_ok")}
+    cluster_table.update({f: np.zeros(shape_c, dtype=np.float64) for f in RATE_FIELDS})
+    gpu_labels = list(gpu_texts)
+    notes = []
+    for (i, gpu), (j, n_nodes), (k, count) in itertools.product(enumerate(gpu_texts), enumerate(nodes), enumerate(counts)):
+        cluster, why = _cluster_for(gpu, count, n_nodes, **link_options)
+        ok = cluster is not None
+        if not ok:  # laid out on one node so the formulas still run; the row is marked not valid
+            notes.append(f"{count}x{gpu}" + (f" on {n_nodes} nodes" if n_nodes else "") + f": {why}")
+            cluster = parse_gpus(f"1x{count}x{gpu}", **link_options)
+        gpu_labels[i] = gpu if cluster.capacity_only else cluster.gpu.name
+        for f, v in cluster_values(cluster).items():
+            cluster_table[f][i, j, k] = v
+        cluster_table["nodes"][i, j, k] = cluster.nodes
+        cluster_table["cluster_ok"][i, j, k] = ok
+        rates = _link_rates(cluster)
+        if rates is not None:
+            for f in RATE_FIELDS:
+                cluster_table[f][i, j, k] = float(getattr(rates, f))
+    cluster_table["cluster_ok"] = cluster_table["cluster_ok"].astype(bool)
+    axes["gpus"] = _Axis("gpus", tuple(_dedupe_labels(gpu_labels)), axes["gpus"].codes)
+    return _Plan([axes[a] for a in AXES], model_table, cluster_table, notes)
+
+
+def _dedupe_labels(labels: list[str]) -> list[str]:
+    """Two spellings of one GPU ('h100' and 'h100-sxm') keep distinct category names."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
+    return out
+
+
+def _optional(module: str):
+    try:
+        return importlib.import_module(f"shardplan.{module}")
+    except ImportError:
+        return None
+
+
+def _link_rates(cluster: Cluster):
+    comm = _optional("comm")
+    if comm is None or not hasattr(comm, "link_rates"):
+        return None
+    return comm.link_rates(cluster)
+
+
+# --- chunks -------------------------------------------------------------------------------------
+def _chunks(shape: tuple[int, ...], chunk_rows: int) -> Iterator[tuple[int, list, tuple[int, ...]]]:
+    """Yield (first row, per-axis index (int, or (start, stop) for a grid axis), grid shape).
+
+    Axes after the split axis are whole; the split axis is sliced; axes before it are fixed."""
+    k = len(shape)
+    inner = 1
+    split = k  # axes[split:] are whole inside a chunk
+    while split > 0 and inner * shape[split - 1] <= chunk_rows:
+        split -= 1
+        inner *= shape[split]
+    start = 0
+    if split == 0:
+        yield 0, [(0, n) for n in shape], shape
+        return
+    step = max(1, chunk_rows // inner)
+    s = split - 1
+    for outer in itertools.product(*(range(n) for n in shape[:s])):
+        for lo in range(0, shape[s], step):
+            hi = min(lo + step, shape[s])
+            index = list(outer) + [(lo, hi)] + [(0, n) for n in shape[split:]]
+            grid = (hi - lo,) + tuple(shape[split:])
+            yield start, index, grid
+            start += math.prod(grid)
+
+
+def _axis_index(index: list, plan: _Plan) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """Per axis: a scalar index, or an arange shaped to broadcast along its own grid dimension.
+    Grid dimensions of size one are dropped (fixed scalars)."""
+    grid_axes = [i for i, ix in enumerate(index) if isinstance(ix, tuple) and ix[1] - ix[0] > 1]
+    ndim = len(grid_axes)
+    out: dict[str, Any] = {}
+    for i, ix in enumerate(index):
+        name = AXES[i]
+        if i in grid_axes:
+            shape = [1] * ndim
+            shape[grid_axes.index(i)] = ix[1] - ix[0]
+            out[name] = np.arange(ix[0], ix[1]).reshape(shape)
+        else:
+            out[name] = ix[0] if isinstance(ix, tuple) else ix
+    grid = tuple(index[i][1] - index[i][0] for i in grid_axes)
+    return out, grid
+
+
+def _chunk_columns(plan: _Plan, ix: dict[str, Any]) -> tuple[Columns, dict[str, Any]]:
+    """``Columns`` whose fields are shaped along the axes they depend on (not broadcast)."""
+    m = (ix["models"], ix["lora_rank"], ix["lora_targets"])
+    cl = (ix["gpus"], ix["nodes"], ix["gpu_counts"])
+    values: dict[str, Any] = {f: plan.model_table[f][m] for f in MODEL_FIELDS}
+    values.update({f: plan.cluster_table[f][cl] for f in CLUSTER_FIELDS})
+    for arg, (field, _) in CATEGORICAL_KNOBS.items():
+        values[field] = plan.axis(arg).codes[ix[arg]]
+    for arg in INTEGER_KNOBS + ("dropout",):
+        values[arg] = plan.axis(arg).codes[ix[arg]]
+    if plan.axis("shard_group_size").labels == (None,):
+        values["shard_group_size"] = values["gpus_per_node"]
+    else:
+        values["shard_group_size"] = plan.axis("shard_group_size").codes[ix["shard_group_size"]]
+    values = {f: np.asarray(v) for f, v in values.items()}
+    extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + ("nodes", "cluster_ok")}
+    return Columns(**{f.name: values[f.name] for f in fields(Columns)}), extra
+
+
+# --- evaluation -----------------------------------------------------------------------------------
+def _throughput_hook() -> Callable | None:
+    """``shardplan.throughput.step_estimate(c, rates)`` (or ``estimate_step``) when it exists."""
+    tp = _optional("throughput")
+    for name in ("step_estimate", "estimate_step", "estimate_throughput"):
+        fn = getattr(tp, name, None) if tp is not None else None
+        if callable(fn):
+            return fn
+    return None
+
+
+def _rates(extra: dict[str, Any]):
+    comm = _optional("comm")
+    return comm.LinkRates(**{f: extra[f] for f in RATE_FIELDS}) if comm is not None else None
+
+
+def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = None) -> dict[str, Any]:
+    """Every column the library computes for ``c``: memory, then comm and throughput when those
+    modules are present and a wanted column needs them (``want`` None: everything)."""
+    out = dict(estimate_memory(c))
+    out["valid"] = out["valid"] & extra["cluster_ok"]
+    out["fits"] = out["fits"] & extra["cluster_ok"]
+    out["nodes"] = extra["nodes"]
+    out["gpus_per_node"] = c.gpus_per_node
+    if want is not None and not (want - set(out)):
+        return out
+    comm = _optional("comm")
+    if comm is None or not hasattr(comm, "comm_volume"):
+        return out
+    rates = _rates(extra)
+    volume = comm.comm_volume(c)
+    out.update(volume)
+    if hasattr(comm, "comm_times"):
+        out.update(comm.comm_times(c, rates, volume))
+    hook = _throughput_hook()
+    if hook is not None:
+        out.update(hook(c, rates))
+    return out
+
+
+class _Progress:
+    """A one-line stderr bar, redrawn at most ten times a second."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if done < self.total and now - self.last < 0.1:
+            return
+        self.last = now
+        frac = done / max(self.total, 1)
+        rate = done / max(now - self.t0, 1e-9)
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\rsweep [{bar:<30}] {frac:6.1%} {done:,}/{self.total:,} rows, {rate / 1e6:.2f} M rows/s")
+        if done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _label_dtype(n: int):
+    return np.int8 if n < 127 else np.int16 if n < 32767 else np.int32
+
+
+def _column_names(columns, available: Sequence[str]) -> list[str]:
+    if columns is None or columns == "all":
+        return list(available)
+    if columns == "summary":
+        return [c for c in SUMMARY_COLUMNS if c in available]
+    wanted = [c.strip() for c in columns.split(",") if c.strip()] if isinstance(columns, str) else list(columns)
+    unknown = [c for c in wanted if c not in available]
+    if unknown:
+        raise ShardplanError("columns", ",".join(unknown), f"unknown; available: {', '.join(available)}")
+    return wanted
+
+
+def sweep(
+    models: Any = "llama-3.1-8b",
+    gpus: Any = "h100-sxm",
+    gpu_counts: Any = 8,
+    nodes: Any = None,
+    strategies: Any = None,
+    engines: Any = "fsdp2",
+    precision: Any = "bf16-mixed",
+    optimizer: Any = "adamw",
+    ac: Any = "none",
+    micro_batch: Any = 1,
+    seq_len: Any = 1024,
+    offload: Any = "none",
+    method: Any = "full",
+    lora_rank: Any = 16,
+    *,
+    lora_targets: Any = "all-linear",
+    grad_accum: Any = 1,
+    ac_every_k: Any = 2,
+    shard_group_size: Any = None,
+    attention: Any = "sdpa",
+    dropout: Any = False,
+    intra_link: str | None = None,
+    inter_link: str | None = None,
+    host_ram: str | int | None = None,
+    columns: Any = None,
+    valid_only: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_ROWS,
+    progress: bool | None = None,
+) -> pd.DataFrame:
+    """Evaluate every configuration of the product of the knobs given; one DataFrame row each.
+
+    Every knob takes a scalar or a list/range. ``gpu_counts`` is the total GPU count; ``nodes``
+    None lays it out on the GPU's usual node size (as ``parse_gpus('16xh100-sxm')`` does), an
+    integer spreads it over that many nodes. Counts that cannot be laid out (12 GPUs in 8-GPU
+    nodes) give rows with ``valid`` False. ``strategies`` None sweeps all eight; combinations an
+    engine cannot express have ``valid`` False (``valid_only=True`` drops them).
+    ``columns``: None/"all", "summary", or a list of column names (the configuration labels are
+    always kept). ``progress`` None: a stderr bar when stderr is a terminal and the sweep is big.
+    """
+    args = dict(models=models, gpus=gpus, gpu_counts=gpu_counts, nodes=nodes, strategies=strategies, engines=engines,
+                precision=precision, optimizer=optimizer, ac=ac, micro_batch=micro_batch, seq_len=seq_len,
+                offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets,
+                grad_accum=grad_accum, ac_every_k=ac_every_k, shard_group_size=shard_group_size,
+                attention=attention, dropout=dropout)
+    link_options = dict(intra_link=intra_link, inter_link=inter_link,
+                        host_ram_bytes_per_node=(parse_capacity_bytes(host_ram, "host_ram")
+                                                 if isinstance(host_ram, str) else host_ram))
+    if int(chunk_size) < 1:
+        raise ShardplanError("chunk_size", chunk_size, "must be at least 1")
+    plan = _plan(args, link_options)
+    total = plan.rows
+    show = (sys.stderr.isatty() and total >= 2 * DEFAULT_CHUNK_ROWS) if progress is None else bool(progress)
+    bar = _Progress(total, show)
+
+    label_cols = [AXIS_COLUMN[a] for a in AXES if not (a == "nodes" or (a == "shard_group_size" and plan.axis(a).labels == (None,)))]
+    store: dict[str, np.ndarray | list] = {}
+    names: list[str] | None = None
+    want: set[str] | None = None
+    keep_lists = valid_only
+
+    for start, index, grid in _chunks(plan.shape, int(chunk_size)):
+        ix, grid = _axis_index(index, plan)
+        n = math.prod(grid)
+        c, extra = _chunk_columns(plan, ix)
+        out = evaluate_columns(c, extra, want)
+        if names is None:
+            available = ["gpus_per_node", "nodes"] + [k for k in out if k not in ("gpus_per_node", "nodes", "world_size")]
+            names = _column_names(columns, available)
+            want = set(names) | {"valid"}
+            for name in names:
+                store[name] = [] if keep_lists else _empty(out[name], total)
+            for a in AXES:
+                col = AXIS_COLUMN[a]
+                if col in label_cols:
+                    store["__ix_" + a] = [] if keep_lists else np.empty(total, dtype=_label_dtype(plan.axis(a).size))
+        mask = np.broadcast_to(out["valid"], grid).ravel() if valid_only else None
+
+        def put(key: str, value, dtype=None):
+            value = np.broadcast_to(np.asarray(value, dtype=dtype), grid)
+            if keep_lists:
+                store[key].append(value.ravel()[mask] if mask is not None else value.ravel())
+            else:
+                np.copyto(store[key][start:start + n].reshape(grid), value, casting="unsafe")
+
+        for name in names:
+            value = out[name]
+            if name == "peak_phase":
+                value = np.asarray(value) == "backward"
+            put(name, value)
+        for a in AXES:
+            if AXIS_COLUMN[a] in label_cols:
+                key = "__ix_" + a
+                put(key, ix[a], dtype=_label_dtype(plan.axis(a).size))
+        bar.update(start + n)
+
+    frame: dict[str, Any] = {}
+    for a in AXES:
+        col = AXIS_COLUMN[a]
+        if col not in label_cols:
+            continue
+        codes = store.pop("__ix_" + a)
+        codes = np.concatenate(codes) if keep_lists else codes
+        axis = plan.axis(a)
+        if a in LABEL_AXES:
+            frame[col] = pd.Categorical.from_codes(codes, categories=list(axis.labels))
+        elif a == "gpu_counts":
+            frame[col] = axis.codes[codes]
+        else:
+            frame[col] = np.asarray(axis.labels)[codes]
+    for name in names or []:
+        values = store[name]
+        values = np.concatenate(values) if keep_lists else values
+        if name == "peak_phase":
+            frame[name] = pd.Categorical.from_codes(np.where(values, 0, 1).astype(np.int8),
+                                                    categories=["backward", "optimizer_step"])
+        else:
+            frame[name] = values
+    df = pd.DataFrame(frame, copy=False)
+    df.attrs["notes"] = plan.cluster_notes
+    return df
+
+
+def _empty(value, total: int) -> np.ndarray:
+    value = np.asarray(value)
+    if value.dtype.kind in "US":  # peak_phase: stored as a bool (backward?) and decoded at the end
+        return np.empty(total, dtype=bool)
+    return np.empty(total, dtype=value.dtype)
+
+
+# --- helpers on a sweep's DataFrame --------------------------------------------------------------
+def pareto(df: pd.DataFrame, x: str = "device_total_bytes", y: str = "tokens_per_s", *, minimize_x: bool = True,
+           maximize_y: bool = True, by: str | Sequence[str] | None = None, only_fitting: bool = True) -> pd.DataFrame:
+    """Rows no other row beats on both ``x`` and ``y`` (default: less memory, more tokens/s),
+    sorted by ``x``; per group of ``by`` when given. Rows that do not fit are left out unless
+    ``only_fitting`` is False."""
+    for col in (x, y):
+        if col not in df.columns:
+            raise ShardplanError("pareto", col, f"no such column; have {', '.join(map(str, df.columns))}")
+    data = df[df["fits"]] if only_fitting and "fits" in df.columns else df
+    if by is not None:
+        keys = [by] if isinstance(by, str) else list(by)
+        parts = [_front(g, x, y, minimize_x, maximize_y) for _, g in data.groupby(keys, observed=True, sort=False)]
+        return pd.concat(parts) if parts else data.iloc[:0]
+    return _front(data, x, y, minimize_x, maximize_y)
+
+
+def _front(data: pd.DataFrame, x: str, y: str, minimize_x: bool, maximize_y: bool) -> pd.DataFrame:
+    xs = data[x].to_numpy(dtype=np.float64) * (1 if minimize_x else -1)
+    ys = data[y].to_numpy(dtype=np.float64) * (1 if maximize_y else -1)
+    ok = ~(np.isnan(xs) | np.isnan(ys))
+    pos = np.flatnonzero(ok)
+    order = pos[np.lexsort((-ys[pos], xs[pos]))]      # x ascending, best y first among equal x
+    best = np.maximum.accumulate(ys[order])
+    previous = np.concatenate(([-np.inf], best[:-1]))
+    keep = order[ys[order] > previous]
+    return data.iloc[keep]
+
+
+def minimum_gpus(df: pd.DataFrame, by: str | Sequence[str] = ("model", "strategy")) -> pd.DataFrame:
+    """Smallest ``world_size`` at which each group (default model × strategy) has a fitting row;
+    ``<NA>`` where none fits. Add other labels (``gpu``, ``method``, ``seq_len``) to ``by`` to
+    split further."""
+    keys = [by] if isinstance(by, str) else list(by)
+    world = df["world_size"].where(df["fits"].astype(bool))
+    result = world.groupby([df[k] for k in keys], observed=True, sort=True).min()
+    return result.astype("Int64").rename("minimum_gpus").reset_index()
+
+
+__all__ = ["sweep", "pareto", "minimum_gpus", "evaluate_columns", "SUMMARY_COLUMNS", "MEMORY_COLUMNS"]
