@@ -1,8 +1,11 @@
 """DeepSpeed config JSON (keys as ``deepspeed.runtime.config.DeepSpeedConfig`` and
 ``deepspeed.runtime.zero.config.DeepSpeedZeroConfig`` accept them).
 
-Stage per strategy from DESIGN.md §2; ``hybrid_shard`` is ZeRO-3 with MiCS (``mics_shard_size``,
-all states sharded within a group, replicated across groups, as HSDP). Buckets: DeepSpeed's own
+Stage per strategy from DESIGN.md §2; ``hybrid_shard`` is ZeRO-3 with ZeRO++ hpZ
+(``zero_hpz_partition_size``: a secondary copy of the parameters sharded within the group, so the
+forward/backward all-gathers stay inside it). MiCS (``mics_shard_size``), the closer match to HSDP,
+was removed in DeepSpeed 0.19 (deepspeedai/DeepSpeed#8489). ASSUMPTION noted for the memory
+model: hpZ still shards optimizer states and gradients over all ranks. Buckets: DeepSpeed's own
 defaults (5e8 elements, ``runtime/zero/config.py``), the numbers shardplan's buffer terms assume
 (``buffers.DEEPSPEED_REDUCE_BUCKET_ELEMENTS``). train_batch_size = micro × accum × world.
 """
@@ -37,7 +40,7 @@ def deepspeed_config(spec: PlanSpec) -> dict[str, Any]:
                     stage3_param_persistence_threshold=100_000, stage3_max_live_parameters=1_000_000_000,
                     stage3_max_reuse_distance=1_000_000_000, stage3_gather_16bit_weights_on_model_save=True)
         if spec.hybrid and spec.shard_size < spec.world_size:
-            zero.update(mics_shard_size=spec.shard_size, mics_hierarchical_params_gather=False)
+            zero["zero_hpz_partition_size"] = spec.shard_size
     if spec.offload != "none":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if spec.offload == "optimizer+params":
@@ -78,7 +81,7 @@ def read_back(text: str) -> dict[str, Any]:
     z = c.get("zero_optimization", {})
     stage = z.get("stage", 0)
     world = c["train_batch_size"] // (c["train_micro_batch_size_per_gpu"] * c["gradient_accumulation_steps"])
-    mics = z.get("mics_shard_size")
+    mics = z.get("zero_hpz_partition_size")
     strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "full_shard"}[stage]
     if mics:
         strategy = "hybrid_shard"

@@ -62,7 +62,7 @@ def accelerate_config(spec: PlanSpec) -> dict[str, Any]:
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_transformer_layer_cls_to_wrap": spec.block_class,
             "fsdp_reshard_after_forward": (spec.reshard_after_forward if version == 2
-                                           else FSDP1_STRATEGY[spec.strategy]),
+                                           else FSDP1_STRATEGY[spec.strategy].lstrip("_")),
             "fsdp_offload_params": spec.offload != "none",
             "fsdp_activation_checkpointing": spec.checkpointed,
             "fsdp_cpu_ram_efficient_loading": True,
@@ -70,6 +70,9 @@ def accelerate_config(spec: PlanSpec) -> dict[str, Any]:
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }
         if version == 1:
+            # accelerate 1.x launch always exports FSDP_SHARDING_STRATEGY (default FULL_SHARD) and the
+            # FSDP1 plugin prefers it over fsdp_reshard_after_forward: state it too.
+            fsdp.update(fsdp_sharding_strategy=FSDP1_STRATEGY[spec.strategy].lstrip("_"))
             fsdp.update(fsdp_backward_prefetch=spec.backward_prefetch if spec.backward_prefetch != "NONE" else "NO_PREFETCH",
                         fsdp_forward_prefetch=spec.forward_prefetch, fsdp_use_orig_params=True)
         cfg["distributed_type"] = "FSDP"
@@ -131,7 +134,7 @@ def read_back_accelerate(text: str) -> dict[str, Any]:
                 strategy = "full_shard" if reshard else "shard_grad_op"
             out["shard_group_size"] = shard
         else:
-            strategy = {v: k for k, v in FSDP1_STRATEGY.items()}[reshard]
+            strategy = {v.lstrip("_"): k for k, v in FSDP1_STRATEGY.items()}[reshard]
             out["backward_prefetch"] = f["fsdp_backward_prefetch"]
             out["forward_prefetch"] = f["fsdp_forward_prefetch"]
         out.update(engine=f"fsdp{version}", strategy=strategy, block_class=f["fsdp_transformer_layer_cls_to_wrap"],
