@@ -141,6 +141,9 @@ def _knob_axis(arg: str, values: Any) -> _Axis:
 # --- tables for model- and cluster-dependent columns ---------------------------------------------
 CLUSTER_FIELDS = ("world_size", "gpus_per_node", "gpu_memory_bytes", "host_ram_bytes_per_node", "nccl_buffer_bytes")
 RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter_nic_bytes_per_s", "nics_per_node")
+COMPUTE_FIELDS = ("gemm_efficiency", "gemm_m_half", "gemm_p", "attention_efficiency", "hbm_bytes_per_s",
+                  "host_link_bytes_per_s", "cpu_optimizer_bytes_per_s_per_node")
+PEAK_FIELD = "peak_flops_by_precision"
 
 
 def _cluster_for(gpu: str, count: int, nodes: int | None, **link_options) -> tuple[Cluster | None, str]:
@@ -213,7 +216,8 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
 
     shape_c = (len(gpu_texts), len(nodes), len(counts))
     cluster_table = {f: np.zeros(shape_c, dtype=np.int64) for f in CLUSTER_FIELDS + ("nodes", "cluster_ok")}
-    cluster_table.update({f: np.zeros(shape_c, dtype=np.float64) for f in RATE_FIELDS})
+    cluster_table.update({f: np.zeros(shape_c, dtype=np.float64) for f in RATE_FIELDS + COMPUTE_FIELDS})
+    cluster_table[PEAK_FIELD] = np.zeros(shape_c + (len(st.PRECISIONS),), dtype=np.float64)
     gpu_labels = list(gpu_texts)
     notes = []
     for (i, gpu), (j, n_nodes), (k, count) in itertools.product(enumerate(gpu_texts), enumerate(nodes), enumerate(counts)):
@@ -231,6 +235,11 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
         if rates is not None:
             for f in RATE_FIELDS:
                 cluster_table[f][i, j, k] = float(getattr(rates, f))
+        compute = _compute_rates(cluster)
+        if compute is not None:
+            for f in COMPUTE_FIELDS:
+                cluster_table[f][i, j, k] = float(getattr(compute, f))
+            cluster_table[PEAK_FIELD][i, j, k] = getattr(compute, PEAK_FIELD)
     cluster_table["cluster_ok"] = cluster_table["cluster_ok"].astype(bool)
     axes["gpus"] = _Axis("gpus", tuple(_dedupe_labels(gpu_labels)), axes["gpus"].codes)
     return _Plan([axes[a] for a in AXES], model_table, cluster_table, notes)
@@ -258,6 +267,25 @@ def _link_rates(cluster: Cluster):
     if comm is None or not hasattr(comm, "link_rates"):
         return None
     return comm.link_rates(cluster)
+
+
+def _compute_rates(cluster: Cluster):
+    tp = _optional("throughput")
+    if tp is None or not hasattr(tp, "compute_rates"):
+        return None
+    return tp.compute_rates(cluster)
+
+
+class _PeakByPrecision:
+    """``ComputeRates.peak_flops_by_precision`` for many GPUs at once: ``throughput.step_time``
+    indexes it with the precision codes (``peak[c.precision]``), which for a single GPU is a
+    4-vector; here the lookup is [cluster cell, precision], broadcast like every other column."""
+
+    def __init__(self, table: np.ndarray, cell: tuple):
+        self.table, self.cell = table, cell
+
+    def __getitem__(self, precision):
+        return self.table[self.cell + (np.asarray(precision),)]
 
 
 # --- chunks -------------------------------------------------------------------------------------
@@ -319,29 +347,29 @@ def _chunk_columns(plan: _Plan, ix: dict[str, Any]) -> tuple[Columns, dict[str, 
     else:
         values["shard_group_size"] = plan.axis("shard_group_size").codes[ix["shard_group_size"]]
     values = {f: np.asarray(v) for f, v in values.items()}
-    extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + ("nodes", "cluster_ok")}
+    extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + COMPUTE_FIELDS + ("nodes", "cluster_ok")}
+    extra[PEAK_FIELD] = _PeakByPrecision(plan.cluster_table[PEAK_FIELD], cl)
     return Columns(**{f.name: values[f.name] for f in fields(Columns)}), extra
 
 
 # --- evaluation -----------------------------------------------------------------------------------
-def _throughput_hook() -> Callable | None:
-    """``shardplan.throughput.step_estimate(c, rates)`` (or ``estimate_step``) when it exists."""
-    tp = _optional("throughput")
-    for name in ("step_estimate", "estimate_step", "estimate_throughput"):
-        fn = getattr(tp, name, None) if tp is not None else None
-        if callable(fn):
-            return fn
-    return None
-
-
 def _rates(extra: dict[str, Any]):
     comm = _optional("comm")
     return comm.LinkRates(**{f: extra[f] for f in RATE_FIELDS}) if comm is not None else None
 
 
+def _compute(extra: dict[str, Any]):
+    tp = _optional("throughput")
+    if tp is None or not hasattr(tp, "ComputeRates"):
+        return None
+    return tp.ComputeRates(**{f: extra[f] for f in COMPUTE_FIELDS + (PEAK_FIELD,)})
+
+
 def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = None) -> dict[str, Any]:
-    """Every column the library computes for ``c``: memory, then comm and throughput when those
-    modules are present and a wanted column needs them (``want`` None: everything)."""
+    """Every column the library computes for ``c``: ``memory.estimate_memory``, then
+    ``comm.comm_volume`` / ``comm.comm_times`` and ``throughput.step_time`` (gradients synchronised
+    every micro-batch, the engines' default) when those modules are present and a wanted column
+    needs them (``want`` None: everything)."""
     out = dict(estimate_memory(c))
     out["valid"] = out["valid"] & extra["cluster_ok"]
     out["fits"] = out["fits"] & extra["cluster_ok"]
@@ -352,14 +380,17 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     comm = _optional("comm")
     if comm is None or not hasattr(comm, "comm_volume"):
         return out
-    rates = _rates(extra)
+    links = _rates(extra)
     volume = comm.comm_volume(c)
     out.update(volume)
-    if hasattr(comm, "comm_times"):
-        out.update(comm.comm_times(c, rates, volume))
-    hook = _throughput_hook()
-    if hook is not None:
-        out.update(hook(c, rates))
+    if want is not None and not (want - set(out)):
+        return out
+    tp = _optional("throughput")
+    rates = _compute(extra)
+    if rates is not None and hasattr(tp, "step_time"):
+        out.update(tp.step_time(c, links, rates, volume=volume))
+    elif hasattr(comm, "comm_times"):
+        out.update(comm.comm_times(c, links, volume))
     return out
 
 
@@ -475,10 +506,10 @@ def sweep(
             want = set(names) | {"valid"}
             for name in names:
                 store[name] = [] if keep_lists else _empty(out[name], total)
-            for a in AXES:
-                col = AXIS_COLUMN[a]
-                if col in label_cols:
-                    store["__ix_" + a] = [] if keep_lists else np.empty(total, dtype=_label_dtype(plan.axis(a).size))
+            if keep_lists:  # with valid_only the labels are gathered per chunk; otherwise tiled at the end
+                for a in AXES:
+                    if AXIS_COLUMN[a] in label_cols:
+                        store["__ix_" + a] = []
         mask = np.broadcast_to(out["valid"], grid).ravel() if valid_only else None
 
         def put(key: str, value, dtype=None):
@@ -494,9 +525,8 @@ def sweep(
                 value = np.asarray(value) == "backward"
             put(name, value)
         for a in AXES:
-            if AXIS_COLUMN[a] in label_cols:
-                key = "__ix_" + a
-                put(key, ix[a], dtype=_label_dtype(plan.axis(a).size))
+            if keep_lists and AXIS_COLUMN[a] in label_cols:
+                put("__ix_" + a, ix[a], dtype=_label_dtype(plan.axis(a).size))
         bar.update(start + n)
 
     frame: dict[str, Any] = {}
@@ -504,11 +534,13 @@ def sweep(
         col = AXIS_COLUMN[a]
         if col not in label_cols:
             continue
-        codes = store.pop("__ix_" + a)
-        codes = np.concatenate(codes) if keep_lists else codes
         axis = plan.axis(a)
+        if keep_lists:
+            codes = np.concatenate(store.pop("__ix_" + a))
+        else:
+            codes = _tiled_codes(plan.shape, AXES.index(a), _label_dtype(axis.size))
         if a in LABEL_AXES:
-            frame[col] = pd.Categorical.from_codes(codes, categories=list(axis.labels))
+            frame[col] = pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(list(axis.labels)), validate=False)
         elif a == "gpu_counts":
             frame[col] = axis.codes[codes]
         else:
@@ -524,6 +556,13 @@ def sweep(
     df = pd.DataFrame(frame, copy=False)
     df.attrs["notes"] = plan.cluster_notes
     return df
+
+
+def _tiled_codes(shape: tuple[int, ...], i: int, dtype) -> np.ndarray:
+    """Index along axis ``i`` of every row of the C-ordered product: a repeat then a tile."""
+    stride = math.prod(shape[i + 1:])
+    period = np.repeat(np.arange(shape[i], dtype=dtype), stride)
+    return np.tile(period, math.prod(shape[:i]))
 
 
 def _empty(value, total: int) -> np.ndarray:

@@ -1,0 +1,130 @@
+"""How fast is ``shardplan.sweep``? Configurations per second and peak RSS for a ~10^7 sweep,
+against the same configurations evaluated one at a time through the scalar path.
+
+    python benchmarks/sweep_speed.py                 # the ~10^7 grid, both column sets, 2,000-config scalar sample
+    python benchmarks/sweep_speed.py --quick         # a ~10^6 grid (CI smoke run)
+    python benchmarks/sweep_speed.py --json out.json
+
+Each sweep runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own; the number
+includes the interpreter, numpy/pandas/pydantic imports (~150 MB) and the returned DataFrame.
+Column sets: ``summary`` = memory + communication + step time (``fits``, peak allocated/reserved,
+device total, headroom, comm bytes, step time, tokens/s, MFU and the configuration labels);
+``memory`` = only the memory model (``fits``, ``peak_allocated_bytes``, ``device_total_bytes``).
+The scalar path is ``shardplan.fit.evaluate`` (memory) and, for ``summary``, also
+``comm.comm_volume`` + ``throughput.step_time`` on one-row columns — what a peer tool's
+per-configuration Python loop does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+GRID = dict(
+    models=["opt-1.3b", "llama-3.1-8b", "llama-3.1-70b", "qwen2.5-72b", "mixtral-8x7b"],
+    gpus=["h100-sxm", "a100-80gb", "rtx4090", "l40s"],
+    gpu_counts=[1, 2, 4, 8, 16, 32, 64, 128],
+    strategies=None,  # all eight
+    engines=["fsdp2", "fsdp1", "deepspeed"],
+    method=["full", "lora", "qlora"],
+    ac=["none", "full", "selective"],
+    micro_batch=[1, 2, 4, 8],
+    seq_len=[512, 1024, 2048, 4096, 8192, 16384],
+    precision=["bf16-mixed", "fp32"],
+    offload=["none", "optimizer+params"],
+    optimizer=["adamw", "sgd", "adamw-8bit"],
+)
+QUICK = dict(GRID, seq_len=[1024, 4096], micro_batch=[1, 4], optimizer=["adamw", "sgd"])
+COLUMN_SETS = {"summary": "summary", "memory": "fits,peak_allocated_bytes,device_total_bytes"}
+
+
+def _child(grid_name: str, columns: str, chunk: int) -> dict:
+    import shardplan
+
+    grid = QUICK if grid_name == "quick" else GRID
+    t0 = time.perf_counter()
+    df = shardplan.sweep(**grid, columns=COLUMN_SETS[columns], chunk_size=chunk, progress=False)
+    elapsed = time.perf_counter() - t0
+    return {"rows": len(df), "columns": len(df.columns), "seconds": elapsed,
+            "configs_per_s": len(df) / elapsed, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "dataframe_bytes": int(df.memory_usage(deep=False).sum()), "fits": int(df["fits"].sum())}
+
+
+def _scalar(grid_name: str, sample: int, with_time: bool, seed: int = 0) -> dict:
+    import numpy as np
+
+    from shardplan import strategy as st
+    from shardplan.config import TrainingConfig, columns_for
+    from shardplan.fit import evaluate
+    from shardplan.hardware import parse_gpus
+    from shardplan.models import get_model
+
+    grid = QUICK if grid_name == "quick" else GRID
+    axes = {k: (list(st.STRATEGIES) if v is None else v) for k, v in grid.items()}
+    rng = np.random.default_rng(seed)
+    picks = [{k: v[rng.integers(len(v))] for k, v in axes.items()} for _ in range(sample)]
+    comm = tp = None
+    if with_time:
+        from shardplan import comm, throughput as tp
+    # model and cluster profiles resolved once, outside the timed loop (favours the scalar path)
+    specs = {m: get_model(m) for m in axes["models"]}
+    clusters = {(g, n): parse_gpus(f"{n}x{g}") for g in axes["gpus"] for n in axes["gpu_counts"]}
+    t0 = time.perf_counter()
+    for p in picks:  # the one-at-a-time path
+        spec = specs[p["models"]]
+        cluster = clusters[(p["gpus"], p["gpu_counts"])]
+        config = TrainingConfig(strategy=p["strategies"], engine=p["engines"], method=p["method"], ac=p["ac"],
+                                micro_batch=p["micro_batch"], seq_len=p["seq_len"], precision=p["precision"],
+                                offload=p["offload"], optimizer=p["optimizer"])
+        evaluate(spec, cluster, config)
+        if with_time:
+            c = columns_for(spec, cluster, config)
+            v = comm.comm_volume(c)
+            tp.step_time(c, comm.link_rates(cluster), tp.compute_rates(cluster), volume=v)
+    elapsed = time.perf_counter() - t0
+    return {"sample": sample, "seconds": elapsed, "configs_per_s": sample / elapsed}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a ~10^6 grid instead of ~10^7")
+    ap.add_argument("--sample", type=int, default=2000, help="configurations for the scalar path")
+    ap.add_argument("--chunk", type=int, default=1 << 20, help="rows per chunk")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--child", nargs=2, metavar=("GRID", "COLUMNS"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(args.child[0], args.child[1], args.chunk)))
+        return 0
+    grid_name = "quick" if args.quick else "full"
+    results = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
+                           "load_average": os.getloadavg()}, "grid": grid_name, "sweep": {}, "scalar": {}}
+    for columns in COLUMN_SETS:
+        out = subprocess.run([sys.executable, __file__, "--child", grid_name, columns, "--chunk", str(args.chunk)],
+                             check=True, capture_output=True, text=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        results["sweep"][columns] = r
+        print(f"sweep   [{columns:7}] {r['rows']:>11,} configurations in {r['seconds']:6.2f} s = "
+              f"{r['configs_per_s'] / 1e6:5.2f} M configurations/s; peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB "
+              f"(DataFrame {r['dataframe_bytes'] / 2**30:.2f} GiB, {r['columns']} columns)", flush=True)
+    for columns, with_time in (("memory", False), ("summary", True)):
+        s = _scalar(grid_name, args.sample, with_time)
+        results["scalar"][columns] = s
+        ratio = results["sweep"][columns]["configs_per_s"] / s["configs_per_s"]
+        s["sweep_speedup"] = ratio
+        print(f"scalar  [{columns:7}] {s['sample']:>11,} configurations in {s['seconds']:6.2f} s = "
+              f"{s['configs_per_s']:,.0f} configurations/s -> sweep is {ratio:,.0f}x faster", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
