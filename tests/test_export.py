@@ -372,7 +372,8 @@ def test_fsdp_snippet_runs_and_matches_predicted_state_bytes(engine, strategy, a
     from shardplan.hardware import parse_gpus
     from shardplan.models import get_model
 
-    model_spec = tiny_spec(get_model("llama-3.1-8b"))
+    # rebuilt from its fields: model_copy would carry the 8B profile's cached counts (cached_property)
+    model_spec = type(get_model("llama-3.1-8b")).model_validate(tiny_spec(get_model("llama-3.1-8b")).model_dump())
     cluster = parse_gpus("2x2xh100-sxm")
     config = TrainingConfig(strategy=strategy, engine=engine, ac=ac, seq_len=16, micro_batch=2)
     predicted = evaluate(model_spec, cluster, config)
