@@ -230,3 +230,11 @@ def test_cli_sweep_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("shardplan: error: model=") and err.count("\n") == 1
     assert main(["sweep", "-o", str(tmp_path / "x.xlsx")]) == 2
     assert "output" in capsys.readouterr().err
+
+
+def test_progress_bar_on_request_only(capsys):
+    sweep(models="gpt2", gpu_counts=[1, 2, 4], strategies=None, chunk_size=4, progress=True)
+    err = capsys.readouterr().err
+    assert "sweep [" in err and "100.0%" in err and err.endswith("\n")
+    sweep(models="gpt2", gpu_counts=[1, 2, 4], strategies=None, chunk_size=4)  # stderr is not a terminal
+    assert capsys.readouterr().err == ""
