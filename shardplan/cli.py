@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from shardplan import report
 from shardplan.config import TrainingConfig
+from shardplan.calibrate.cli import calibrate_app
 from shardplan.errors import ShardplanError
 from shardplan.fit import default_offload, fit as fit_strategies
 from shardplan.hardware import GPUProfile, LinkProfile, get_gpu, get_link, gpu_profiles, link_profiles, parse_gpus
@@ -29,6 +30,7 @@ profiles_app = typer.Typer(add_completion=False, invoke_without_command=True, he
 app.add_typer(models_app, name="models")
 app.add_typer(hardware_app, name="hardware")
 app.add_typer(profiles_app, name="profiles")
+app.add_typer(calibrate_app, name="calibrate", help="Measure real torch FSDP runs, collectives and matmuls; fit coefficients.")
 
 
 @app.callback()

@@ -8,7 +8,6 @@ et al. 2022, App. B): 6·N_matmul + 12·L·n_heads·head_dim·s for training.
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
@@ -112,7 +111,7 @@ class ModelSpec(BaseModel):
         return self.hidden_size * (2 if self.norm == "layernorm" else 1)
 
     # --- per-block parameter counts -----------------------------------------------------------
-    @cached_property
+    @property
     def attention_params(self) -> int:
         h = self.hidden_size
         if self.mla:
@@ -136,18 +135,18 @@ class ModelSpec(BaseModel):
             return 3 * h * intermediate + (2 * intermediate + h if self.mlp_bias else 0)
         return 2 * h * intermediate + (intermediate + h if self.mlp_bias else 0)
 
-    @cached_property
+    @property
     def dense_mlp_params(self) -> int:
         return self.mlp_params_for(self.intermediate_size)
 
-    @cached_property
+    @property
     def routed_experts_params_per_block(self) -> int:
         """The fused expert bank of one MoE block (transformers 5 keeps it as one module)."""
         if not self.moe:
             return 0
         return self.moe.num_experts * self.mlp_params_for(self.moe.intermediate_size)
 
-    @cached_property
+    @property
     def moe_block_mlp_params(self) -> int:
         moe = self.moe
         if not moe:
@@ -160,19 +159,19 @@ class ModelSpec(BaseModel):
     def num_moe_blocks(self) -> int:
         return self.num_layers - self.moe.first_dense_layers if self.moe else 0
 
-    @cached_property
+    @property
     def block_norm_params(self) -> int:
         return self.norms_per_block * self.norm_params
 
-    @cached_property
+    @property
     def dense_block_params(self) -> int:
         return self.attention_params + self.dense_mlp_params + self.block_norm_params
 
-    @cached_property
+    @property
     def moe_block_params(self) -> int:
         return self.attention_params + self.moe_block_mlp_params + self.block_norm_params
 
-    @cached_property
+    @property
     def block_params(self) -> tuple[int, ...]:
         """Parameters of each decoder block, in order (blocks differ only for partly-MoE models)."""
         dense = self.num_layers - self.num_moe_blocks
@@ -212,7 +211,7 @@ class ModelSpec(BaseModel):
         untied_head = 0 if self.tie_word_embeddings else self.lm_head_params
         return self.embedding_params + untied_head + self.position_embedding_params + self.final_norm_params
 
-    @cached_property
+    @property
     def total_params(self) -> int:
         return self.root_params + self.blocks_params
 
