@@ -14,13 +14,13 @@ from shardplan import report
 from shardplan.config import TrainingConfig
 from shardplan.calibrate.cli import calibrate_app
 from shardplan.errors import ShardplanError
-from shardplan.fit import default_offload, fit as fit_strategies
+from shardplan.fit import default_offload, fit as fit_strategies, step_timing
 from shardplan.hardware import GPUProfile, LinkProfile, get_gpu, get_link, gpu_profiles, link_profiles, parse_gpus
 from shardplan.model import ModelSpec
 from shardplan.models import model_profiles, resolve_model
 from shardplan.profiles import load_profile, read_json
 from shardplan.query import parse_query
-from shardplan.units import GiB, parse_capacity_bytes
+from shardplan.units import GiB, parse_capacity_bytes, parse_count
 
 app = typer.Typer(add_completion=False, invoke_without_command=True,
                   help="Will it fit, how fast will it run, and which sharding strategy to use.")
@@ -72,6 +72,8 @@ def fit(
     host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
     intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
+    global_batch_tokens: Optional[str] = typer.Option(None, help="global batch in tokens ('1M'): adds step time, tokens/s, MFU"),
+    calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (a list when no --strategy)"),
     export_to: Optional[str] = typer.Option(None, "--export", help="also export the first fitting result: "
                                             "FORMAT[=PATH], FORMAT one of fsdp2, fsdp1, accelerate, deepspeed, trainer, torchrun"),
@@ -108,13 +110,29 @@ def fit(
                      f"({cluster.gpu.memory_bytes / GiB:.2f} GiB usable) for it")
     if config.seq_len > resolved.spec.max_position_embeddings:
         notes.append(f"seq_len {config.seq_len} exceeds the model's context of {resolved.spec.max_position_embeddings}")
+    if global_batch_tokens is not None:
+        from shardplan.planner import resolve_workload
+        workload = resolve_workload(config.seq_len, cluster.world_size, parse_count(global_batch_tokens, "global_batch_tokens"),
+                                    context=resolved.spec.max_position_embeddings)
+        if workload.sequences_per_gpu % config.micro_batch:
+            raise ShardplanError("micro_batch", config.micro_batch,
+                                 f"must divide the {workload.sequences_per_gpu} sequences per GPU of the global batch")
+        config = config.model_copy(update={"grad_accum": workload.sequences_per_gpu // config.micro_batch})
+        notes += workload.notes
     results = fit_strategies(resolved.spec, cluster, config, [strategy_name] if strategy_name else None, notes)
-    if export_to:
-        _export_results([r.model_dump(mode="json") for r in results], export_to, None)
+    if global_batch_tokens is not None:
+        overlay = None
+        if calibration is not None:
+            from shardplan.calibrate.overlay import load_calibration
+            overlay = load_calibration(calibration)
+        results = [r.model_copy(update={"time": step_timing(resolved.spec, cluster, TrainingConfig(**r.config), overlay)})
+                   for r in results]
     if as_json:
         typer.echo(report.to_json(results[0] if strategy_name else results))
     else:
         typer.echo(report.render_fit(results))
+    if export_to:
+        _export_results([r.model_dump(mode="json") for r in results], export_to, None)
 
 
 def _export_results(plans: list[dict], fmt_path: str, index: Optional[int], block_class: Optional[str] = None) -> None:

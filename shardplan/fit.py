@@ -69,6 +69,7 @@ class FitResult(BaseModel):
     per_node: PerNode
     alternatives: list[Alternative] = []
     notes: list[str] = []
+    time: dict[str, float] | None = None
 
 
 def _columns(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Columns:
@@ -125,6 +126,18 @@ def limiting_resource(r: FitResult) -> str:
     if not r.fits_host:
         over.append(f"host RAM ({r.per_node.host_bytes / 2**30:,.0f} of {r.per_node.host_ram_bytes / 2**30:,.0f} GiB per node)")
     return "; ".join(over)
+
+
+TIME_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "hfu", "compute_s", "comm_s",
+               "exposed_comm_s", "optimizer_s", "offload_transfer_s")
+
+
+def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibration=None) -> dict[str, float]:
+    """Step time, tokens/s and MFU of one configuration (the planner's vectorized path, one row)."""
+    from shardplan.planner import evaluate_grid  # the time model is only needed when a batch is given
+
+    r = evaluate_grid(_columns(spec, cluster, config), True, cluster, calibration)
+    return {name: float(r[name]) for name in TIME_FIELDS}
 
 
 def default_offload(engine: str) -> str:

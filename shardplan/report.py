@@ -100,6 +100,11 @@ def render_fit(results: list[FitResult]) -> str:
     lines.append("")
     for r in results:
         lines.append(verdict(r))
+        if r.time:
+            t = r.time
+            lines.append(f"    step {t['step_time_s']:.3f} s (compute {t['compute_s']:.3f} s, exposed comm "
+                         f"{t['exposed_comm_s']:.3f} s), {t['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+                         f"{t['tokens_per_s']:,.0f} total, MFU {t['mfu']:.1%}")
     lines.append("")
     lines.append(breakdown_table(results))
     failing = [r for r in results if not r.fits]
