@@ -145,3 +145,22 @@ def test_console_script_has_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "shardplan", "fit", "70B on 4xNOSUCHGPU"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "NOSUCHGPU" in proc.stderr
+
+
+def test_fit_with_global_batch_reports_time(capsys):
+    code, out, _ = run(capsys, "fit", "llama-3.1-8b on 8xh100-sxm seq 8192 ac selective full_shard",
+                       "--global-batch-tokens", "1M", "--json")
+    r = json.loads(out)
+    assert code == 0
+    # 1M tokens / (8 GPUs × 8192) = 15.3 -> 15 sequences per GPU, as grad accumulation of micro-batch 1.
+    assert r["config"]["grad_accum"] == 15
+    t = r["time"]
+    assert 0 < t["mfu"] <= 1
+    assert t["step_time_s"] >= t["compute_s"]
+    assert t["tokens_per_s"] == pytest.approx(8 * t["tokens_per_s_per_gpu"])
+    assert t["tokens_per_s_per_gpu"] == pytest.approx(15 * 8192 / t["step_time_s"])
+
+
+def test_fit_global_batch_that_micro_batch_does_not_divide(capsys):
+    code, _, err = run(capsys, "fit", "llama-3.1-8b on 8xh100-sxm seq 8192 batch 4", "--global-batch-tokens", "1M")
+    assert code == 2 and "micro_batch=4" in err
