@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from shardplan import strategy as st
+from shardplan.config import TrainingConfig
 from shardplan.errors import ShardplanError
 
 KNOBS = ("strategy", "engine", "precision", "optimizer", "ac", "ac_every_k", "offload", "method", "lora_rank",
@@ -32,7 +33,9 @@ LORA_TARGET_MODULES = {"all-linear": "all-linear", "attention": ["q_proj", "k_pr
                        "qv": ["q_proj", "v_proj"]}
 
 
-class PlanSpec(BaseModel):
+class PlanSpec(TrainingConfig):
+    """A plan as the exporters need it: TrainingConfig's knobs plus the model, the cluster and the prediction."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # model
@@ -43,21 +46,6 @@ class PlanSpec(BaseModel):
     nodes: PositiveInt = 1
     gpus_per_node: PositiveInt = 1
     gpu: str = ""
-    # training knobs (TrainingConfig names)
-    strategy: str = "full_shard"
-    engine: str = "fsdp2"
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    ac: str = "none"
-    ac_every_k: PositiveInt = 2
-    offload: str = "none"
-    method: str = "full"
-    lora_rank: PositiveInt = 16
-    lora_targets: str = "all-linear"
-    micro_batch: PositiveInt = 1
-    grad_accum: PositiveInt = 1
-    seq_len: PositiveInt = 1024
-    shard_group_size: PositiveInt | None = None
     # engine options the plan assumes (FSDP1 defaults; BACKWARD_PRE is what shardplan's buffers model)
     forward_prefetch: bool = False
     backward_prefetch: Literal["BACKWARD_PRE", "BACKWARD_POST", "NONE"] = "BACKWARD_PRE"
