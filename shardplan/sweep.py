@@ -142,7 +142,7 @@ def _knob_axis(arg: str, values: Any) -> _Axis:
 CLUSTER_FIELDS = ("world_size", "gpus_per_node", "gpu_memory_bytes", "host_ram_bytes_per_node", "nccl_buffer_bytes")
 RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter_nic_bytes_per_s", "nics_per_node")
 COMPUTE_FIELDS = ("gemm_efficiency", "gemm_m_half", "gemm_p", "attention_efficiency", "hbm_bytes_per_s",
-                  "host_link_bytes_per_s", "cpu_optimizer_bytes_per_s_per_node")
+                  "host_link_bytes_per_s", "cpu_optimizer_bytes_per_s_per_node", "nccl_sm_fraction")
 PEAK_FIELD = "peak_flops_by_precision"
 
 

@@ -62,6 +62,32 @@ CPU_OPTIMIZER_BYTES_PER_S_PER_NODE = 50e9
 # ``elementwise_bytes_per_token``); backward moves ~2× the forward's bytes (reads the incoming
 # gradient and the saved input, writes the outgoing gradient).
 BACKWARD_ELEMENTWISE_FACTOR = 2.0
+# Eager element-wise kernels, HBM bytes per element, counted op by op from torchtitan
+# ``torchtitan/models/norms.py`` RMSNorm (``self._norm(x.float()).type_as(x) * self.weight`` with
+# ``_norm = x * rsqrt(x.pow(2).mean(-1) + eps)``) and ``models/llama/model.py`` ``apply_rotary_emb``
+# (``view_as_complex(x.float())`` × freqs, ``view_as_real(...).type_as(x)``); Hugging Face
+# ``LlamaRMSNorm`` runs the same fp32 passes. RMSNorm with 16-bit input: x.float() 2+4, pow 4+4,
+# mean 4, x·rsqrt 4+4, type_as 4+2, ·weight 2+2 = 36 B/element. RoPE on q and k: float() 2+4,
+# complex multiply 4+4, type_as 4+2 = 20 B/element. ASSUMPTION: eager mode (torch.compile fuses
+# these into ~1 read + 1 write) and 16-bit activations (the counts scale from a = 2).
+RMSNORM_EAGER_BYTES = 36.0
+ROPE_EAGER_BYTES = 20.0
+# Cross-entropy over fp32-upcast logits (torchtitan ``F.cross_entropy(pred.float(), labels)``; HF
+# ``logits.float()``), bytes per vocabulary entry per token: logits written 2, .float() 2+4,
+# log_softmax (max and sum-exp passes + output) 4+4+4, backward: nll grad written 4, log_softmax
+# backward 4+4+4, cast back to 16-bit 4+2 = 42.
+CROSS_ENTROPY_BYTES_PER_VOCAB = 42.0
+# Streaming multiprocessors per GPU (NVIDIA A100 / H100 / Blackwell architecture whitepapers and
+# datasheets; AMD CDNA3 whitepaper: 304 CUs) — the denominator of NCCL's share of the GPU.
+SM_COUNT = {"a100-80gb": 108, "a100-40gb": 108, "a100-80gb-pcie": 108, "h100-sxm": 132, "h100-pcie": 114,
+            "h200": 132, "b200": 148, "mi300x": 304, "l40s": 142, "rtx4090": 128, "rtx3090": 82, "rtx5090": 170}
+DEFAULT_SM_COUNT = 108
+# NCCL runs one CTA (thread block) per channel, resident on an SM for the whole collective (NCCL
+# user guide, NCCL_MIN_NCHANNELS / NCCL_MAX_CTAS: more channels = more CUDA blocks). An FSDP
+# all-gather on an 8×H100 node launched 24 blocks (NVIDIA developer forum, "Compute-Communication
+# Overlap Causes Severe GEMM Performance Degradation because of Tail Effect", nsys trace: GEMM of
+# 132 blocks pushed into a second wave). ASSUMPTION: 24 CTAs per running collective on every GPU.
+NCCL_CTAS = 24
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,9 @@ class ComputeRates:
     host_link_bytes_per_s: np.ndarray
     cpu_optimizer_bytes_per_s_per_node: np.ndarray
     calibrated: bool = False
+    # φ = NCCL CTAs / SMs (``nccl_sm_fraction``); a default so callers that build ComputeRates
+    # field by field (``shardplan/sweep.py``) keep working: A100's 24/108.
+    nccl_sm_fraction: np.ndarray = NCCL_CTAS / DEFAULT_SM_COUNT
 
 
 def compute_rates(cluster, calibration=None) -> ComputeRates:
@@ -103,7 +132,15 @@ def compute_rates(cluster, calibration=None) -> ComputeRates:
         gemm_p=np.asarray(p), attention_efficiency=np.asarray(ATTENTION_EFFICIENCY.get(gpu.name, DEFAULT_ATTENTION_EFFICIENCY)),
         hbm_bytes_per_s=np.asarray(gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY),
         host_link_bytes_per_s=np.asarray(host.achievable_bytes_per_s),
-        cpu_optimizer_bytes_per_s_per_node=np.asarray(CPU_OPTIMIZER_BYTES_PER_S_PER_NODE), calibrated=calibrated)
+        cpu_optimizer_bytes_per_s_per_node=np.asarray(CPU_OPTIMIZER_BYTES_PER_S_PER_NODE), calibrated=calibrated,
+        nccl_sm_fraction=np.asarray(nccl_sm_fraction(SM_COUNT.get(gpu.name, DEFAULT_SM_COUNT))))
+
+
+def nccl_sm_fraction(sm_count, nccl_ctas=NCCL_CTAS):
+    """φ: share of the GPU's SMs a running collective holds (one CTA per NCCL channel, see
+    ``NCCL_CTAS``). ASSUMPTION: a compute kernel overlapping it runs on the remaining 1 − φ, and
+    HBM contention from the copies the collective makes is inside the same factor."""
+    return np.minimum(np.asarray(nccl_ctas, dtype=np.float64) / np.asarray(sm_count, dtype=np.float64), 1.0)
 
 
 # --- FLOPs ------------------------------------------------------------------------------------
@@ -164,19 +201,69 @@ def flops_per_token(c):
 def elementwise_bytes_per_token(c):
     """HBM traffic of the non-matmul kernels, forward + backward (+ recompute), per token.
 
-    Forward per layer (read + write of each element, activation width a): 2 norms 2·2h, 2
-    residual adds 3h each, RoPE on q and k 2(q+kv), gated MLP activation silu(gate)·up 5i (2i
-    non-gated); head: logits written in a, read and upcast to fp32, log-softmax fp32 out and its
-    backward, ≈ (a + 4·4)·V. ASSUMPTION: unfused eager kernels (torch.compile fuses some of this).
+    Forward per layer, eager kernels (counts in ``RMSNORM_EAGER_BYTES``, ``ROPE_EAGER_BYTES``, scaled
+    by a/2 for the activation width a): 2 RMSNorms 2·36·h; RoPE on q and k 20·(q + kv); GQA's
+    ``repeat_kv`` (torchtitan; HF ``repeat_kv``) materialises k and v at the query width, read kv +
+    write q each: 2a·(kv + q) when q > kv; attention output ``transpose(1, 2).contiguous()`` 2a·q;
+    2 residual adds 3a·h each; gated MLP silu(gate)·up 5a·i (2a·i non-gated). Backward moves
+    ``BACKWARD_ELEMENTWISE_FACTOR`` × the forward's bytes; recomputed blocks repeat their forward.
+    Head: ``CROSS_ENTROPY_BYTES_PER_VOCAB`` · V (fp32 cross-entropy, forward + backward).
+    ASSUMPTION: eager mode, no fused RMSNorm/RoPE/cross-entropy kernels (torch.compile or Liger
+    kernels cut these to ~1 read + 1 write per tensor).
     """
     a = compute_dtype_bytes(c.precision)
     h = c.hidden_size
-    mlp = np.where(c.gated_mlp, 5, 2) * c.mlp_width
-    layer_fwd = a * (4 * h + 6 * h + 2 * (c.q_width + c.kv_width) + mlp)
+    scale = a / 2.0
+    mlp = np.where(c.gated_mlp, 5, 2) * a * c.mlp_width
+    gqa = np.where(c.q_width > c.kv_width, 2 * a * (c.kv_width + c.q_width), 0)
+    layer_fwd = (2 * RMSNORM_EAGER_BYTES * h + ROPE_EAGER_BYTES * (c.q_width + c.kv_width)) * scale \
+        + gqa + 2 * a * c.q_width + 6 * a * h + mlp
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
     layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
-    head = (a + 16) * c.vocab_size
+    head = CROSS_ENTROPY_BYTES_PER_VOCAB * scale * c.vocab_size
     return layers + head
+
+
+def fsdp_copy_bytes(c):
+    """(forward, backward) HBM bytes per micro-batch of FSDP's own copies around its collectives.
+
+    FSDP2 (torch ``_fully_shard/_fsdp_collectives.py``): after each all-gather
+    ``foreach_all_gather_copy_out`` (``split_with_sizes_copy``) copies the gathered flat buffer into
+    the unsharded parameters — read + write of the gathered bytes; before each reduce-scatter
+    ``foreach_reduce`` packs the unsharded gradients with ``chunk_cat`` into the reduce-scatter
+    input in ``reduce_dtype`` — read a + write reduce bytes per trainable parameter. (Copy-in of the
+    local shard is 1/N of that and left out.) FSDP1 all-gathers straight into the ``FlatParameter``
+    (no copy-out) and casts the flat gradient to ``reduce_dtype`` when it differs from the
+    parameter dtype. ASSUMPTION: DeepSpeed and DDP bucket copies are not counted; these copies
+    run on the compute stream's time (memory-bound kernels on any stream take the same HBM)."""
+    from shardplan.comm import gathered_param_bytes, grad_comm_bytes_per_element
+    n_p, n_g, _ = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    a = compute_dtype_bytes(c.precision)
+    blocks_b, root_b = gathered_param_bytes(c)
+    fsdp2 = c.engine == st.FSDP2
+    fsdp1 = c.engine == st.FSDP1
+    gather = fsdp2 & (n_p > 1)
+    reshard = gather & ((c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD))
+    fwd = np.where(gather, 2.0 * (blocks_b + root_b), 0.0)
+    bwd_gather = np.where(reshard, 2.0 * blocks_b, 0.0)
+    gb = grad_comm_bytes_per_element(c)
+    cast = np.where(fsdp2 | (fsdp1 & (gb != a)), (a + gb) * trainable_params(c), 0.0)
+    rs = np.where((fsdp1 | fsdp2) & (n_g > 1), cast, 0.0)
+    return fwd, bwd_gather, rs
+
+
+def contended_interval_s(compute_s, phi, *streams_s):
+    """Time of one overlap interval: compute alongside communication streams (each the time of its
+    collectives in the interval). While a collective runs, its CTAs hold φ of the SMs
+    (``nccl_sm_fraction``), so compute proceeds at 1 − φ: with x = Σ streams, compute finishes at
+    c + φ·min(x, c/(1−φ)), i.e. interval = max(c + φ·Σx, max x) (exact for one stream). ASSUMPTION:
+    communication speed is not slowed by compute; the exposed collectives (first all-gather, last
+    reduce-scatter) run alone and pay nothing."""
+    x = sum(streams_s)
+    longest = streams_s[0]
+    for s_ in streams_s[1:]:
+        longest = np.maximum(longest, s_)
+    return np.maximum(compute_s + phi * x, longest)
 
 
 def gemm_efficiency(c, rates: ComputeRates):
@@ -274,25 +361,30 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=T
     ar = per_call("ar_grad", sync_den * (v["ar_grad_calls"] > 0))
     rep = per_call("ar_replica", sync_den * (v["ar_replica_calls"] > 0))
 
-    fwd = ag_f + ag_f + (L - 1) * np.maximum(cf, ag_f) + cf + head_f
+    # FSDP's copy-out after each all-gather and gradient packing before each reduce-scatter
+    # (``fsdp_copy_bytes``), per unit, on the compute stream's time
+    cp_f, cp_b_gather, cp_rs = (x / rates.hbm_bytes_per_s / units for x in fsdp_copy_bytes(c))
+    cf_u = cf + cp_f
+    phi = rates.nccl_sm_fraction
+    fwd = ag_f + ag_f + (L - 1) * contended_interval_s(cf_u, phi, ag_f) + cf_u + head_f
 
-    def backward(reduce):
+    def backward(reduce, cb_u):
         rs_, ar_, rep_ = reduce
         # AG_{i-1} and RS_{i+1} share one stream; DDP's all-reduce and HSDP's replica all-reduce
         # run on their own; the last block's and the root's reductions are exposed.
-        interval = np.maximum(np.maximum(cb, ag_b + rs_), ar_ + rep_)
-        return head_b + ag_b + (L - 1) * interval + cb + 2 * (rs_ + ar_ + rep_)
+        interval = contended_interval_s(cb_u, phi, ag_b + rs_, ar_ + rep_)
+        return head_b + ag_b + (L - 1) * interval + cb_u + 2 * (rs_ + ar_ + rep_)
 
     zero = np.zeros_like(rs)
-    bwd_sync = backward((rs, ar, rep))
-    bwd_nosync = backward((zero, zero, zero))
+    bwd_sync = backward((rs, ar, rep), cb + cp_b_gather + cp_rs)
+    bwd_nosync = backward((zero, zero, zero), cb + cp_b_gather)
     micro = syncs * (fwd + bwd_sync) + (k - syncs) * (fwd + bwd_nosync)
     opt = optimizer_step_s(c, rates)
     cpu_opt = cpu_optimizer_step_s(c, rates)
     offload = offload_transfer_s(c, rates, syncs)
     step = micro + opt + cpu_opt + offload + t["ag_post_step_s"]
 
-    compute = k * (cf_total + cb_total)
+    compute = k * (cf_total + cb_total + units * (cp_f + cp_b_gather)) + syncs * units * cp_rs
     comm_total = sum(t[f"{n}_s"] for n in COLLECTIVE_OP)
     peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
     tokens_step = tokens_mb * k
