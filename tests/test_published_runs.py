@@ -2,15 +2,17 @@
 its source, table and row).
 
 Tolerance: the predictions use nameplate coefficients only (GPU peak × measured MAMF GEMM
-efficiency, FlashAttention papers' attention efficiency, link profiles) — nothing is fitted to
-these runs. What the model does not see: kernel-launch and Python overheads, NCCL kernels
-stealing SMs and HBM bandwidth while they overlap compute, power-capped clocks (the H100 run is
-at 500 W of 700 W), un-stated networks (the A100 clusters' NICs are not published; the default
-8 HDR NICs per node is an ASSUMPTION). Every one of these makes real runs slower, so the model is
-an upper bound: the test asserts the sign (prediction ≥ 0.95 × published) and a magnitude of
-|error| ≤ 80 %. The errors are reported (pytest -s) and tabulated in docs/throughput.md; a
-calibration overlay (measured GEMM efficiency and link α/B on the user's cluster) is what is
-expected to close them.
+efficiency, FlashAttention papers' attention efficiency, link profiles, op-by-op byte counts of
+the eager element-wise kernels and FSDP's copies, NCCL's CTA share of the SMs) — nothing is
+fitted to these runs. After those mechanisms the 12 runs sit at +7 … +32 % (median +12 %, see
+docs/throughput.md); before them +15 … +64 %. What the model still does not see, each making real
+runs slower, so the model stays an upper bound: power-capped clocks (the H100 run is at 500 W of
+700 W: its +32 % is the largest error), the IBM A100 cluster's network and FSDP1 bf16 reduction
+(not published / not a knob: the fms-fsdp 13B row, +31 %), GEMM shape effects (wave quantization)
+below MAMF's best shapes, kernel-launch and Python overheads. Asserted: the sign (prediction ≥
+0.95 × published), every run within ``TOLERANCE`` = 35 % (the largest error, rounded up — a
+regression that pushes any run past it fails), and the median |error| within
+``MEDIAN_TOLERANCE`` = 15 % (the typical run, +12 % now). Errors are printed with ``pytest -s``.
 """
 
 import csv
@@ -26,7 +28,8 @@ from shardplan.throughput import compute_rates, step_time
 
 DATA = Path(__file__).parent / "data" / "published_runs.csv"
 ROWS = list(csv.DictReader(DATA.open()))
-TOLERANCE = 0.80
+TOLERANCE = 0.35
+MEDIAN_TOLERANCE = 0.15
 
 
 def predict(row: dict) -> float:
@@ -56,3 +59,10 @@ def test_published_run(row):
     print(f"\n{row['id']}: predicted {predicted:,.0f} vs published {published:,.0f} tok/s/GPU: {error:+.1%}")
     assert predicted >= 0.95 * published
     assert abs(error) <= TOLERANCE
+
+
+def test_median_error():
+    errors = sorted(abs(predict(r) / float(r["published_tokens_per_s_per_gpu"]) - 1) for r in ROWS)
+    median = errors[len(errors) // 2] if len(errors) % 2 else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
+    print(f"\nmedian |error| {median:.1%} over {len(errors)} runs, max {errors[-1]:.1%}")
+    assert median <= MEDIAN_TOLERANCE

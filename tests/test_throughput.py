@@ -83,3 +83,47 @@ def test_training_cost():
     out = training_cost(1e6, 8, 3.6e9, price_per_gpu_hour=2.0)
     assert out["time_to_train_s"] == pytest.approx(3600) and out["gpu_hours"] == pytest.approx(8)
     assert out["cost"] == pytest.approx(16)
+
+
+def test_contended_interval():
+    from shardplan.throughput import contended_interval_s
+    # compute-bound: overlapped compute pays φ × the overlapped communication time
+    assert float(contended_interval_s(1.0, 0.2, 0.5)) == pytest.approx(1.1)
+    # communication-bound: the collective hides the (stretched) compute
+    assert float(contended_interval_s(1.0, 0.2, 2.0)) == pytest.approx(2.0)
+    # φ = 0 is the old max(compute, comm); never below either
+    x = np.linspace(0, 3, 31)
+    assert np.allclose(contended_interval_s(1.0, 0.0, x), np.maximum(1.0, x))
+    assert np.all(contended_interval_s(1.0, 0.22, x, x / 2) >= np.maximum(1.0, x))
+
+
+def test_nccl_sm_fraction_from_sm_count():
+    from shardplan.throughput import NCCL_CTAS, nccl_sm_fraction
+    a100, h100 = compute_rates(parse_gpus("8xa100-80gb")), compute_rates(parse_gpus("8xh100-sxm"))
+    assert float(a100.nccl_sm_fraction) == pytest.approx(NCCL_CTAS / 108)
+    assert float(h100.nccl_sm_fraction) == pytest.approx(NCCL_CTAS / 132)
+    assert float(nccl_sm_fraction(8, 24)) == 1.0
+
+
+def test_elementwise_eager_count():
+    """RMSNorm 36 B and RoPE 20 B per element (16-bit), GQA repeat_kv, fp32 cross-entropy 42 B/V."""
+    from shardplan.throughput import elementwise_bytes_per_token
+    c, _ = run(seq_len=4096)
+    h, q, kv, i, L, V = 4096, 4096, 1024, 14336, 32, SPEC.vocab_size
+    layer = 2 * 36 * h + 20 * (q + kv) + 2 * 2 * (kv + q) + 2 * 2 * q + 6 * 2 * h + 5 * 2 * i
+    assert float(elementwise_bytes_per_token(c)) == pytest.approx(L * layer * 3 + 42 * V)
+
+
+def test_fsdp_copies_by_engine():
+    from shardplan.comm import gathered_param_bytes
+    from shardplan.throughput import fsdp_copy_bytes
+    c2, _ = run(strategy="full_shard", engine="fsdp2")
+    f, b, rs = fsdp_copy_bytes(c2)
+    blocks, root = gathered_param_bytes(c2)
+    assert float(f) == pytest.approx(2 * float(blocks + root)) and float(b) == pytest.approx(2 * float(blocks))
+    assert float(rs) == pytest.approx((2 + 4) * SPEC.total_params, rel=1e-6)   # bf16 grads → fp32 RS input
+    c1, _ = run(strategy="full_shard", engine="fsdp1")
+    f1, b1, rs1 = fsdp_copy_bytes(c1)
+    assert float(f1) == 0 and float(b1) == 0 and float(rs1) == float(rs)  # FlatParameter: cast only
+    cd, _ = run(strategy="ddp")
+    assert all(float(x) == 0 for x in fsdp_copy_bytes(cd))
