@@ -8,7 +8,9 @@ Time of one micro-batch's compute, per GPU (a roofline sum; every term below has
   for small matrices by the saturation curve the calibration harness fits
   (``shardplan/calibrate/compute.py``): eff(m) = eff_max / (1 + (m_half/m)^p);
 * attention core (flash/SDPA): FLOPs / (peak × attention efficiency) (``ATTENTION_EFFICIENCY``);
-* element-wise work (norms, RoPE, SwiGLU, residual adds, cross-entropy): bytes / HBM bandwidth.
+* element-wise work (norms, RoPE, SwiGLU, residual adds, cross-entropy), counted op by op for eager
+  torchtitan / Hugging Face kernels (``elementwise_bytes_per_token``), and FSDP's own copies around
+  its collectives (``fsdp_copy_bytes``): bytes / HBM bandwidth.
 
 FLOPs (PaLM, Chowdhery et al. 2022, App. B; torchtitan ``get_dense_model_nparams_and_flops``):
 6·N_matmul per token for forward + backward, N_matmul = block Linear weights + lm_head; attention
@@ -19,7 +21,9 @@ activation checkpointing adds one forward (8N instead of 6N); selective (Korthik
 
 Overlap (DESIGN.md §4): per micro-batch, forward Σ max(compute_i, AG_{i+1}), backward
 Σ max(compute_i, AG_{i−1} + RS_{i+1}) on one communication stream (HSDP's replica all-reduce on its
-own stream, max'ed alongside), the first all-gather and the last reduce-scatter exposed.
+own stream, max'ed alongside), the first all-gather and the last reduce-scatter exposed. Overlap is
+not free: a running collective holds φ = NCCL CTAs / SMs of the GPU, so each interval is
+max(compute + φ·overlapped comm, comm) (``contended_interval_s``).
 """
 
 from __future__ import annotations
