@@ -2,4 +2,11 @@
 
 __version__ = "0.1.0"
 
-from shardplan.sweep import pareto, sweep  # noqa: E402  (the notebook API: shardplan.sweep(...))
+
+def __getattr__(name: str):
+    # ``shardplan.sweep(...)`` and ``shardplan.pareto`` load pandas only when first used.
+    if name in ("sweep", "pareto"):
+        from shardplan import sweep as module
+
+        return module if name == "sweep" else module.pareto
+    raise AttributeError(f"module 'shardplan' has no attribute {name!r}")

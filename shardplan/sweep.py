@@ -612,3 +612,14 @@ def minimum_gpus(df: pd.DataFrame, by: str | Sequence[str] = ("model", "strategy
 
 
 __all__ = ["sweep", "pareto", "minimum_gpus", "evaluate_columns", "SUMMARY_COLUMNS", "MEMORY_COLUMNS"]
+
+
+class _CallableModule(type(sys)):
+    """Lets ``shardplan.sweep(...)`` call the function while ``from shardplan.sweep import pareto``
+    keeps working, without importing pandas when ``import shardplan`` runs."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> pd.DataFrame:
+        return sweep(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
