@@ -3,22 +3,32 @@
 Per decoder layer and per token, each term is a tensor that autograd keeps alive from forward to
 backward, at the compute dtype's width ``a`` bytes (2 for 16-bit, 4 for fp32):
 
-* norm input — LayerNorm (torch native kernel) saves its input: a·h. Hugging Face's eager
-  RMSNorm upcasts to fp32 and saves that copy (4·h) plus the normalized 16-bit tensor that the
+* norm input — LayerNorm (torch native kernel) saves its input (a·h) and its fp32 mean and rstd
+  (8 bytes). Hugging Face's eager RMSNorm upcasts to fp32 and saves that copy (4·h; in fp32 the
+  "copy" is the input itself), its fp32 rstd (4 bytes) and the normalized 16-bit tensor that the
   weight multiply saves (a·h).
 * norm output, saved by the next Linear for its weight gradient: a·h.
-* attention, SDPA/flash (DESIGN.md §4): q and k after RoPE, v, the output O and the per-head
-  log-sum-exp (fp32): a·(q + 2·kv + q) + 4·heads; the ``transpose().contiguous()`` copy of O that
-  ``o_proj`` saves: a·q.
+* attention, SDPA (flash / memory-efficient / CPU flash kernels; DESIGN.md §4): q and k after
+  RoPE, v, the output O and the per-head log-sum-exp (fp32): a·(2·q + 2·kv) + 4·heads. O is also
+  what ``o_proj`` saves: the kernels return O in (b, s, heads, d) layout, so HF's
+  ``transpose(1, 2).contiguous()`` is a no-op and no second copy exists (measured:
+  data/calibration/fsdp2_facts.json, 2712 B/token/layer = 16h + 8 + 4q + 4kv + 4·heads + 8i).
 * attention, eager (Korthikanti et al. 2022, arXiv 2205.05198, §4.1): Q and K for QKᵀ, V, the
-  softmax output (a·heads·s), and with dropout its 1-byte mask and its output (a·heads·s).
+  softmax output (a·heads·s), and with dropout its 1-byte mask and its output (a·heads·s), and
+  the ``contiguous()`` copy of the context that the output projection saves (a·q).
 * MLP, gated (SwiGLU/GeGLU): gate output, activation output, up output, their product: 4·a·i.
   Non-gated (GELU/ReLU): fc1 output and activation output: 2·a·i.
 * dropout masks (1 byte per element) after attention and after the MLP when dropout is on.
 
 Under the paper's assumptions (LayerNorm, GELU MLP with i = 4h, eager attention, dropout, a = 2)
-the sum is s·b·h·(34 + 5·a_heads·s/h), Korthikanti et al. Table 2 — pinned in
-tests/test_activations.py. Logits and the cross-entropy loss are counted separately.
+the sum is s·b·h·(34 + 5·a_heads·s/h) + the LayerNorm statistics the paper leaves out (2 norms ×
+8 bytes per token), Korthikanti et al. Table 2 — pinned in tests/test_activations.py. Logits and
+the cross-entropy loss are counted separately (``logits_forward_bytes`` / ``logits_backward_bytes``).
+
+Checkpointing (measured, torch 2.13 non-reentrant ``checkpoint``): during forward and at the start
+of backward a checkpointed block holds only its input (full AC) or the matmul/attention outputs
+(selective). Inside its own backward the block holds its recomputed full set *and* its input
+(distinct storage unless the first norm saves the input itself: fp32, or LayerNorm).
 """
 
 from __future__ import annotations
@@ -32,14 +42,22 @@ def compute_dtype_bytes(precision):
     return np.where(np.asarray(precision) == st.FP32, 4, 2)
 
 
+LAYERNORM_STATS_BYTES = 8   # fp32 mean + rstd per token (native layer_norm saves both)
+RMSNORM_STATS_BYTES = 4     # fp32 rstd per token (HF RMSNorm: x * torch.rsqrt(var + eps) saves rsqrt)
+
+
+def norm_stats_bytes_per_token(c):
+    return np.where(c.layernorm, LAYERNORM_STATS_BYTES, RMSNORM_STATS_BYTES)
+
+
 def norm_saved_bytes_per_token(c, a):
-    """What one norm saves of its input (see module docstring)."""
-    return np.where(c.layernorm, a * c.hidden_size, (4 + a) * c.hidden_size)
+    """What one norm saves of its input, plus its per-token statistics (see module docstring)."""
+    return np.where(c.layernorm, a * c.hidden_size, (4 + a) * c.hidden_size) + norm_stats_bytes_per_token(c)
 
 
 def attention_saved_bytes_per_token(c, a):
     """Attention core + projections' saved inputs, per token (the s² part of eager separately)."""
-    sdpa = a * (2 * c.q_width + 2 * c.kv_width) + 4 * c.num_heads + a * c.attn_out_width
+    sdpa = a * (2 * c.q_width + 2 * c.kv_width) + 4 * c.num_heads
     eager = a * (c.q_width + 2 * c.kv_width) + a * c.attn_out_width
     return np.where(c.attention == st.SDPA, sdpa, eager)
 
@@ -81,35 +99,79 @@ def checkpointed_layers(c):
     return np.select([c.ac == st.AC_NONE, c.ac == st.AC_EVERY_K], [0, every_k], c.num_layers)
 
 
-def block_activation_bytes(c):
-    """Saved activations of all blocks at the start of backward, for one micro-batch.
+def kept_layer_bytes_per_token(c, a):
+    """What a block holds between its forward and its backward: everything (no AC), its input
+    (full AC), or the matmul/attention outputs and its input (selective)."""
+    kept = np.where(c.ac == st.AC_SELECTIVE, selective_layer_bytes_per_token(c, a), a * c.hidden_size)
+    return kept
 
-    Checkpointed blocks keep only what the policy saves; the block being recomputed in backward
-    holds its full set again, in place of its checkpoint (so AC never exceeds no AC).
-    """
+
+def recompute_extra_bytes_per_token(c, a):
+    """Inside a checkpointed block's backward its input (kept by the checkpoint) coexists with the
+    recomputed set, unless the first norm saves that very tensor (fp32 training, or LayerNorm)."""
+    shared = c.layernorm | (a >= 4)
+    extra = np.where(shared, 0, a * c.hidden_size)
+    # selective (measured, tiny runs W=2/8, fp32 and bf16): one more h-wide tensor than full AC —
+    # the block output the policy stored (down_proj's matmul output) coexists with the recompute.
+    return extra + np.where(c.ac == st.AC_SELECTIVE, a * c.hidden_size, 0)
+
+
+def block_activation_bytes(c):
+    """Saved activations of all blocks during forward and at the start of backward, one micro-batch:
+    checkpointed blocks keep only what their policy saves (measured: the forward peak of the 7B
+    FakeTensorMode runs holds L block inputs under full AC)."""
     a = compute_dtype_bytes(c.precision)
     tokens = c.micro_batch * c.seq_len
     full = layer_bytes_per_token(c, a)
-    kept = np.where(c.ac == st.AC_SELECTIVE, selective_layer_bytes_per_token(c, a), a * c.hidden_size)
     n_ckpt = checkpointed_layers(c)
-    with_ckpt = (n_ckpt - 1) * kept + full + (c.num_layers - n_ckpt) * full
-    per_token = np.where(n_ckpt > 0, with_ckpt, c.num_layers * full)
+    per_token = n_ckpt * kept_layer_bytes_per_token(c, a) + (c.num_layers - n_ckpt) * full
     return (tokens * per_token).astype(np.int64)
 
 
-def head_activation_bytes(c):
-    """Final norm (input and output) saved before the lm_head."""
+def rope_bytes(c):
+    """RoPE cos and sin, computed once in the root and cast to the compute dtype (b·s·head_dim
+    each), saved by every block's rotary multiplies. None with learned positions."""
     a = compute_dtype_bytes(c.precision)
-    return (c.micro_batch * c.seq_len * (norm_saved_bytes_per_token(c, a) + a * c.hidden_size)).astype(np.int64)
+    return (2 * a * c.micro_batch * c.seq_len * c.rope_dim).astype(np.int64)
+
+
+def head_activation_bytes(c):
+    """Final norm (input, statistics and output) saved before the lm_head, and RoPE's cos/sin."""
+    a = compute_dtype_bytes(c.precision)
+    norm = c.micro_batch * c.seq_len * (norm_saved_bytes_per_token(c, a) + a * c.hidden_size)
+    return (norm + rope_bytes(c)).astype(np.int64)
+
+
+def logits_forward_bytes(c):
+    """Logits and loss at the forward peak (inside ``cross_entropy``'s log-softmax):
+    a·bsV logits + 4·bsV fp32 upcast (HF ``ForCausalLMLoss``: ``logits.float()``; a no-op in fp32)
+    + 4·bsV log-softmax output; plus the int64 labels HF pads and shifts (8·b·(s+1) + 8·b·s) and
+    the int64 position ids (8·s). Measured: 10 B/token/vocab entry in bf16 (fsdp2_facts.json).
+    ASSUMPTION: no chunked/fused cross-entropy (e.g. Liger)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    per_entry = a + np.where(a < 4, 4, 0) + 4
+    labels = 8 * c.micro_batch * (2 * c.seq_len + 1) + 8 * c.seq_len
+    return (tokens * c.vocab_size * per_entry + labels).astype(np.int64)
+
+
+def logits_backward_bytes(c):
+    """Logits and loss at the start of backward: the saved fp32 log-softmax output (4·bsV), and
+    while its backward runs the incoming fp32 gradient from nll_loss and its own fp32 result
+    (4 + 4)·bsV = 12·bsV. The 16-bit logits are gone by then: the model's forward (or the HF
+    Trainer's ``compute_loss``) drops them; a loop that keeps ``outputs.logits`` adds a·bsV.
+    Measured: 7B runs, backward peak Temp = 8·bsV, Activation = saved + 4·bsV."""
+    return (12 * c.micro_batch * c.seq_len * c.vocab_size).astype(np.int64)
 
 
 def logits_and_loss_bytes(c):
-    """Logits and cross-entropy at their peak, at the start of backward: (a + 12)·b·s·V.
+    """Logits and loss at their larger moment (forward or start of backward)."""
+    return np.maximum(logits_forward_bytes(c), logits_backward_bytes(c))
 
-    Hugging Face causal-LM heads return the 16-bit logits (a·bsV, held by the output), upcast them
-    with ``.float()`` and call ``cross_entropy``, whose log-softmax saves its fp32 output (4·bsV).
-    Its backward then holds the incoming gradient and its own result in fp32 (4 + 4)·bsV before the
-    saved output is freed. ASSUMPTION: no chunked/fused cross-entropy (e.g. Liger) is used.
-    """
-    a = compute_dtype_bytes(c.precision)
-    return (c.micro_batch * c.seq_len * c.vocab_size * (a + 12)).astype(np.int64)
+
+def backward_working_bytes_per_token(c, a):
+    """Activation gradients alive at a block's backward peak beyond its saved tensors, per token
+    (measured: the MLP's product backward). The block output's gradient (a·h), and for a gated MLP
+    the gradients of both factors while the product's gradient is still held and the product is
+    freed: +2·a·i; non-gated: the activation's input gradient, +a·i."""
+    return a * c.hidden_size + np.where(c.gated_mlp, 2, 1) * a * c.mlp_width

@@ -1,23 +1,31 @@
 """Transient bytes of the sharding engine itself: unsharded parameters in flight, unsharded
 gradients, all-gather and reduce-scatter buffers, DDP autocast copies, DeepSpeed buckets.
 
-Counted at the start of backward (the usual peak: all activations still held):
+FSDP (torch 2.13; measured with FSDPMemTracker, data/calibration/, docs/calibration.md):
 
-* FSDP2 (torch ``_fully_shard``; DESIGN.md §4): the unit being computed and the one prefetched
-  are unsharded in ``param_dtype`` (2 units); the prefetch's all-gather output exists while it is
-  copied out into the unsharded parameters (1 unit); the current unit's unsharded gradients
-  (param dtype) and the reduce-scatter input in ``reduce_dtype``. The root unit (embeddings,
-  final norm, lm_head) is kept unsharded from forward to backward (``reshard_after_forward`` is
-  False for the root), and its lm_head gradient is already computed. With
-  ``reshard_after_forward=False`` (SHARD_GRAD_OP) every unit stays unsharded until its backward.
-* FSDP1 (torch ``docs/source/notes/fsdp.rst``, "FSDP buffers sizes"): backward holds about 2
-  all-gather-sized and 2 reduce-scatter-sized buffers besides the current unit's gradient.
+* FSDP2 all-gathers each unit into one padded buffer (param dtype; every tensor's dim 0 padded to
+  a multiple of the shard count) and copies out into the unsharded parameters. The buffer of the
+  most recent all-gather is kept until the next unit's all-gather is waited on
+  (``comm_ctx.all_gather_state``), so one block-sized all-gather buffer is alive at the forward
+  and backward peaks, and two at once momentarily: the category's maximum is the largest pair of
+  consecutive units, max(root + block, 2·block).
+* With ``reshard_after_forward=True`` set on every unit (torchtitan, accelerate) the root
+  reshards after forward too: every unit is all-gathered twice per step. The root is gathered
+  again at the start of backward and stays unsharded (with its lm_head/final-norm gradients)
+  until its post-backward at the very end. ``reshard_after_forward=False`` (SHARD_GRAD_OP) keeps
+  every unit unsharded from its forward to its backward.
+* Reduce-scatter input: one unit's gradients in ``reduce_dtype``, kept until the next unit's
+  reduce-scatter (``reduce_scatter_state``): a block's while the next block computes; the
+  category's maximum is the largest unit (the root when the vocabulary is large).
+* Unsharded gradients are in the param dtype; their maximum is the largest unit.
+* FSDP1 all-gathers straight into the unsharded flat parameter (no separate buffer) and keeps the
+  root unsharded after forward (5 all-gathers for 3 units).
 * DDP under autocast: the 16-bit weight copies that matmuls saved for backward (all of them).
 * DeepSpeed ZeRO-3: one gathered module's 16-bit params and grads, 4·L (its estimator's term);
   ZeRO-1/2: the 16-bit reduce bucket (``reduce_bucket_size`` 5e8 elements, DeepSpeed config docs).
 
 ASSUMPTION: the reduce dtype is fp32 under mixed precision (torchtitan's and FSDP1 recipes'
-choice); the largest unit is a decoder block.
+choice); the largest block is the block unit.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import numpy as np
 
 from shardplan import strategy as st
 from shardplan.activations import compute_dtype_bytes
-from shardplan.model_states import NF4_BYTES_PER_PARAM
+from shardplan.model_states import NF4_BYTES_PER_PARAM, padded_unit_elements
 
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 
@@ -48,28 +56,47 @@ def trainable_fraction(c):
     return np.where(c.method == st.FULL, 1.0, c.lora_params / c.total_params)
 
 
-def engine_buffers(c):
-    """Per-GPU transient engine bytes at the start of backward, by term."""
+def fsdp_units(c, n_p):
+    """Sizes FSDP's transient terms are made of (bytes; 0 for other engines), see module docstring."""
     a = compute_dtype_bytes(c.precision)
     r = reduce_dtype_bytes(c.precision)
     w = unsharded_block_bytes_per_param(c)
     trainable = trainable_fraction(c)
-    unit = c.unit_params
+    full = c.method == st.FULL
+    fsdp = (c.engine != st.DEEPSPEED) & (c.strategy != st.DDP)
+    fsdp2 = fsdp & (c.engine == st.FSDP2)
+    n = np.maximum(n_p, 1)
+    root_elems = np.where(fsdp2, padded_unit_elements(c, n, "root"), n * -(-c.root_params // n))
+    block_elems = np.where(fsdp2, padded_unit_elements(c, n, "block"), n * -(-c.unit_params // n))
+    sharded = fsdp & (n > 1)
+    keep = fsdp & ((c.strategy == st.SHARD_GRAD_OP) | (c.strategy == st.HYBRID_SHARD_ZERO2))
+    root_w = np.where(full, a, 2)
+    out = dict(
+        root_unsharded=np.where(fsdp, root_elems * root_w, 0),
+        block_unsharded=np.where(fsdp, block_elems * w, 0),
+        all_gather_block=np.where(fsdp2 & sharded, block_elems * w, 0),
+        all_gather_root=np.where(fsdp2 & sharded, root_elems * root_w, 0),
+        reduce_scatter_block=np.where(sharded, block_elems * trainable * r, 0),
+        reduce_scatter_root=np.where(sharded & full, root_elems * r, 0),
+        # gradients take the parameters' own (unpadded) shapes (measured: tiny W=64 runs)
+        unsharded_grads_root=np.where(fsdp & full, c.root_params * a, 0),
+        unsharded_grads_block=np.where(fsdp, c.unit_params * trainable * a, 0),
+        # root gradients held through backward: lm_head (or the tied embedding) and final norm
+        root_grads=np.where(fsdp & full, (c.vocab_size * c.hidden_size + c.hidden_size) * a, 0),
+        # the first weight gradient of a block's backward: down_proj (h x i)
+        first_block_grad=np.where(fsdp, c.hidden_size * c.mlp_width * a * trainable, 0),
+    )
+    out = {k: np.asarray(np.ceil(v), dtype=np.int64) for k, v in out.items()}
+    out["keep_unsharded"] = keep
+    out["fsdp"] = fsdp
+    return out
+
+
+def engine_buffers(c):
+    """Per-GPU transient bytes of DDP and DeepSpeed (FSDP's are moment-dependent: ``fsdp_units``)."""
+    trainable = trainable_fraction(c)
     ds = c.engine == st.DEEPSPEED
     ddp = c.strategy == st.DDP
-    fsdp = ~ds & ~ddp
-    keep_unsharded = (c.strategy == st.SHARD_GRAD_OP) | (c.strategy == st.HYBRID_SHARD_ZERO2)
-    blocks = c.total_params - c.root_params
-
-    in_flight_units = np.where(keep_unsharded, blocks / np.maximum(unit, 1) + 1, 2)
-    unsharded_params = np.where(fsdp, in_flight_units * unit * w, 0)
-    fsdp1 = c.engine == st.FSDP1
-    all_gather = np.where(fsdp & ~keep_unsharded, np.where(fsdp1, unit * a, unit * w), 0)
-    unsharded_grads = np.where(fsdp, unit * trainable * a, 0)
-    reduce_scatter = np.where(fsdp, np.where(fsdp1, 2, 1) * unit * trainable * r, 0)
-    root_unsharded = np.where(fsdp, c.root_params * np.where(c.method == st.FULL, a, 2), 0)
-    root_grads = np.where(fsdp & (c.method == st.FULL), c.vocab_size * c.hidden_size * a, 0)  # frozen under PEFT
-
     autocast = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
     autocast_copies = np.where(ddp & ~ds & autocast & (c.method == st.FULL),
                                c.total_params * 2, 0)
@@ -79,12 +106,6 @@ def engine_buffers(c):
     qlora_dequant = np.where(c.method == st.QLORA, 2 * c.hidden_size * c.mlp_width, 0)
 
     terms = {
-        "unsharded_params": unsharded_params,
-        "all_gather_buffers": all_gather,
-        "unsharded_grads": unsharded_grads,
-        "reduce_scatter_buffers": reduce_scatter,
-        "root_unsharded": root_unsharded,
-        "root_grads": root_grads,
         "autocast_weight_copies": autocast_copies,
         "gathered_params": gathered,
         "comm_buckets": ds_bucket,

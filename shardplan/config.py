@@ -45,8 +45,15 @@ class TrainingConfig(BaseModel):
 MODEL_FIELDS = (
     "total_params", "root_params", "unit_params", "largest_module_params", "num_layers", "hidden_size",
     "vocab_size", "q_width", "kv_width", "attn_out_width", "num_heads", "mlp_width", "gated_mlp",
-    "layernorm", "tied_embeddings", "lora_params", "quantizable_params",
-)
+    "layernorm", "tied_embeddings", "lora_params", "quantizable_params", "param_tensors", "rope_dim",
+) + tuple(f"pad_{what}_{k}" for what in ("dim0", "model", "root", "block") for k in range(6))
+
+# Per-tensor padding (FSDP2 pads each tensor's dim 0 to a multiple of the shard count) needs the
+# tensors. They are summarised per model as up to PAD_GROUPS distinct dim-0 sizes with, for each,
+# the elements per dim-0 row summed over the tensors that share it (whole model, root unit, largest
+# block): padded elements per rank = sum_k ceil(dim0_k / N) * cols_k. dim0 = 0 marks a group kept
+# unpadded (tensors beyond the first PAD_GROUPS - 1 sizes, and Columns built without shapes).
+PAD_GROUPS = 6
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,33 @@ class Columns:
     tied_embeddings: np.ndarray
     lora_params: np.ndarray          # adapters over the whole model at the configured rank
     quantizable_params: np.ndarray   # block Linear weights (QLoRA's 4-bit part)
+    rope_dim: np.ndarray             # RoPE cos/sin width (head_dim; 0 with learned positions)
+    param_tensors: np.ndarray        # parameter tensors in the model (per-tensor optimizer state, e.g. Adam's step)
+    # padding groups (see PAD_GROUPS): dim-0 sizes and elements per row for model / root / largest block
+    pad_dim0_0: np.ndarray
+    pad_dim0_1: np.ndarray
+    pad_dim0_2: np.ndarray
+    pad_dim0_3: np.ndarray
+    pad_dim0_4: np.ndarray
+    pad_dim0_5: np.ndarray
+    pad_model_0: np.ndarray
+    pad_model_1: np.ndarray
+    pad_model_2: np.ndarray
+    pad_model_3: np.ndarray
+    pad_model_4: np.ndarray
+    pad_model_5: np.ndarray
+    pad_root_0: np.ndarray
+    pad_root_1: np.ndarray
+    pad_root_2: np.ndarray
+    pad_root_3: np.ndarray
+    pad_root_4: np.ndarray
+    pad_root_5: np.ndarray
+    pad_block_0: np.ndarray
+    pad_block_1: np.ndarray
+    pad_block_2: np.ndarray
+    pad_block_3: np.ndarray
+    pad_block_4: np.ndarray
+    pad_block_5: np.ndarray
     # cluster
     world_size: np.ndarray
     gpus_per_node: np.ndarray
@@ -96,6 +130,7 @@ class Columns:
     @classmethod
     def build(cls, **values: Any) -> "Columns":
         names = [f.name for f in fields(cls)]
+        values = {**_shape_defaults(values), **values}
         missing = sorted(set(names) - set(values))
         if missing:
             raise TypeError(f"Columns.build missing {missing}")
@@ -105,6 +140,53 @@ class Columns:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.total_params.shape
+
+
+def _shape_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """Columns built from counts alone (no tensor shapes): every unit is one unpadded group, and a
+    Llama-style tensor count (root: embedding, final norm, lm_head; block: 7 Linears + 2 norms)."""
+    if "total_params" not in values:
+        return {}
+    out: dict[str, Any] = {f"pad_{w}_{k}": 0 for w in ("dim0", "model", "root", "block") for k in range(PAD_GROUPS)}
+    out.update({k: v for k, v in dict(pad_model_0=values["total_params"], pad_root_0=values.get("root_params", 0),
+               pad_block_0=values.get("unit_params", 0),
+               param_tensors=3 + 9 * np.asarray(values.get("num_layers", 1)),
+               rope_dim=np.asarray(values.get("q_width", 0)) // np.maximum(np.asarray(values.get("num_heads", 1)), 1)).items()})
+    if "pad_dim0_0" in values:
+        out = {k: v for k, v in out.items() if not k.startswith("pad_")}
+    return out
+
+
+def padding_groups(spec: ModelSpec) -> dict[str, int]:
+    """The ``pad_*`` fields of one ModelSpec (see PAD_GROUPS) from ``spec.parameter_shapes()``."""
+    import math
+
+    shapes = spec.parameter_shapes()
+    largest = max((k for k in shapes if k != "root"), key=lambda k: sum(math.prod(t) for t in shapes[k]))
+    model: dict[int, int] = {}
+    for unit in shapes.values():
+        for t in unit:
+            model[t[0]] = model.get(t[0], 0) + math.prod(t[1:])
+    kept = sorted(model, key=lambda d: -d * model[d])[:PAD_GROUPS - 1]
+    slot = {d: i for i, d in enumerate(kept)}
+    out = {f"pad_{w}_{k}": 0 for w in ("dim0", "model", "root", "block") for k in range(PAD_GROUPS)}
+    for d, i in slot.items():
+        out[f"pad_dim0_{i}"] = d
+    rest = PAD_GROUPS - 1
+
+    def add(what: str, tensors) -> None:
+        for t in tensors:
+            if t[0] in slot:
+                out[f"pad_{what}_{slot[t[0]]}"] += math.prod(t[1:])
+            else:  # unpadded remainder group: dim0 = 0, elements counted whole
+                out[f"pad_{what}_{rest}"] += math.prod(t)
+
+    for unit in shapes.values():
+        add("model", unit)
+    add("root", shapes["root"])
+    add("block", shapes[largest])
+    out["param_tensors"] = sum(len(u) for u in shapes.values())
+    return out
 
 
 def model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-linear") -> dict[str, int]:
@@ -122,6 +204,8 @@ def model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-
         gated_mlp=spec.gated_mlp, layernorm=spec.norm == "layernorm", tied_embeddings=spec.tie_word_embeddings,
         lora_params=spec.num_layers * lora_params_per_block(spec, lora_rank, lora_targets),
         quantizable_params=block_linear_params(spec),
+        rope_dim=0 if spec.learned_position_embeddings else (spec.mla.qk_rope_head_dim if spec.mla else spec.resolved_head_dim),
+        **padding_groups(spec),
     )
 
 

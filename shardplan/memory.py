@@ -1,13 +1,22 @@
 """Per-GPU and per-node memory: every term, the peak, and whether it fits.
 
-The peak is the larger of two moments of a training step:
+The peak is the largest of the moments of a training step (measured with torch's FSDPMemTracker;
+docs/calibration.md, data/calibration/predicted_vs_measured.md):
 
-* start of backward — persistent states + saved activations + logits/loss + engine buffers
-  (+ gradients already accumulated when ``grad_accum > 1``);
+* forward (inside the loss): persistent states + all blocks' saved activations + logits with
+  their fp32 upcast and log-softmax + the root's unsharded params + the last all-gather buffer
+  (SHARD_GRAD_OP: every unit unsharded);
+* start of backward (the loss's backward): the same, with the logits' backward (12·bsV) instead;
+* inside a block's backward (block k, at its MLP's product backward): states + the sharded
+  gradients of the blocks already reduced + the previous block's reduce-scatter input + root and
+  block k unsharded + the next block's prefetched all-gather + root gradients + the saved
+  activations of blocks ≤ k (block k recomputed in full under AC) + activation gradients. Linear
+  in k apart from the buffers at the ends, so its maximum is at k ∈ {0, 1, L-2, L-1};
 * optimizer step — persistent states + full gradients + the optimizer's temporaries.
 
 The breakdown reported is the one of the moment that is the peak, so its terms add up to
-``peak_allocated_bytes`` exactly. Each term comes from one function; see docs/formulas.md.
+``peak_allocated_bytes`` exactly; ``peak_moment`` codes the moment (``PEAK_MOMENTS``). Each term
+comes from one function; see docs/formulas.md.
 """
 
 from __future__ import annotations
@@ -15,9 +24,13 @@ from __future__ import annotations
 import numpy as np
 
 from shardplan import strategy as st
-from shardplan.activations import block_activation_bytes, head_activation_bytes, logits_and_loss_bytes
-from shardplan.buffers import engine_buffers, optimizer_step_temporaries
-from shardplan.model_states import NF4_BYTES_PER_PARAM, model_states
+from shardplan.activations import (
+    backward_working_bytes_per_token, block_activation_bytes, checkpointed_layers, compute_dtype_bytes,
+    head_activation_bytes, kept_layer_bytes_per_token, layer_bytes_per_token, logits_backward_bytes,
+    logits_forward_bytes, recompute_extra_bytes_per_token, rope_bytes,
+)
+from shardplan.buffers import engine_buffers, fsdp_units, optimizer_step_temporaries
+from shardplan.model_states import NF4_BYTES_PER_PARAM, fsdp1_shard_elements, model_states, padded_shard_elements
 from shardplan.overheads import (
     CUDA_CONTEXT_BYTES, FRAGMENTATION, HOST_PROCESS_BYTES, non_torch_device_bytes, reserved_bytes,
 )
@@ -29,6 +42,8 @@ BUFFER_TERMS = ("unsharded_params", "all_gather_buffers", "unsharded_grads", "re
                 "root_unsharded", "root_grads", "autocast_weight_copies", "gathered_params", "comm_buckets",
                 "qlora_dequant", "optimizer_step_temporaries")
 BREAKDOWN_TERMS = STATE_TERMS + ACTIVATION_TERMS + BUFFER_TERMS
+PEAK_MOMENTS = ("forward", "backward", "optimizer_step")   # codes of ``peak_moment``
+FORWARD, BACKWARD, OPTIMIZER_STEP = 0, 1, 2
 
 
 def deepspeed_estimator_host_bytes(total_params, largest_module_params, gpus_per_node, nodes, strategy, offload,
@@ -72,37 +87,110 @@ def host_bytes_per_node(c, host_offloaded):
                        c.quantizable_params * NF4_BYTES_PER_PARAM + 2 * (c.total_params - c.quantizable_params),
                        2 * c.total_params)
     ours = c.gpus_per_node * HOST_PROCESS_BYTES + np.maximum(loading, c.gpus_per_node * host_offloaded)
+    is_ds = c.engine == st.DEEPSPEED
+    if not np.any(is_ds):  # the estimator only matters for DeepSpeed rows
+        return np.asarray(ours, dtype=np.int64)
     nodes = np.maximum(c.world_size // np.maximum(c.gpus_per_node, 1), 1)
     ds = deepspeed_estimator_host_bytes(c.total_params, c.largest_module_params, c.gpus_per_node, nodes,
                                         c.strategy, c.offload)
-    return np.where(c.engine == st.DEEPSPEED, ds, ours).astype(np.int64)
+    return np.where(is_ds, ds, ours).astype(np.int64)
 
 
-def estimate_memory(c, *, fragmentation=FRAGMENTATION, cuda_context_bytes=CUDA_CONTEXT_BYTES):
-    """All memory columns for the configurations in ``c`` (a ``Columns``)."""
-    states = model_states(c)
-    _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
-    activations = block_activation_bytes(c) + head_activation_bytes(c)
-    logits = logits_and_loss_bytes(c)
-    buffers = engine_buffers(c)
+def _block_backward(c, k, states, units, n_g, grads_held):
+    """Terms inside block k's backward (FSDP engines; zeros elsewhere). See the module docstring."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    L = c.num_layers
+    fsdp = units["fsdp"]
+    full = c.method == st.FULL
+    g_bytes = np.where(states["grads"] > 0, 1, 0)  # offloaded grads: none on the device
+    fsdp1 = c.engine == st.FSDP1
+    block_shard = np.where(fsdp1, fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1)),
+                           padded_shard_elements(c, n_g, "block") * np.maximum(n_g, 1) // np.maximum(n_g, 1))
+    block_shard = np.where(fsdp1, block_shard // np.maximum(L, 1), padded_shard_elements(c, n_g, "block"))
+    per_block_grad = np.where(full, block_shard * np.where(c.precision == st.BF16_PURE, 2, 4),
+                              states["grads"] // np.maximum(L, 1)) * g_bytes
+    reduced = np.where(grads_held > 0, 0, (L - 1 - k) * per_block_grad)
+    full_layer = layer_bytes_per_token(c, a)
+    n_ckpt = checkpointed_layers(c)
+    kept_avg = (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * full_layer) / np.maximum(L, 1)
+    extra = np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0)
+    acts = np.ceil(tokens * (k * kept_avg + full_layer + extra)).astype(np.int64) + rope_bytes(c)
+    keep = units["keep_unsharded"]
+    return {
+        "grads": grads_held + np.where(fsdp, reduced, 0),
+        # saved tensors of blocks <= k, and the activation gradients in flight in block k
+        "activations": np.where(fsdp, acts + tokens * backward_working_bytes_per_token(c, a), 0),
+        "unsharded_params": units["block_unsharded"] * np.where(keep, k + 1, 1),
+        "all_gather_buffers": np.where((k >= 1) & ~keep, units["all_gather_block"], 0),
+        "unsharded_grads": units["first_block_grad"],
+        "reduce_scatter_buffers": np.where(k < L - 1, units["reduce_scatter_block"], 0),
+        "root_unsharded": units["root_unsharded"],
+        "root_grads": units["root_grads"],
+    }
+
+
+def estimate_memory(c, *, fragmentation=FRAGMENTATION, cuda_context_bytes=CUDA_CONTEXT_BYTES,
+                    optimizer_step_on_device=False):
+    """All memory columns for the configurations in ``c`` (a ``Columns``).
+
+    ``optimizer_step_on_device``: count Adam's per-tensor ``step`` scalars in device memory (CPU
+    runs, or fused/capturable Adam); torch's default on CUDA keeps them on the host.
+    """
+    states = model_states(c, optimizer_step_on_device=optimizer_step_on_device)
+    n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    units = fsdp_units(c, n_p)
+    fsdp = units["fsdp"]
+    keep = units["keep_unsharded"]
+    saved = block_activation_bytes(c) + head_activation_bytes(c)
+    other = engine_buffers(c)
     step_temps = optimizer_step_temporaries(c, n_o)
+    L = c.num_layers
 
     persistent = states["params"] + states["grad_buckets"] + states["master_params"] + states["optimizer_states"]
     grads_held = np.where(c.grad_accum > 1, states["grads"], 0)
-    at_backward = persistent + grads_held + activations + logits + sum(buffers.values())
-    at_step = persistent + states["grads"] + step_temps
-    backward_is_peak = at_backward >= at_step
+    zero = np.zeros(np.broadcast(persistent, saved).shape, dtype=np.int64)
+    # blocks unsharded outside their own computation: none (full_shard) or all (SHARD_GRAD_OP)
+    blocks_held = np.where(keep, L * units["block_unsharded"], 0)
+    common = {name: other[name] for name in other}
+    forward = dict(common, grads=grads_held, activations=saved, logits_and_loss=logits_forward_bytes(c),
+                   unsharded_params=blocks_held, all_gather_buffers=units["all_gather_block"],
+                   root_unsharded=units["root_unsharded"])
+    start_bw = dict(common, grads=grads_held, activations=saved, logits_and_loss=logits_backward_bytes(c),
+                    unsharded_params=blocks_held, all_gather_buffers=np.where(keep, 0, units["all_gather_block"]),
+                    root_unsharded=units["root_unsharded"])
+    moments = [forward, start_bw]
+    any_fsdp = bool(np.any(fsdp))
+    if any_fsdp:
+        for k in (0, 1, L - 2, L - 1):
+            kk = np.clip(k, 0, np.maximum(L - 1, 0))
+            moments.append(dict(common, **_block_backward(c, kk, states, units, n_g, grads_held)))
+    step = dict(grads=states["grads"], optimizer_step_temporaries=step_temps)
 
-    def at_peak(backward_value, step_value):
-        return np.where(backward_is_peak, backward_value, step_value).astype(np.int64)
+    def total(m):
+        return sum((m.get(name, 0) for name in ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)), zero) + persistent
+
+    totals = [total(m) for m in moments]
+    # the largest of the backward moments (start of backward, inside block k's backward)
+    best_bw = np.zeros_like(totals[1], dtype=np.int64) + 1
+    bw_total = totals[1]
+    for i in range(2, len(totals)):
+        better = totals[i] > bw_total
+        best_bw = np.where(better, i, best_bw)
+        bw_total = np.maximum(bw_total, totals[i])
+    fw_total = totals[0]
+    step_total = total(step)
+    moment = np.where(fw_total > bw_total, FORWARD, BACKWARD)
+    moment = np.where(step_total > np.maximum(fw_total, bw_total), OPTIMIZER_STEP, moment).astype(np.int8)
+    which = np.where(moment == FORWARD, 0, np.where(moment == BACKWARD, best_bw, -1))
 
     out = {name: states[name] for name in ("params", "grad_buckets", "master_params", "optimizer_states")}
-    out["grads"] = at_peak(grads_held, states["grads"])
-    out["activations"] = at_peak(activations, 0)
-    out["logits_and_loss"] = at_peak(logits, 0)
-    for name, value in buffers.items():
-        out[name] = at_peak(value, 0)
-    out["optimizer_step_temporaries"] = at_peak(0, step_temps)
+    for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS:
+        value = np.where(moment == OPTIMIZER_STEP, step.get(name, 0), 0)
+        for i, m in enumerate(moments):
+            if name in m:
+                value = np.where(which == i, m[name], value)
+        out[name] = np.asarray(value, dtype=np.int64) + zero
 
     peak_allocated = sum(out[name] for name in BREAKDOWN_TERMS)
     peak_reserved = reserved_bytes(peak_allocated, fragmentation)
@@ -116,11 +204,18 @@ def estimate_memory(c, *, fragmentation=FRAGMENTATION, cuda_context_bytes=CUDA_C
         device_total_bytes=device_total,
         gpu_memory_bytes=c.gpu_memory_bytes,
         headroom_bytes=c.gpu_memory_bytes - device_total,
-        model_state_bytes=(persistent + states["grads"] + buffers["gathered_params"]),
+        model_state_bytes=(persistent + states["grads"] + other["gathered_params"]),
         host_offloaded_bytes_per_gpu=states["host_offloaded"],
         host_bytes_per_node=host,
         host_ram_bytes_per_node=c.host_ram_bytes_per_node,
-        peak_phase=np.where(backward_is_peak, "backward", "optimizer_step"),
+        forward_peak_bytes=fw_total + zero,
+        backward_peak_bytes=bw_total + zero,
+        optimizer_step_peak_bytes=step_total + zero,
+        peak_moment=moment,
+        backward_is_peak=moment != OPTIMIZER_STEP,
+        # kept for fit.py / sweep.py (they read a string / compare with "backward"); the forward
+        # moment is reported under "backward" there until they read ``peak_moment``.
+        peak_phase=np.where(moment == OPTIMIZER_STEP, "optimizer_step", "backward"),
         valid=st.is_valid(c.strategy, c.engine) & valid_offload(c) & valid_method(c),
     )
     out["fits_gpu"] = device_total <= c.gpu_memory_bytes

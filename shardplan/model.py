@@ -238,6 +238,77 @@ class ModelSpec(BaseModel):
             candidates.append(h * width + (width if self.qkv_bias else 0))
         return max(candidates)
 
+    # --- parameter tensors (FSDP units) ---------------------------------------------------------
+    def block_parameter_shapes(self, moe_block: bool = False) -> tuple[tuple[int, ...], ...]:
+        """Shapes of one decoder block's parameter tensors, ``nn.Linear`` layout (out, in).
+
+        FSDP2 shards every tensor on dim 0 and pads dim 0 up to a multiple of the shard count, and
+        optimizers keep per-tensor state (Adam's ``step``): both need the tensors, not the counts.
+        ASSUMPTION: GPT-2's ``Conv1D`` (in, out) layout is not mirrored (the calibration harness and
+        most ports use ``nn.Linear``); MoE expert banks are one (E, out, in) tensor per projection.
+        """
+        h, q, kv, o = self.hidden_size, self.q_width, self.kv_width, self.attn_out_width
+        shapes: list[tuple[int, ...]] = []
+        norm = [(h,), (h,)] if self.norm == "layernorm" else [(h,)]
+        if self.mla:
+            m = self.mla
+            if m.q_lora_rank:
+                shapes += [(m.q_lora_rank, h), (m.q_lora_rank,), (q, m.q_lora_rank)]
+            else:
+                shapes.append((q, h))
+            shapes += [(m.kv_lora_rank + m.qk_rope_head_dim, h), (m.kv_lora_rank,),
+                       (self.num_heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), (h, o)]
+        elif self.family in ("gpt2", "falcon"):
+            shapes.append((q + 2 * kv, h))
+            if self.qkv_bias:
+                shapes.append((q + 2 * kv,))
+            shapes.append((h, o))
+        else:
+            shapes += [(q, h), (kv, h), (kv, h)]
+            if self.qkv_bias:
+                shapes += [(q,), (kv,), (kv,)]
+            shapes.append((h, o))
+        if self.out_proj_bias:
+            shapes.append((h,))
+
+        def mlp(width: int, banks: int | None = None) -> list[tuple[int, ...]]:
+            lead = (banks,) if banks else ()
+            ups = 2 if self.gated_mlp else 1
+            out = [lead + (width, h)] * ups + [lead + (h, width)]
+            if self.mlp_bias:
+                out += [lead + (width,)] * ups + [lead + (h,)]
+            return out
+
+        if moe_block and self.moe:
+            moe = self.moe
+            shapes.append((moe.num_experts, h))  # router
+            shapes += mlp(moe.intermediate_size, moe.num_experts)
+            if moe.shared_experts:
+                shapes += mlp(moe.shared_experts * moe.intermediate_size)
+        else:
+            shapes += mlp(self.intermediate_size)
+        shapes += norm * self.norms_per_block
+        return tuple(shapes)
+
+    def root_parameter_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The root unit's tensors: token embedding, learned positions, final norm, untied lm_head."""
+        h = self.hidden_size
+        shapes: list[tuple[int, ...]] = [(self.vocab_size, h)]
+        if self.learned_position_embeddings:
+            shapes.append((self.max_position_embeddings + self.position_embedding_offset, h))
+        shapes += [(h,), (h,)] if self.norm == "layernorm" else [(h,)]
+        if not self.tie_word_embeddings:
+            shapes.append((self.vocab_size, h))
+        return tuple(shapes)
+
+    def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """Parameter tensor shapes per FSDP unit: ``root`` and ``block0`` ... ``block{L-1}``."""
+        dense = self.num_layers - self.num_moe_blocks
+        out = {"root": self.root_parameter_shapes()}
+        for i in range(self.num_layers):
+            out[f"block{i}"] = self.block_parameter_shapes(moe_block=i >= dense)
+        return out
+
     # --- MoE ------------------------------------------------------------------------------------
     @property
     def routed_experts_params(self) -> int:

@@ -89,7 +89,54 @@ def zero_paper_model_state_bytes(params, world_size, stage, k=12):
     return 2 * params / p_shard + 2 * params / g_shard + k * params / o_shard
 
 
-def model_states(c):
+PAD_GROUPS = 6
+ADAM_STEP_BYTES = 4  # torch.optim.Adam/AdamW ``state["step"]``: one fp32 scalar tensor per parameter tensor
+
+
+def padded_shard_elements(c, n, unit="model"):
+    """Elements one rank holds of ``unit`` ("model", "root", "block") sharded over ``n`` ranks the
+    FSDP2 way: each tensor's dim 0 is padded up to a multiple of n and split evenly, so a rank holds
+    ceil(dim0 / n) rows of every tensor (torch ``_fully_shard/_fsdp_param.py``; measured:
+    fsdp2_facts.json ``sharded_param_over_padded_total_fp32_div_W`` = 1, and the tiny W=64 runs
+    where the k/v projections' 32 rows pad to 64). Rank 0 holds the largest shard; the harness
+    reports it. The ``pad_*`` columns are described in ``shardplan.config.PAD_GROUPS``."""
+    n = np.maximum(np.asarray(n), 1)
+    total = 0
+    for k in range(PAD_GROUPS):
+        dim0 = getattr(c, f"pad_dim0_{k}")
+        cols = getattr(c, f"pad_{unit}_{k}")
+        rows = -(-dim0 // n)
+        total = total + np.where(dim0 > 0, rows * cols, -(-cols // n))
+    return np.asarray(total, dtype=np.int64)
+
+
+def padded_unit_elements(c, n, unit):
+    """A unit's unsharded (all-gathered) elements, padding included: n × the per-rank shard."""
+    return np.maximum(np.asarray(n), 1) * padded_shard_elements(c, n, unit)
+
+
+def fsdp1_shard_elements(c, n):
+    """FSDP1 (``use_orig_params=False``): one flat parameter per unit (root + each block), padded
+    as a whole to a multiple of n: a rank holds ceil(unit / n) of each."""
+    n = np.maximum(np.asarray(n), 1)
+    blocks = c.total_params - c.root_params
+    per_block = -(-blocks // np.maximum(c.num_layers, 1))
+    return (-(-c.root_params // n) + c.num_layers * -(-per_block // n)).astype(np.int64)
+
+
+def optimizer_step_tensor_bytes(c, on_device=False):
+    """Adam's per-tensor ``step`` (4 bytes each). torch keeps it on the CPU unless the optimizer is
+    ``fused`` or ``capturable`` (``optim/adam.py`` ``_init_group``), so on CUDA it is host memory:
+    counted only when ``on_device`` (the CPU harness, or fused/capturable Adam). Tensors the
+    optimizer sees: FSDP2/DDP every parameter; FSDP1 (``use_orig_params=False``) one flat
+    parameter per unit. LoRA/QLoRA adapters: 2 tensors per adapted Linear (not tracked; 0)."""
+    fsdp1 = c.engine == st.FSDP1
+    tensors = np.where(fsdp1, c.num_layers + 1, c.param_tensors)
+    adam = (c.optimizer == st.ADAMW) & (c.method == st.FULL) & (c.engine != st.DEEPSPEED)
+    return np.where(adam & np.asarray(on_device), ADAM_STEP_BYTES * tensors, 0).astype(np.int64)
+
+
+def model_states(c, optimizer_step_on_device=False):
     """Per-GPU bytes of params, grads, master copy and optimizer states, plus what is offloaded.
 
     Returns a dict of int64 arrays: ``params``, ``grads``, ``grad_buckets``, ``master_params``,
@@ -118,6 +165,12 @@ def model_states(c):
 
     params = _floor(trainable * p_bytes, n_p) + _floor(frozen_bytes, n_p)
     grads = _floor(trainable * g_bytes, n_g)
+    # FSDP shards per tensor (FSDP2) or per flat unit (FSDP1), padded: exact per-rank bytes.
+    full_fsdp = fsdp & (c.method == st.FULL)
+    fsdp1 = c.engine == st.FSDP1
+    shard_p = np.where(fsdp1, fsdp1_shard_elements(c, n_p), padded_shard_elements(c, n_p))
+    shard_g = np.where(fsdp1, fsdp1_shard_elements(c, n_g), padded_shard_elements(c, n_g))
+    shard_o = np.where(fsdp1, fsdp1_shard_elements(c, n_o), padded_shard_elements(c, n_o))
     master = _floor(trainable * m_bytes, n_o)
     # States split the same way are floored once as a group, as DeepSpeed's estimators do
     # (int(18Ψ/N)); the optimizer term takes the remainder so the group total is exact.
@@ -126,6 +179,10 @@ def model_states(c):
     group_bytes = np.where(same_p, p_bytes, 0) + np.where(same_g, g_bytes, 0) + m_bytes + o_bytes
     group = _floor(trainable * group_bytes, n_o)
     optimizer = group - np.where(same_p, _floor(trainable * p_bytes, n_p), 0) - np.where(same_g, grads, 0) - master
+    params = np.where(full_fsdp, shard_p * p_bytes, params)
+    grads = np.where(full_fsdp, shard_g * g_bytes, grads)
+    optimizer = np.where(full_fsdp, np.ceil(shard_o * o_bytes).astype(np.int64), optimizer)
+    optimizer = optimizer + optimizer_step_tensor_bytes(c, optimizer_step_on_device)
     grad_buckets = np.where((c.strategy == st.DDP) & ~ds, trainable * g_bytes, 0)
 
     # Offload: FSDP's CPUOffloadPolicy moves sharded params, grads and optimizer to the host;

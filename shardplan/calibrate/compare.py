@@ -1,0 +1,248 @@
+"""Predicted vs measured: hold shardplan's memory model against the harness's records, category by
+category. No torch import: it reads committed JSONL records (``data/calibration/*.jsonl``).
+
+Each record's configuration (model + tiny dimensions, world size, strategy, engine, param/reduce
+dtype, AC, optimizer, micro-batch, sequence length, CPU offload) becomes one row of ``Columns``;
+``estimate_memory`` predicts, and ``compare_records`` returns a tidy table: configuration,
+category, predicted bytes, measured bytes, relative error.
+
+Harness specifics (stated, not fitted):
+
+* The CPU harness is one memory pool: Adam's per-tensor ``step`` scalars (CPU tensors under
+  torch's default on CUDA) are on the measured device, so the prediction counts them
+  (``optimizer_step_on_device=True``). CPU offload on a CPU-only run moves nothing: it is
+  predicted as no offload.
+* The tracker also counts the step's inputs (input ids and labels: 2·8·b·s bytes) and the model's
+  buffers (Llama: RoPE ``inv_freq``, head_dim/2 fp32; the GPT-2-style harness model: a P×P bool
+  causal mask per block); they are added to the phase and total peaks.
+* FSDP1 records come from the generic ``MemTracker`` (``use_orig_params=False``): "Parameter"
+  holds the sharded flat parameters plus every unit's unsharded flat storage once gathered (its
+  storage is freed by ``resize_(0)``, which the tracker does not see), "Gradient" the largest
+  unit's unsharded gradient. All-gather/reduce-scatter/unsharded categories do not exist there.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from shardplan import strategy as st
+from shardplan.config import Columns, model_values
+from shardplan.memory import estimate_memory
+from shardplan.model import ModelSpec
+from shardplan.model_states import model_states
+from shardplan.buffers import fsdp_units
+from shardplan.models import resolve_model
+
+CATEGORIES = ("params_sharded", "grads_sharded", "optimizer", "all_gather_buffers", "reduce_scatter_buffers",
+              "unsharded_params", "unsharded_grads", "activations", "forward_peak", "backward_peak", "total_peak")
+EXACT = ("params_sharded", "grads_sharded", "optimizer", "all_gather_buffers", "reduce_scatter_buffers",
+         "unsharded_params", "unsharded_grads")
+MEASURED_FIELD = {
+    "params_sharded": "params_sharded_bytes", "grads_sharded": "grads_sharded_bytes",
+    "optimizer": "optimizer_state_bytes", "all_gather_buffers": "all_gather_bytes",
+    "reduce_scatter_buffers": "reduce_scatter_bytes", "unsharded_params": "params_unsharded_bytes",
+    "unsharded_grads": "grads_unsharded_bytes", "activations": "activations_bytes",
+}
+FSDP1_CATEGORIES = ("params_sharded", "grads_sharded", "optimizer", "activations", "forward_peak", "backward_peak",
+                    "total_peak")
+TINY_DEFAULTS = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                     vocab_size=256, max_position_embeddings=128)
+
+
+def tiny_spec(spec: ModelSpec, **overrides) -> ModelSpec:
+    """Torch-free twin of ``shardplan.calibrate.tiny_model.tiny_spec`` (same dimensions)."""
+    dims = dict(TINY_DEFAULTS)
+    ratio = max(1, spec.num_heads // spec.num_kv_heads)
+    dims["num_kv_heads"] = max(1, dims["num_heads"] // min(ratio, dims["num_heads"]))
+    dims.update(overrides)
+    dims.setdefault("head_dim", None)
+    update = dict(dims, moe=None, mla=None, sliding_window=None, name=f"tiny-{spec.name}")
+    if "head_dim" not in overrides:
+        update["head_dim"] = None
+    return spec.model_copy(update=update)
+
+
+def record_spec(record: dict) -> ModelSpec:
+    cfg = record["config"]
+    spec = resolve_model(cfg["model"]).spec
+    return tiny_spec(spec, **cfg["tiny"]) if cfg.get("tiny") else spec
+
+
+def _precision(param_dtype: str, reduce_dtype: str) -> str:
+    if param_dtype == "float32":
+        return "fp32"
+    half = "bf16" if param_dtype == "bfloat16" else "fp16"
+    return f"{half}-mixed" if reduce_dtype == "float32" else f"{half}-pure"
+
+
+def record_columns(record: dict, spec: ModelSpec | None = None) -> Columns:
+    """The configuration of one harness record as 0-d ``Columns``."""
+    cfg = record["config"]
+    spec = spec or record_spec(record)
+    world = cfg["world_size"]
+    strategy = cfg["strategy"]
+    if strategy.startswith("hybrid"):
+        group = cfg.get("shard_size") or max(1, world // 2)
+    else:
+        group = world
+    return Columns.build(
+        **model_values(spec), world_size=world, gpus_per_node=world, gpu_memory_bytes=1 << 50,
+        host_ram_bytes_per_node=1 << 50, nccl_buffer_bytes=0,
+        strategy=st.code(st.STRATEGIES, strategy, "strategy"), engine=st.code(st.ENGINES, cfg["engine"], "engine"),
+        precision=st.code(st.PRECISIONS, _precision(cfg["param_dtype"], cfg["reduce_dtype"]), "precision"),
+        optimizer=st.code(st.OPTIMIZERS, cfg["optimizer"], "optimizer"), ac=st.code(st.AC_MODES, cfg["ac"], "ac"),
+        ac_every_k=1, offload=st.OFFLOAD_NONE, method=st.FULL, micro_batch=cfg["micro_batch"],
+        seq_len=cfg["seq_len"], grad_accum=1, shard_group_size=group,
+        attention=st.SDPA if spec.norm == "rmsnorm" else st.EAGER, dropout=bool(cfg.get("dropout", 0.0) > 0),
+    )
+
+
+def harness_extra_bytes(record: dict, spec: ModelSpec) -> int:
+    """Inputs (ids + labels, int64) and module buffers the harness's tracker also counts."""
+    cfg = record["config"]
+    inputs = 2 * 8 * cfg["micro_batch"] * cfg["seq_len"]
+    if spec.norm == "rmsnorm":
+        buffers = 4 * (spec.resolved_head_dim // 2)
+    else:
+        buffers = spec.num_layers * spec.max_position_embeddings ** 2
+    return inputs + buffers
+
+
+def predict(record: dict) -> dict[str, int]:
+    """Predicted bytes per category for one record."""
+    spec = record_spec(record)
+    c = record_columns(record, spec)
+    m = estimate_memory(c, optimizer_step_on_device=True)
+    states = model_states(c, optimizer_step_on_device=True)
+    n_p, _, _ = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    u = fsdp_units(c, n_p)
+    L = int(c.num_layers)
+    keep = bool(u["keep_unsharded"])
+    extra = harness_extra_bytes(record, spec)
+    ag_root, ag_block = int(u["all_gather_root"]), int(u["all_gather_block"])
+    pairs = [ag_root + ag_block] + ([2 * ag_block] if L > 1 else [])
+    out = {
+        "params_sharded": int(states["params"]),
+        "grads_sharded": int(states["grads"]),
+        "optimizer": int(states["optimizer_states"]),
+        "all_gather_buffers": max(pairs) if ag_block else 0,
+        "reduce_scatter_buffers": max(int(u["reduce_scatter_root"]), int(u["reduce_scatter_block"])),
+        "unsharded_params": int(u["root_unsharded"] + u["block_unsharded"] * (L if keep else 1)),
+        "unsharded_grads": max(int(u["unsharded_grads_root"]), int(u["unsharded_grads_block"])),
+        "activations": int(m["forward_peak_activations"]) if "forward_peak_activations" in m else None,
+        "forward_peak": int(m["forward_peak_bytes"]) + extra,
+        "backward_peak": int(m["backward_peak_bytes"]) + extra,
+        "total_peak": int(max(m["forward_peak_bytes"], m["backward_peak_bytes"], m["optimizer_step_peak_bytes"])) + extra,
+    }
+    if out["activations"] is None:
+        from shardplan.activations import block_activation_bytes, head_activation_bytes, logits_forward_bytes
+
+        out["activations"] = int(block_activation_bytes(c) + head_activation_bytes(c) + logits_forward_bytes(c))
+    if record["config"]["engine"] == "fsdp1":
+        # generic MemTracker: Parameter = sharded flat params + every unit's unsharded flat storage
+        out["params_sharded"] = int(states["params"]) + int(u["root_unsharded"] + L * u["block_unsharded"])
+        out["grads_sharded"] = out["unsharded_grads"]
+    return out
+
+
+def config_label(record: dict) -> str:
+    cfg = record["config"]
+    model = cfg["model"] + ("" if not cfg.get("tiny") else "-tiny")
+    group = f"/g{cfg['shard_size']}" if cfg.get("shard_size") else ""
+    return (f"{cfg['engine']}/{cfg['strategy']}{group}/W{cfg['world_size']}/{model}/p={cfg['param_dtype']},"
+            f"r={cfg['reduce_dtype']}/ac={cfg['ac']}/{cfg['optimizer']}/b{cfg['micro_batch']}s{cfg['seq_len']}"
+            f"{'/offload' if cfg.get('cpu_offload') else ''}")
+
+
+def measured(record: dict) -> dict[str, int]:
+    m = record["measured"]
+    out = {cat: int(m.get(field, 0)) for cat, field in MEASURED_FIELD.items()}
+    out["forward_peak"] = int(record.get("forward_peak_bytes") or 0)
+    out["backward_peak"] = int(record.get("backward_peak_bytes") or 0)
+    out["total_peak"] = int(record.get("total_peak_bytes") or 0)
+    return out
+
+
+def compare_records(records: Iterable[dict], source: str = "") -> list[dict]:
+    """Tidy rows: source, key, configuration, engine, category, predicted, measured, error."""
+    rows = []
+    for rec in records:
+        if rec.get("status") != "ok":
+            continue
+        pred, meas = predict(rec), measured(rec)
+        cats = FSDP1_CATEGORIES if rec["config"]["engine"] == "fsdp1" else CATEGORIES
+        for cat in cats:
+            p, mv = pred[cat], meas[cat]
+            err = 0.0 if p == mv else (float("inf") if mv == 0 else (p - mv) / mv)
+            rows.append(dict(source=source, key=rec.get("key"), configuration=config_label(rec),
+                             engine=rec["config"]["engine"], fake_tensors=bool(rec["config"].get("fake_tensors")),
+                             category=cat, predicted_bytes=p, measured_bytes=mv, error=err))
+    return rows
+
+
+def compare_files(paths: Iterable[str | Path]) -> list[dict]:
+    from shardplan.calibrate.results import read_jsonl
+
+    rows = []
+    for path in paths:
+        rows += compare_records(read_jsonl(path), source=Path(path).name)
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Max and median |error| per (engine, shape, category)."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        shape = "7B fake tensors" if r["fake_tensors"] else "tiny"
+        groups.setdefault((r["engine"], shape, r["category"]), []).append(abs(r["error"]))
+    out = []
+    for (engine, shape, cat), errs in groups.items():
+        out.append(dict(engine=engine, shape=shape, category=cat, n=len(errs), max_abs_error=max(errs),
+                        median_abs_error=statistics.median(errs)))
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    return sorted(out, key=lambda r: (r["engine"], r["shape"], order.get(r["category"], 99)))
+
+
+def summary_markdown(rows: list[dict], command: str = "") -> str:
+    lines = ["# Predicted vs measured (shardplan memory model vs torch 2.13 FSDPMemTracker / MemTracker)", ""]
+    if command:
+        lines += [f"Produced by `{command}` from the committed records in `data/calibration/` "
+                  "(CPU only: fake process group, gloo, FakeTensorMode; no GPU).", ""]
+    lines += ["| engine | runs | category | n | max abs error | median abs error |",
+              "| --- | --- | --- | ---: | ---: | ---: |"]
+    for s in summarize(rows):
+        lines.append(f"| {s['engine']} | {s['shape']} | {s['category']} | {s['n']} | {100 * s['max_abs_error']:.3f} % "
+                     f"| {100 * s['median_abs_error']:.3f} % |")
+    worst = sorted(rows, key=lambda r: -abs(r["error"]))[:5]
+    lines += ["", "Largest errors:", ""]
+    for r in worst:
+        lines.append(f"* {r['configuration']} {r['category']}: predicted {r['predicted_bytes']:,}, "
+                     f"measured {r['measured_bytes']:,} ({100 * r['error']:+.3f} %)")
+    return "\n".join(lines) + "\n"
+
+
+def print_table(rows: list[dict], echo=print) -> None:
+    echo(f"{'configuration':72s} {'category':22s} {'predicted':>16s} {'measured':>16s} {'error':>9s}")
+    for r in rows:
+        echo(f"{r['configuration'][:72]:72s} {r['category']:22s} {r['predicted_bytes']:16,d} "
+             f"{r['measured_bytes']:16,d} {100 * r['error']:8.3f}%")
+
+
+def write_outputs(rows: list[dict], csv_path=None, json_path=None, md_path=None, command: str = "") -> None:
+    from shardplan.calibrate.results import write_csv_atomic, write_json_atomic, write_text_atomic
+
+    if csv_path:
+        write_csv_atomic(csv_path, rows, columns=["source", "key", "configuration", "engine", "fake_tensors",
+                                                  "category", "predicted_bytes", "measured_bytes", "error"])
+    if json_path:
+        write_json_atomic(json_path, {"rows": rows, "summary": summarize(rows)})
+    if md_path:
+        write_text_atomic(md_path, summary_markdown(rows, command))
+
+
+def _error_array(rows, category):  # pragma: no cover - convenience for notebooks
+    return np.array([r["error"] for r in rows if r["category"] == category])
