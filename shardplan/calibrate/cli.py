@@ -49,8 +49,11 @@ def fsdp_cmd(
     resume: bool = typer.Option(True, help="skip configurations already in --out"),
     csv: Optional[Path] = typer.Option(None, help="also write a flat CSV of all records in --out"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write all records as one JSON file"),
+    compare_csv: Optional[Path] = typer.Option(None, help="write predicted vs measured per category (CSV)"),
+    compare_json: Optional[Path] = typer.Option(None, help="write predicted vs measured per category (JSON)"),
 ):
-    """Measure FSDP training runs: per-category peak memory, phase peaks, step time, collectives."""
+    """Measure FSDP training runs: per-category peak memory, phase peaks, step time, collectives;
+    then print shardplan's prediction next to each measured category."""
     import itertools
 
     from shardplan.calibrate.config import RunConfig, default_grid
@@ -80,6 +83,27 @@ def fsdp_cmd(
     if json_out:
         write_json_atomic(json_out, read_jsonl(out))
     _print_rows(rows)
+    _compare([out], compare_csv, compare_json, None)
+
+
+def _compare(paths, csv_path, json_path, md_path, command: str = ""):
+    from shardplan.calibrate.compare import compare_files, print_table, write_outputs
+
+    table = compare_files(paths)
+    print_table(table, echo=typer.echo)
+    write_outputs(table, csv_path=csv_path, json_path=json_path, md_path=md_path, command=command)
+
+
+@calibrate_app.command("compare")
+def compare_cmd(
+    records: List[Path] = typer.Argument(..., help="harness JSONL files (e.g. data/calibration/*.jsonl)"),
+    csv: Optional[Path] = typer.Option(None, help="write the table as CSV"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the table and its summary as JSON"),
+    md: Optional[Path] = typer.Option(None, help="write a markdown summary (max/median error per category)"),
+):
+    """Predicted vs measured per category for records already measured (no torch needed)."""
+    _compare(records, csv, json_out, md, command="shardplan calibrate compare " + " ".join(str(r) for r in records)
+             + (f" --csv {csv}" if csv else "") + (f" --md {md}" if md else ""))
 
 
 def _print_rows(rows):

@@ -17,8 +17,8 @@ Harness specifics (stated, not fitted):
   causal mask per block); they are added to the phase and total peaks.
 * FSDP1 records come from the generic ``MemTracker`` (``use_orig_params=False``): "Parameter"
   holds the sharded flat parameters plus every unit's unsharded flat storage once gathered (its
-  storage is freed by ``resize_(0)``, which the tracker does not see), "Gradient" the largest
-  unit's unsharded gradient. All-gather/reduce-scatter/unsharded categories do not exist there.
+  storage is freed by ``resize_(0)``, which the tracker does not see), "Gradient" the larger of
+  the sharded gradients and the largest unit's unsharded gradient. All-gather/reduce-scatter/unsharded categories do not exist there.
 """
 
 from __future__ import annotations
@@ -144,8 +144,11 @@ def predict(record: dict) -> dict[str, int]:
         out["activations"] = int(block_activation_bytes(c) + head_activation_bytes(c) + logits_forward_bytes(c))
     if record["config"]["engine"] == "fsdp1":
         # generic MemTracker: Parameter = sharded flat params + every unit's unsharded flat storage
-        out["params_sharded"] = int(states["params"]) + int(u["root_unsharded"] + L * u["block_unsharded"])
-        out["grads_sharded"] = out["unsharded_grads"]
+        # (NO_SHARD: the flat parameter is used as is, nothing is gathered)
+        gathered = int(u["root_unsharded"] + L * u["block_unsharded"]) if n_p > 1 else 0
+        out["params_sharded"] = int(states["params"]) + gathered
+        # Gradient: the larger of the sharded gradients and the largest unit's unsharded gradient
+        out["grads_sharded"] = max(int(states["grads"]), out["unsharded_grads"])
     return out
 
 
