@@ -15,7 +15,7 @@ from shardplan import strategy as st
 from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.errors import ShardplanError
 from shardplan.hardware import Cluster
-from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
 from shardplan.model import ModelSpec
 
 
@@ -39,7 +39,7 @@ class PerGPU(BaseModel):
     non_torch_bytes: int
     device_total_bytes: int
     headroom_bytes: int
-    peak_phase: str
+    peak_moment: str
     model_state_bytes: int
     breakdown: dict[str, int]
 
@@ -108,7 +108,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: l
         per_gpu=PerGPU(
             peak_allocated_bytes=int(scalar["peak_allocated_bytes"]), peak_reserved_bytes=int(scalar["peak_reserved_bytes"]),
             non_torch_bytes=int(scalar["non_torch_bytes"]), device_total_bytes=int(scalar["device_total_bytes"]),
-            headroom_bytes=int(scalar["headroom_bytes"]), peak_phase=str(scalar["peak_phase"]),
+            headroom_bytes=int(scalar["headroom_bytes"]), peak_moment=PEAK_MOMENTS[int(scalar["peak_moment"])],
             model_state_bytes=int(scalar["model_state_bytes"]),
             breakdown={term: int(scalar[term]) for term in BREAKDOWN_TERMS},
         ),

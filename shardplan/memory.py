@@ -212,10 +212,6 @@ def estimate_memory(c, *, fragmentation=FRAGMENTATION, cuda_context_bytes=CUDA_C
         backward_peak_bytes=bw_total + zero,
         optimizer_step_peak_bytes=step_total + zero,
         peak_moment=moment,
-        backward_is_peak=moment != OPTIMIZER_STEP,
-        # kept for fit.py / sweep.py (they read a string / compare with "backward"); the forward
-        # moment is reported under "backward" there until they read ``peak_moment``.
-        peak_phase=np.where(moment == OPTIMIZER_STEP, "optimizer_step", "backward"),
         valid=st.is_valid(c.strategy, c.engine) & valid_offload(c) & valid_method(c),
     )
     out["fits_gpu"] = device_total <= c.gpu_memory_bytes

@@ -18,13 +18,13 @@ TERM_NOTES = {
     "master_params": "DeepSpeed fp32 master weights + fp32 gradient partition",
     "optimizer_states": "optimizer moments (AdamW: exp_avg + exp_avg_sq)",
     "activations": "tensors saved for backward by every block (+ final norm)",
-    "logits_and_loss": "16-bit logits + fp32 log-softmax + its fp32 gradients: (a+12)·b·s·V",
-    "unsharded_params": "unsharded 16-bit params of the units in flight (current + prefetched)",
-    "all_gather_buffers": "all-gather output being copied out",
+    "logits_and_loss": "forward: 16-bit logits + fp32 upcast + fp32 log-softmax (10·bsV); backward: 12·bsV",
+    "unsharded_params": "unsharded 16-bit params of the unit being computed",
+    "all_gather_buffers": "the last all-gather output, kept until the next unit's wait",
     "unsharded_grads": "current unit's unsharded gradients",
-    "reduce_scatter_buffers": "reduce-scatter input in the reduce dtype",
-    "root_unsharded": "root unit (embeddings, final norm, lm_head) kept unsharded forward→backward",
-    "root_grads": "lm_head gradient, computed first in backward",
+    "reduce_scatter_buffers": "reduce-scatter input in the reduce dtype (kept until the next unit's)",
+    "root_unsharded": "root unit (embeddings, final norm, lm_head), gathered again for backward and held to its end",
+    "root_grads": "lm_head and final-norm gradients, computed first in backward",
     "autocast_weight_copies": "16-bit weight copies autocast saves for backward (DDP)",
     "gathered_params": "DeepSpeed ZeRO-3: one gathered module's 16-bit params + grads (4·L)",
     "comm_buckets": "DeepSpeed reduce bucket (16-bit)",
@@ -76,7 +76,8 @@ def breakdown_table(results: list[FitResult]) -> str:
     ]
     for label, values, note in totals:
         rows.append([label] + [gib(v) for v in values] + ([note] if len(results) == 1 else []))
-    rows.append(["peak moment"] + [r.per_gpu.peak_phase for r in results] + (["start of backward, or optimizer step"] if len(results) == 1 else []))
+    rows.append(["peak moment"] + [r.per_gpu.peak_moment for r in results]
+                + (["forward (loss), backward, or optimizer step"] if len(results) == 1 else []))
     rows.append(["fits"] + ["yes" if r.fits else "no" for r in results] + ([""] if len(results) == 1 else []))
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 

@@ -38,7 +38,7 @@ from shardplan import strategy as st
 from shardplan.config import MODEL_FIELDS, Columns, cluster_values, model_values
 from shardplan.errors import ShardplanError
 from shardplan.hardware import Cluster, parse_gpus
-from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
 from shardplan.models import resolve_model
 from shardplan.units import parse_capacity_bytes
 
@@ -72,7 +72,7 @@ LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS)
 MEMORY_COLUMNS = BREAKDOWN_TERMS + (
     "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes", "device_total_bytes", "gpu_memory_bytes",
     "headroom_bytes", "model_state_bytes", "host_offloaded_bytes_per_gpu", "host_bytes_per_node",
-    "host_ram_bytes_per_node", "peak_phase", "valid", "fits_gpu", "fits_host", "fits",
+    "host_ram_bytes_per_node", "peak_moment", "valid", "fits_gpu", "fits_host", "fits",
 )
 # What ``columns="summary"`` keeps besides the configuration labels (those that exist).
 SUMMARY_COLUMNS = ("fits", "valid", "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
@@ -520,10 +520,7 @@ def sweep(
                 np.copyto(store[key][start:start + n].reshape(grid), value, casting="unsafe")
 
         for name in names:
-            value = out[name]
-            if name == "peak_phase":
-                value = np.asarray(value) == "backward"
-            put(name, value)
+            put(name, out[name])
         for a in AXES:
             if keep_lists and AXIS_COLUMN[a] in label_cols:
                 put("__ix_" + a, ix[a], dtype=_label_dtype(plan.axis(a).size))
@@ -548,9 +545,8 @@ def sweep(
     for name in names or []:
         values = store[name]
         values = np.concatenate(values) if keep_lists else values
-        if name == "peak_phase":
-            frame[name] = pd.Categorical.from_codes(np.where(values, 0, 1).astype(np.int8),
-                                                    categories=["backward", "optimizer_step"])
+        if name == "peak_moment":
+            frame[name] = pd.Categorical.from_codes(values.astype(np.int8), categories=list(PEAK_MOMENTS))
         else:
             frame[name] = values
     df = pd.DataFrame(frame, copy=False)
@@ -566,10 +562,7 @@ def _tiled_codes(shape: tuple[int, ...], i: int, dtype) -> np.ndarray:
 
 
 def _empty(value, total: int) -> np.ndarray:
-    value = np.asarray(value)
-    if value.dtype.kind in "US":  # peak_phase: stored as a bool (backward?) and decoded at the end
-        return np.empty(total, dtype=bool)
-    return np.empty(total, dtype=value.dtype)
+    return np.empty(total, dtype=np.asarray(value).dtype)
 
 
 # --- helpers on a sweep's DataFrame --------------------------------------------------------------

@@ -77,7 +77,7 @@ def test_sample_rows_equal_scalar_evaluate(grid):
         assert row.non_torch_bytes == r.per_gpu.non_torch_bytes, where
         assert row.headroom_bytes == r.per_gpu.headroom_bytes, where
         assert row.model_state_bytes == r.per_gpu.model_state_bytes, where
-        assert row.peak_phase == r.per_gpu.peak_phase, where
+        assert row.peak_moment == r.per_gpu.peak_moment, where
         assert row.host_bytes_per_node == r.per_node.host_bytes, where
         assert row.gpus_per_node == cluster.gpus_per_node and row.nodes == cluster.nodes, where
         for term in BREAKDOWN_TERMS:

@@ -31,6 +31,7 @@ import numpy as np
 
 from shardplan import strategy as st
 from shardplan.config import Columns, model_values
+from shardplan.calibrate.config import tiny_spec
 from shardplan.memory import estimate_memory
 from shardplan.model import ModelSpec
 from shardplan.model_states import model_states
@@ -49,21 +50,6 @@ MEASURED_FIELD = {
 }
 FSDP1_CATEGORIES = ("params_sharded", "grads_sharded", "optimizer", "activations", "forward_peak", "backward_peak",
                     "total_peak")
-TINY_DEFAULTS = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                     vocab_size=256, max_position_embeddings=128)
-
-
-def tiny_spec(spec: ModelSpec, **overrides) -> ModelSpec:
-    """Torch-free twin of ``shardplan.calibrate.tiny_model.tiny_spec`` (same dimensions)."""
-    dims = dict(TINY_DEFAULTS)
-    ratio = max(1, spec.num_heads // spec.num_kv_heads)
-    dims["num_kv_heads"] = max(1, dims["num_heads"] // min(ratio, dims["num_heads"]))
-    dims.update(overrides)
-    dims.setdefault("head_dim", None)
-    update = dict(dims, moe=None, mla=None, sliding_window=None, name=f"tiny-{spec.name}")
-    if "head_dim" not in overrides:
-        update["head_dim"] = None
-    return spec.model_copy(update=update)
 
 
 def record_spec(record: dict) -> ModelSpec:

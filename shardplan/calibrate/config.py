@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from shardplan.errors import ShardplanError
+from shardplan.model import ModelSpec
 
 Strategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard"]
 Engine = Literal["fsdp2", "fsdp1"]
@@ -112,3 +113,24 @@ def default_grid(launch: Launch = "fake") -> list[RunConfig]:
     configs.append(RunConfig(engine="fsdp1", strategy="full_shard", world_size=8, param_dtype="bfloat16",
                              ac="full", launch=launch))
     return configs
+
+
+TINY_DEFAULTS = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                     vocab_size=256, max_position_embeddings=128)
+
+
+def tiny_spec(spec: ModelSpec, **overrides) -> ModelSpec:
+    """The same architecture (norm, MLP kind, biases, tying, GQA ratio) at tiny dimensions.
+
+    Keeps the spec's GQA ratio where the tiny head count allows it; MoE/MLA are dropped (the
+    harness builds dense blocks only).
+    """
+    dims = dict(TINY_DEFAULTS)
+    ratio = max(1, spec.num_heads // spec.num_kv_heads)
+    dims["num_kv_heads"] = max(1, dims["num_heads"] // min(ratio, dims["num_heads"]))
+    dims.update(overrides)
+    dims.setdefault("head_dim", None)
+    update = dict(dims, moe=None, mla=None, sliding_window=None, name=f"tiny-{spec.name}")
+    if "head_dim" not in overrides:
+        update["head_dim"] = None
+    return spec.model_copy(update=update)

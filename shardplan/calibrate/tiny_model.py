@@ -33,29 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shardplan.calibrate.config import TINY_DEFAULTS, tiny_spec  # noqa: F401  (re-exported)
 from shardplan.errors import ShardplanError
 from shardplan.model import ModelSpec
-
-TINY_DEFAULTS = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                     vocab_size=256, max_position_embeddings=128)
-
-
-def tiny_spec(spec: ModelSpec, **overrides) -> ModelSpec:
-    """The same architecture (norm, MLP kind, biases, tying, GQA ratio) at tiny dimensions.
-
-    Keeps the spec's GQA ratio where the tiny head count allows it; MoE/MLA are dropped (the
-    harness builds dense blocks only).
-    """
-    dims = dict(TINY_DEFAULTS)
-    ratio = max(1, spec.num_heads // spec.num_kv_heads)
-    dims["num_kv_heads"] = max(1, dims["num_heads"] // min(ratio, dims["num_heads"]))
-    dims.update(overrides)
-    dims.setdefault("head_dim", None)
-    update = dict(dims, moe=None, mla=None, sliding_window=None, name=f"tiny-{spec.name}")
-    if "head_dim" not in overrides:
-        update["head_dim"] = None
-    return spec.model_copy(update=update)
-
 
 def block_style(spec: ModelSpec) -> str:
     if spec.moe is not None or spec.mla is not None:
