@@ -238,3 +238,13 @@ def test_progress_bar_on_request_only(capsys):
     assert "sweep [" in err and "100.0%" in err and err.endswith("\n")
     sweep(models="gpt2", gpu_counts=[1, 2, 4], strategies=None, chunk_size=4)  # stderr is not a terminal
     assert capsys.readouterr().err == ""
+
+
+def test_package_level_sweep_loads_lazily_and_is_callable():
+    import subprocess
+    import sys
+
+    code = ("import sys, shardplan; assert 'pandas' not in sys.modules; "
+            "df = shardplan.sweep(models='gpt2', gpus='24GB', gpu_counts=[1, 2], strategies='full_shard', progress=False); "
+            "assert len(df) == 2 and callable(shardplan.pareto)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
