@@ -142,13 +142,18 @@ def _ddp_body(spec: PlanSpec) -> str:
     return "\n".join(lines)
 
 
+def _ddp_snippet(spec: PlanSpec, head: str) -> str:
+    """Both FSDP exporters write torch DDP for the ``ddp`` strategy."""
+    head += "from torch.nn.parallel import DistributedDataParallel\n" + _imports_ac(spec)
+    return (head + "\n" + _constants(spec, mesh=False) + "\n" + (_SAC if spec.ac == "selective" else "")
+            + "\n\n" + _ddp_body(spec) + "\n" + _optimizer(spec) + _load_model(spec))
+
+
 def fsdp2_snippet(spec: PlanSpec) -> str:
     _check_engine(spec, "fsdp2")
     head = _comment(spec, "fsdp2") + "\nimport torch\n"
     if spec.strategy == "ddp":
-        head += "from torch.nn.parallel import DistributedDataParallel\n" + _imports_ac(spec)
-        return (head + "\n" + _constants(spec, mesh=False) + "\n" + (_SAC if spec.ac == "selective" else "")
-                + "\n\n" + _ddp_body(spec) + "\n" + _optimizer(spec) + _load_model(spec))
+        return _ddp_snippet(spec, head)
     param, reduce, _ = spec.dtypes
     mp = (f"MixedPrecisionPolicy(param_dtype=torch.{param}, reduce_dtype=torch.{reduce})" if param
           else "MixedPrecisionPolicy()")
@@ -198,9 +203,7 @@ def fsdp1_snippet(spec: PlanSpec) -> str:
     _check_engine(spec, "fsdp1")
     head = _comment(spec, "fsdp1") + "\nimport torch\n"
     if spec.strategy == "ddp":
-        head += "from torch.nn.parallel import DistributedDataParallel\n" + _imports_ac(spec)
-        return (head + "\n" + _constants(spec, mesh=False) + "\n" + (_SAC if spec.ac == "selective" else "")
-                + "\n\n" + _ddp_body(spec) + "\n" + _optimizer(spec) + _load_model(spec))
+        return _ddp_snippet(spec, head)
     param, reduce, buffer = spec.dtypes
     mp = (f"MixedPrecision(param_dtype=torch.{param}, reduce_dtype=torch.{reduce}, buffer_dtype=torch.{buffer})"
           if param else "None")
