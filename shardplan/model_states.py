@@ -136,6 +136,14 @@ def optimizer_step_tensor_bytes(c, on_device=False):
     return np.where(adam & np.asarray(on_device), ADAM_STEP_BYTES * tensors, 0).astype(np.int64)
 
 
+def hpz_secondary_param_bytes(c, trainable_bytes_16bit):
+    """ZeRO++ hpZ (Wang et al. 2023, "ZeRO++", §3.2): a secondary copy of the 16-bit parameters,
+    partitioned within the node-sized group, so backward all-gathers stay inside the node."""
+    ds_hybrid = (c.engine == st.DEEPSPEED) & (c.strategy == st.HYBRID_SHARD)
+    group = np.minimum(c.shard_group_size, c.world_size)
+    return np.where(ds_hybrid, _floor(trainable_bytes_16bit, group), 0)
+
+
 def model_states(c, optimizer_step_on_device=False):
     """Per-GPU bytes of params, grads, master copy and optimizer states, plus what is offloaded.
 
@@ -179,7 +187,7 @@ def model_states(c, optimizer_step_on_device=False):
     group_bytes = np.where(same_p, p_bytes, 0) + np.where(same_g, g_bytes, 0) + m_bytes + o_bytes
     group = _floor(trainable * group_bytes, n_o)
     optimizer = group - np.where(same_p, _floor(trainable * p_bytes, n_p), 0) - np.where(same_g, grads, 0) - master
-    params = np.where(full_fsdp, shard_p * p_bytes, params)
+    params = np.where(full_fsdp, shard_p * p_bytes, params) + hpz_secondary_param_bytes(c, 2 * trainable + frozen_bytes)
     grads = np.where(full_fsdp, shard_g * g_bytes, grads)
     optimizer = np.where(full_fsdp, np.ceil(shard_o * o_bytes).astype(np.int64), optimizer)
     optimizer = optimizer + optimizer_step_tensor_bytes(c, optimizer_step_on_device)

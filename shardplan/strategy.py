@@ -80,14 +80,18 @@ def shard_degrees(strategy, engine, world_size, shard_group_size):
     ZeRO paper (Rajbhandari et al., SC'20, §5): stage 1 shards optimizer states, stage 2 adds
     gradients, stage 3 adds parameters. FSDP's SHARD_GRAD_OP still shards parameters at rest
     (FSDP1 notes, `docs/source/notes/fsdp.rst`); it only keeps them unsharded from forward to
-    backward, which is a transient term. HYBRID strategies shard within ``shard_group_size``.
+    backward, which is a transient term. HYBRID strategies shard within ``shard_group_size``;
+    DeepSpeed's hybrid (ZeRO++ hpZ, Wang et al. 2023, §3.2) keeps the primary partition of every
+    state across all ranks and adds a secondary 16-bit parameter copy within the group
+    (``model_states.hpz_secondary_param_bytes``).
     """
     s = np.asarray(strategy)
     n = np.asarray(world_size)
     g = np.minimum(np.asarray(shard_group_size), n)
     one = np.ones_like(n)
-    hybrid = (s == HYBRID_SHARD) | (s == HYBRID_SHARD_ZERO2)
-    full = (s == FULL_SHARD) | (s == SHARD_GRAD_OP)
+    hybrid = ((s == HYBRID_SHARD) | (s == HYBRID_SHARD_ZERO2)) & (np.asarray(engine) != DEEPSPEED)
+    ds_hybrid = (s == HYBRID_SHARD) & (np.asarray(engine) == DEEPSPEED)
+    full = (s == FULL_SHARD) | (s == SHARD_GRAD_OP) | ds_hybrid
     ds_stage2_like = (np.asarray(engine) == DEEPSPEED) & (s == SHARD_GRAD_OP)
     param = np.where(hybrid, g, np.where(full & ~ds_stage2_like, n, one))
     grad = np.where(hybrid, g, np.where(full | (s == ZERO2), n, one))

@@ -102,3 +102,14 @@ def test_qlora_base_is_nf4_with_double_quantization():
     expected = np.ceil(quantized * (0.5 + 1 / 64 + 4 / 16384)) + 2 * (spec.total_params - quantized) + 4 * adapters
     assert int(m["params"]) == int(expected)
     assert int(m["params"]) / spec.total_params == pytest.approx(0.58, abs=0.02)
+
+
+def test_deepspeed_hybrid_is_zero_plus_plus_hpz():
+    # ZeRO++ hpZ (Wang et al. 2023, §3.2): primary partition of every state over all N ranks, plus a
+    # secondary 16-bit parameter partition within the node (g): 18Ψ/N + 2Ψ/g model-state bytes.
+    psi, n, g = 6_738_415_616, 64, 8
+    hybrid = estimate_memory(columns("llama-2-7b", engine=st.DEEPSPEED, strategy=st.HYBRID_SHARD, world_size=n,
+                                     shard_group_size=g))
+    zero3 = estimate_memory(columns("llama-2-7b", engine=st.DEEPSPEED, strategy=st.FULL_SHARD, world_size=n,
+                                    shard_group_size=n))
+    assert int(hybrid["model_state_bytes"]) - int(zero3["model_state_bytes"]) == 2 * psi // g
