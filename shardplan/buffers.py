@@ -24,8 +24,8 @@ FSDP (torch 2.13; measured with FSDPMemTracker, data/calibration/, docs/calibrat
 * DeepSpeed ZeRO-3: one gathered module's 16-bit params and grads, 4·L (its estimator's term);
   ZeRO-1/2: the 16-bit reduce bucket (``reduce_bucket_size`` 5e8 elements, DeepSpeed config docs).
 
-ASSUMPTION: the reduce dtype is fp32 under mixed precision (torchtitan's and FSDP1 recipes'
-choice); the largest block is the block unit.
+The reduce dtype is the ``reduce_dtype`` knob (default fp32 under mixed precision, torchtitan's
+choice; fms-fsdp and many FSDP1 recipes reduce in bf16). ASSUMPTION: the largest block is the block unit.
 """
 
 from __future__ import annotations
@@ -39,8 +39,17 @@ from shardplan.model_states import NF4_BYTES_PER_PARAM, padded_unit_elements
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 
 
-def reduce_dtype_bytes(precision):
-    return np.where(np.asarray(precision) == st.BF16_PURE, 2, 4)
+def reduce_dtype_bytes(precision, reduce_dtype=None):
+    """Bytes per element of the gradient reduction (reduce-scatter input and output, all-reduce):
+    the ``reduce_dtype`` code (``st.REDUCE_DTYPES``; "param" = the compute dtype, FSDP's
+    reduce_dtype=None); None = ``st.default_reduce_dtype`` for an FSDP engine (fp32 under mixed
+    precision). The sharded gradient it is cast back to stays in the parameter's own dtype (torch
+    ``_fsdp_collectives.foreach_reduce``: ``_to_dtype_if_needed(reduce_output, orig_dtype)``)."""
+    if reduce_dtype is None:
+        reduce_dtype = st.default_reduce_dtype(precision, st.FSDP2)
+    r = np.asarray(reduce_dtype)
+    return np.select([r == st.REDUCE_FP32, r == st.REDUCE_BF16, r == st.REDUCE_FP16],
+                     [4, 2, 2], compute_dtype_bytes(precision))
 
 
 def unsharded_block_bytes_per_param(c):
@@ -59,7 +68,7 @@ def trainable_fraction(c):
 def fsdp_units(c, n_p):
     """Sizes FSDP's transient terms are made of (bytes; 0 for other engines), see module docstring."""
     a = compute_dtype_bytes(c.precision)
-    r = reduce_dtype_bytes(c.precision)
+    r = reduce_dtype_bytes(c.precision, c.reduce_dtype)
     w = unsharded_block_bytes_per_param(c)
     trainable = trainable_fraction(c)
     full = c.method == st.FULL

@@ -45,6 +45,10 @@ def _profiles(ctx: typer.Context):
         typer.echo(ctx.get_help())
 
 
+REDUCE_HELP = ("gradient reduction dtype: fp32, bf16, fp16, param (default: fp32 under FSDP/DDP mixed precision, "
+               "16-bit for DeepSpeed)")
+
+
 def _merge(query_value, option_value, default):
     return option_value if option_value is not None else (query_value if query_value is not None else default)
 
@@ -69,6 +73,7 @@ def fit(
     grad_accum: Optional[int] = typer.Option(None, help="gradient accumulation steps (default 1)"),
     shard_group_size: Optional[int] = typer.Option(None, help="HSDP shard group size (default GPUs per node)"),
     attention: Optional[str] = typer.Option(None, help="sdpa (default) or eager"),
+    reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_HELP),
     host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
     intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
@@ -102,6 +107,7 @@ def fit(
         ac_every_k=ac_every_k or 2, offload=offload_name, seq_len=_merge(q.get("seq_len"), seq_len, 1024),
         micro_batch=_merge(q.get("micro_batch"), micro_batch, 1), grad_accum=_merge(q.get("grad_accum"), grad_accum, 1),
         shard_group_size=shard_group_size, attention=attention or "sdpa",
+        reduce_dtype=_merge(q.get("reduce_dtype"), reduce_dtype, None),
     )
     strategy_name = strategy or q.get("strategy")
     notes = [f"model: {resolved.how}"]
@@ -173,6 +179,7 @@ def plan_command(
     lora_rank: int = typer.Option(16, help="LoRA rank"),
     precision: str = typer.Option("bf16-mixed", help="bf16-mixed, fp16-mixed, bf16-pure, fp32"),
     optimizer: str = typer.Option("adamw", help="adamw, sgd, adafactor, adamw-8bit, lion"),
+    reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_HELP),
     train_tokens: Optional[str] = typer.Option(None, help="tokens to train, e.g. '15T', for time and cost"),
     price_per_gpu_hour: Optional[float] = typer.Option(None, help="$ per GPU-hour, for cost"),
     calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
@@ -199,7 +206,8 @@ def plan_command(
         overlay = load_calibration(calibration)
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ShardplanError("price_per_gpu_hour", price_per_gpu_hour, "must not be negative")
-    base = TrainingConfig(method=method, lora_rank=lora_rank, precision=precision, optimizer=optimizer, seq_len=seq_len)
+    base = TrainingConfig(method=method, lora_rank=lora_rank, precision=precision, optimizer=optimizer, seq_len=seq_len,
+                          reduce_dtype=reduce_dtype)
     result = run_plan(resolved.spec, cluster, base, workload, top=top,
                       train_tokens=parse_count(train_tokens, "train_tokens") if train_tokens else None,
                       price_per_gpu_hour=price_per_gpu_hour, calibration=overlay, notes=[f"model: {resolved.how}"])

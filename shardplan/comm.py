@@ -167,11 +167,15 @@ def trainable_params(c):
 
 
 def grad_comm_bytes_per_element(c):
-    """dtype of the gradient collective: FSDP's ``reduce_dtype`` (fp32 under mixed precision,
-    see buffers.py); DDP reduces its fp32 ``.grad``; DeepSpeed ``communication_data_type``
-    defaults to the 16-bit training dtype (DeepSpeed config docs). ASSUMPTION for DeepSpeed bf16."""
-    ds16 = (c.engine == st.DEEPSPEED) & (c.precision != st.FP32)
-    return np.where(ds16, 2, reduce_dtype_bytes(c.precision))
+    """Bytes per element of the gradient collectives (reduce-scatter, all-reduce, HSDP's replica
+    all-reduce), from the ``reduce_dtype`` knob (``buffers.reduce_dtype_bytes``): FSDP's
+    ``MixedPrecision(Policy)(reduce_dtype=...)`` — torch ``foreach_reduce`` allocates the
+    reduce-scatter input and output in it and all-reduces HSDP replicas in it; DDP all-reduces its
+    buckets in the ``.grad`` dtype (fp32 params under autocast), or in 16-bit with
+    ``bf16_compress_hook``/``fp16_compress_hook``; DeepSpeed ``communication_data_type`` (default:
+    the 16-bit training dtype, DeepSpeed config docs; ASSUMPTION for bf16). The default per engine
+    is ``st.default_reduce_dtype``."""
+    return reduce_dtype_bytes(c.precision, c.reduce_dtype)
 
 
 def gathered_param_bytes(c):

@@ -40,6 +40,8 @@ class TrainingConfig(BaseModel):
     shard_group_size: PositiveInt | None = Field(None, description="HSDP shard group; default GPUs per node")
     attention: str = "sdpa"
     dropout: bool = False
+    reduce_dtype: str | None = Field(None, description="gradient reduction dtype: fp32, bf16, fp16 or param; "
+                                     "default fp32 under FSDP/DDP mixed precision, the 16-bit dtype for DeepSpeed")
 
 
 MODEL_FIELDS = (
@@ -126,11 +128,14 @@ class Columns:
     shard_group_size: np.ndarray
     attention: np.ndarray
     dropout: np.ndarray
+    reduce_dtype: np.ndarray         # REDUCE_DTYPES code; left out or None: st.default_reduce_dtype
 
     @classmethod
     def build(cls, **values: Any) -> "Columns":
         names = [f.name for f in fields(cls)]
         values = {**_shape_defaults(values), **values}
+        if values.get("reduce_dtype") is None and "precision" in values and "engine" in values:
+            values["reduce_dtype"] = st.default_reduce_dtype(values["precision"], values["engine"])
         missing = sorted(set(names) - set(values))
         if missing:
             raise TypeError(f"Columns.build missing {missing}")
@@ -231,6 +236,9 @@ def knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
         shard_group_size=config.shard_group_size or cluster.gpus_per_node,
         attention=st.code(st.ATTENTIONS, config.attention, "attention"),
         dropout=config.dropout,
+        reduce_dtype=(int(st.default_reduce_dtype(st.code(st.PRECISIONS, config.precision, "precision"),
+                                              st.code(st.ENGINES, config.engine, "engine")))
+                      if config.reduce_dtype is None else st.code(st.REDUCE_DTYPES, config.reduce_dtype, "reduce_dtype")),
     )
 
 

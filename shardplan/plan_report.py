@@ -31,12 +31,12 @@ def render_plan(result: PlanResult) -> str:
         for p in result.plans:
             rows.append([p.rank, p.strategy, p.engine, p.ac, p.offload, p.micro_batch, p.grad_accum,
                          "" if p.strategy not in ("hybrid_shard", "hybrid_shard_zero2") else p.shard_group_size,
-                         "every" if p.sync_every_micro_batch else "once", f"{p.tokens_per_s_per_gpu:,.0f}",
+                         "every" if p.sync_every_micro_batch else "once", p.reduce_dtype, f"{p.tokens_per_s_per_gpu:,.0f}",
                          f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.step_time_s:,.2f}", f"{p.exposed_comm_s * 1e3:,.0f}",
                          f"{p.peak_allocated_bytes / GiB:,.1f}", f"{p.headroom_bytes / GiB:,.1f}"]
                         + ([f"{_duration(p.time_to_train_s)}", f"{p.gpu_hours:,.0f}"] if p.time_to_train_s else [])
                         + ([f"${p.cost:,.0f}"] if p.cost is not None else []))
-        headers = ["#", "strategy", "engine", "AC", "offload", "mb", "accum", "group", "sync", "tok/s/GPU", "tok/s",
+        headers = ["#", "strategy", "engine", "AC", "offload", "mb", "accum", "group", "sync", "reduce", "tok/s/GPU", "tok/s",
                    "MFU", "step s", "exposed ms", "peak GiB", "free GiB"]
         if result.plans[0].time_to_train_s:
             headers += ["time", "GPU-h"]

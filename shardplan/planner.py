@@ -50,6 +50,7 @@ class Plan(BaseModel):
     offload: str
     shard_group_size: int
     sync_every_micro_batch: bool
+    reduce_dtype: str = "fp32"   # gradient reduction dtype (st.REDUCE_DTYPES, "param" resolved to the compute dtype)
     fits: bool
     peak_allocated_bytes: int
     device_total_bytes: int
@@ -165,6 +166,8 @@ def build_grid(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload
     knobs = knob_values(base.model_copy(update={"seq_len": workload.seq_len}), cluster)
     knobs.update(strategy=arr[:, 0], engine=arr[:, 1], ac=arr[:, 2], offload=arr[:, 3], micro_batch=arr[:, 4],
                  grad_accum=arr[:, 5], shard_group_size=arr[:, 6])
+    if base.reduce_dtype is None:  # the engine's own default (DeepSpeed reduces in 16-bit)
+        knobs["reduce_dtype"] = st.default_reduce_dtype(knobs["precision"], arr[:, 1])
     c = Columns.build(**model_values(spec, base.lora_rank, base.lora_targets), **cluster_values(cluster), **knobs)
     return c, {"sync_every_micro_batch": arr[:, 7].astype(bool)}
 
@@ -236,7 +239,7 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
             rank=pos + 1, strategy=_name(c.strategy, st.STRATEGIES, i), engine=_name(c.engine, st.ENGINES, i),
             micro_batch=int(c.micro_batch[i]), grad_accum=int(c.grad_accum[i]), ac=_name(c.ac, st.AC_MODES, i),
             offload=_name(c.offload, st.OFFLOADS, i), shard_group_size=int(c.shard_group_size[i]),
-            sync_every_micro_batch=bool(sync[i]), fits=True,
+            sync_every_micro_batch=bool(sync[i]), reduce_dtype=st.reduce_dtype_name(c.reduce_dtype[i], c.precision[i]), fits=True,
             peak_allocated_bytes=int(r["peak_allocated_bytes"][i]), device_total_bytes=int(r["device_total_bytes"][i]),
             headroom_bytes=int(r["headroom_bytes"][i]), step_time_s=float(r["step_time_s"][i]),
             compute_s=float(r["compute_s"][i]), exposed_comm_s=float(r["exposed_comm_s"][i]),

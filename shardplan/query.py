@@ -1,7 +1,7 @@
 """Free-text capacity queries: "70B on 4x24GB", "llama-3.1-8b on 8xh100-sxm seq 8192 batch 2 qlora".
 
 Grammar: MODEL on GPUS [WORD ...], where a WORD is a strategy or engine or method or precision or
-optimizer name, "seq N", "batch N" / "mb N", "accum N", "ac MODE", "offload [optimizer|all]".
+optimizer name, "seq N", "batch N" / "mb N", "accum N", "ac MODE", "offload [optimizer|all]", "reduce DTYPE" (fp32, bf16, fp16, param).
 Anything else is an error that names the word.
 """
 
@@ -75,6 +75,12 @@ def parse_query(text: str) -> ParsedQuery:
             else:
                 options["offload"] = "auto"
                 i += 1
+            continue
+        if key in ("reduce", "reduce_dtype", "reduce-dtype"):  # "reduce bf16": gradient reduction dtype
+            if i + 1 >= len(rest) or _squash(rest[i + 1]) not in {_squash(d) for d in st.REDUCE_DTYPES}:
+                raise ShardplanError("query", word, f"needs a dtype after it: {', '.join(st.REDUCE_DTYPES)}")
+            options["reduce_dtype"] = rest[i + 1].lower()
+            i += 2
             continue
         if key in _ALIASES:
             name, value = _ALIASES[key]

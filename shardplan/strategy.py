@@ -35,6 +35,13 @@ FULL, LORA, QLORA = range(len(METHODS))
 ATTENTIONS = ("sdpa", "eager")
 SDPA, EAGER = range(len(ATTENTIONS))
 
+# Gradient reduction dtype (FSDP ``MixedPrecision``/``MixedPrecisionPolicy(reduce_dtype=...)``,
+# DeepSpeed ``communication_data_type``, DDP's ``bf16_compress_hook``/``fp16_compress_hook``):
+# "param" reduces in the compute/param dtype (FSDP's reduce_dtype=None: torch
+# ``_fsdp_collectives.foreach_reduce`` ``reduce_dtype = reduce_dtype or grad_dtype``).
+REDUCE_DTYPES = ("fp32", "bf16", "fp16", "param")
+REDUCE_FP32, REDUCE_BF16, REDUCE_FP16, REDUCE_PARAM = range(len(REDUCE_DTYPES))
+
 # Which framework names each strategy maps to (DESIGN.md §2), for reports and exports.
 FRAMEWORK_NAMES = {
     "ddp": {"fsdp1": "DistributedDataParallel", "fsdp2": "replicate / DDP", "deepspeed": "stage 0"},
@@ -59,6 +66,23 @@ def code(names: tuple[str, ...], value: str, field: str) -> int:
         if _squash(name) == key:
             return i
     raise ShardplanError(field, value, f"unknown; choose one of {', '.join(names)}")
+
+
+def default_reduce_dtype(precision, engine):
+    """The reduce dtype when the user names none: fp32 under FSDP/DDP mixed precision (torchtitan
+    ``mixed_precision_reduce = "float32"``; DDP all-reduces the fp32 ``.grad`` under autocast),
+    the 16-bit training dtype for DeepSpeed (``communication_data_type`` defaults to it, DeepSpeed
+    config docs), and the param dtype when nothing is mixed (bf16-pure, fp32)."""
+    p = np.asarray(precision)
+    mixed = (p == BF16_MIXED) | (p == FP16_MIXED)
+    return np.where(mixed & (np.asarray(engine) != DEEPSPEED), REDUCE_FP32, REDUCE_PARAM)
+
+
+def reduce_dtype_name(reduce_dtype: int, precision: int) -> str:
+    """The concrete name of one reduce dtype code ("param" resolved to the compute dtype)."""
+    if int(reduce_dtype) != REDUCE_PARAM:
+        return REDUCE_DTYPES[int(reduce_dtype)]
+    return {BF16_MIXED: "bf16", FP16_MIXED: "fp16", BF16_PURE: "bf16", FP32: "fp32"}[int(precision)]
 
 
 def is_valid(strategy, engine) -> np.ndarray:

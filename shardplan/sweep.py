@@ -60,14 +60,14 @@ INTEGER_KNOBS = ("ac_every_k", "micro_batch", "seq_len", "grad_accum")
 # Axis order of the product (the last varies fastest) and the DataFrame column each axis fills.
 AXES = ("models", "gpus", "nodes", "gpu_counts", "engines", "strategies", "method", "lora_rank", "lora_targets",
         "precision", "optimizer", "offload", "ac", "ac_every_k", "micro_batch", "seq_len", "grad_accum",
-        "shard_group_size", "attention", "dropout")
+        "shard_group_size", "attention", "dropout", "reduce_dtype")
 AXIS_COLUMN = {"models": "model", "gpus": "gpu", "nodes": "nodes", "gpu_counts": "world_size", "engines": "engine",
                "strategies": "strategy", "method": "method", "lora_rank": "lora_rank", "lora_targets": "lora_targets",
                "precision": "precision", "optimizer": "optimizer", "offload": "offload", "ac": "ac",
                "ac_every_k": "ac_every_k", "micro_batch": "micro_batch", "seq_len": "seq_len",
                "grad_accum": "grad_accum", "shard_group_size": "shard_group_size", "attention": "attention",
-               "dropout": "dropout"}
-LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS)
+               "dropout": "dropout", "reduce_dtype": "reduce_dtype"}
+LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS) + ("reduce_dtype",)
 
 MEMORY_COLUMNS = BREAKDOWN_TERMS + (
     "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes", "device_total_bytes", "gpu_memory_bytes",
@@ -200,6 +200,12 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
         axes[arg] = _knob_axis(arg, args[arg])
     targets = _dedupe(str(t) for t in _as_list(args["lora_targets"]))
     axes["lora_targets"] = _Axis("lora_targets", tuple(targets), np.arange(len(targets)))
+    if args["reduce_dtype"] is None:  # each engine's default (st.default_reduce_dtype); no label column
+        axes["reduce_dtype"] = _Axis("reduce_dtype", (None,), np.asarray([-1]))
+    else:
+        codes = _dedupe(st.code(st.REDUCE_DTYPES, v, "reduce_dtype") for v in _as_list(args["reduce_dtype"]))
+        axes["reduce_dtype"] = _Axis("reduce_dtype", tuple(st.REDUCE_DTYPES[i] for i in codes),
+                                     np.asarray(codes, dtype=np.int64))
     groups = args["shard_group_size"]
     if groups is None:
         axes["shard_group_size"] = _Axis("shard_group_size", (None,), np.asarray([0]))
@@ -346,6 +352,10 @@ def _chunk_columns(plan: _Plan, ix: dict[str, Any]) -> tuple[Columns, dict[str, 
         values["shard_group_size"] = values["gpus_per_node"]
     else:
         values["shard_group_size"] = plan.axis("shard_group_size").codes[ix["shard_group_size"]]
+    if plan.axis("reduce_dtype").labels == (None,):
+        values["reduce_dtype"] = st.default_reduce_dtype(values["precision"], values["engine"])
+    else:
+        values["reduce_dtype"] = plan.axis("reduce_dtype").codes[ix["reduce_dtype"]]
     values = {f: np.asarray(v) for f, v in values.items()}
     extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + COMPUTE_FIELDS + ("nodes", "cluster_ok")}
     extra[PEAK_FIELD] = _PeakByPrecision(plan.cluster_table[PEAK_FIELD], cl)
@@ -456,6 +466,7 @@ def sweep(
     shard_group_size: Any = None,
     attention: Any = "sdpa",
     dropout: Any = False,
+    reduce_dtype: Any = None,
     intra_link: str | None = None,
     inter_link: str | None = None,
     host_ram: str | int | None = None,
@@ -472,13 +483,15 @@ def sweep(
     nodes) give rows with ``valid`` False. ``strategies`` None sweeps all eight; combinations an
     engine cannot express have ``valid`` False (``valid_only=True`` drops them).
     ``columns``: None/"all", "summary", or a list of column names (the configuration labels are
-    always kept). ``progress`` None: a stderr bar when stderr is a terminal and the sweep is big.
+    always kept). ``reduce_dtype`` None uses each engine's default (fp32 for FSDP/DDP under mixed
+    precision, 16-bit for DeepSpeed); names (fp32, bf16, fp16, param) add a ``reduce_dtype`` axis.
+    ``progress`` None: a stderr bar when stderr is a terminal and the sweep is big.
     """
     args = dict(models=models, gpus=gpus, gpu_counts=gpu_counts, nodes=nodes, strategies=strategies, engines=engines,
                 precision=precision, optimizer=optimizer, ac=ac, micro_batch=micro_batch, seq_len=seq_len,
                 offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets,
                 grad_accum=grad_accum, ac_every_k=ac_every_k, shard_group_size=shard_group_size,
-                attention=attention, dropout=dropout)
+                attention=attention, dropout=dropout, reduce_dtype=reduce_dtype)
     link_options = dict(intra_link=intra_link, inter_link=inter_link,
                         host_ram_bytes_per_node=(parse_capacity_bytes(host_ram, "host_ram")
                                                  if isinstance(host_ram, str) else host_ram))
@@ -489,7 +502,8 @@ def sweep(
     show = (sys.stderr.isatty() and total >= 2 * DEFAULT_CHUNK_ROWS) if progress is None else bool(progress)
     bar = _Progress(total, show)
 
-    label_cols = [AXIS_COLUMN[a] for a in AXES if not (a == "nodes" or (a == "shard_group_size" and plan.axis(a).labels == (None,)))]
+    label_cols = [AXIS_COLUMN[a] for a in AXES if not (a == "nodes" or (a in ("shard_group_size", "reduce_dtype")
+                                                                       and plan.axis(a).labels == (None,)))]
     store: dict[str, np.ndarray | list] = {}
     names: list[str] | None = None
     want: set[str] | None = None

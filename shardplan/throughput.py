@@ -235,8 +235,10 @@ def fsdp_copy_bytes(c):
     ``foreach_all_gather_copy_out`` (``split_with_sizes_copy``) copies the gathered flat buffer into
     the unsharded parameters — read + write of the gathered bytes; before each reduce-scatter
     ``foreach_reduce`` packs the unsharded gradients with ``chunk_cat`` into the reduce-scatter
-    input in ``reduce_dtype`` — read a + write reduce bytes per trainable parameter. (Copy-in of the
-    local shard is 1/N of that and left out.) FSDP1 all-gathers straight into the ``FlatParameter``
+    input in ``reduce_dtype`` — read a + write reduce bytes per trainable parameter — and casts the
+    reduced shard back to the parameter's dtype when ``reduce_dtype`` differs from it (bf16 reduce
+    of fp32 params: read 2 + write 4 per sharded element). (Copy-in of the local shard is 1/N of the
+    all-gather and left out.) FSDP1 all-gathers straight into the ``FlatParameter``
     (no copy-out) and casts the flat gradient to ``reduce_dtype`` when it differs from the
     parameter dtype. ASSUMPTION: DeepSpeed and DDP bucket copies are not counted; these copies
     run on the compute stream's time (memory-bound kernels on any stream take the same HBM)."""
@@ -252,7 +254,11 @@ def fsdp_copy_bytes(c):
     bwd_gather = np.where(reshard, 2.0 * blocks_b, 0.0)
     gb = grad_comm_bytes_per_element(c)
     cast = np.where(fsdp2 | (fsdp1 & (gb != a)), (a + gb) * trainable_params(c), 0.0)
-    rs = np.where((fsdp1 | fsdp2) & (n_g > 1), cast, 0.0)
+    # the reduced shard is cast back to the parameter's own dtype (fp32 sharded params under mixed
+    # precision: ``_to_dtype_if_needed(reduce_output, orig_dtype)``; FSDP1 ``_cast_grad_to_param_dtype``)
+    orig = np.where(c.precision == st.BF16_PURE, 2, 4)
+    back = np.where(gb != orig, (gb + orig) * trainable_params(c) / np.maximum(n_g, 1), 0.0)
+    rs = np.where((fsdp1 | fsdp2) & (n_g > 1), cast + back, 0.0)
     return fwd, bwd_gather, rs
 
 

@@ -10,6 +10,7 @@ DEFAULT_KNOBS = dict(
     nccl_buffer_bytes=0, strategy=st.FULL_SHARD, engine=st.FSDP2, precision=st.BF16_MIXED, optimizer=st.ADAMW,
     ac=st.AC_NONE, ac_every_k=2, offload=st.OFFLOAD_NONE, method=st.FULL, micro_batch=1, seq_len=2048,
     grad_accum=1, shard_group_size=8, attention=st.SDPA, dropout=False,
+    reduce_dtype=None,  # None: st.default_reduce_dtype(precision, engine), resolved by Columns.build
 )
 
 

@@ -103,3 +103,44 @@ def test_time_alpha_beta_and_single_rank():
     c, cluster = cols(strategy="full_shard")
     times = comm_times(c, link_rates(cluster))
     assert all(float(v) >= 0 for v in times.values())
+
+
+# --- reduce dtype knob ------------------------------------------------------------------------
+def test_default_reduce_dtype_per_engine():
+    """fp32 under FSDP/DDP mixed precision (torchtitan), 16-bit for DeepSpeed, param dtype when pure."""
+    assert int(columns_for(SPEC, parse_gpus("8xh100-sxm"), TrainingConfig()).reduce_dtype) == st.REDUCE_FP32
+    assert int(cols(engine="deepspeed")[0].reduce_dtype) == st.REDUCE_PARAM
+    assert int(cols(strategy="ddp")[0].reduce_dtype) == st.REDUCE_FP32
+    assert int(cols(precision="bf16-pure")[0].reduce_dtype) == st.REDUCE_PARAM
+
+
+@pytest.mark.parametrize("strategy,engine,name", [("full_shard", "fsdp2", "rs_grad"), ("full_shard", "fsdp1", "rs_grad"),
+                                                   ("ddp", "fsdp2", "ar_grad"), ("hybrid_shard", "fsdp1", "ar_replica"),
+                                                   ("zero2", "deepspeed", "rs_grad")])
+def test_bf16_reduce_halves_gradient_bytes_only(strategy, engine, name):
+    """reduce_dtype=bf16: gradient collectives move 2 B/element instead of 4; all-gathers unchanged.
+    DeepSpeed's default is already 16-bit, so its fp32 knob doubles instead."""
+    fp32 = comm_volume(cols("16xh100-sxm", strategy=strategy, engine=engine, reduce_dtype="fp32")[0])
+    bf16 = comm_volume(cols("16xh100-sxm", strategy=strategy, engine=engine, reduce_dtype="bf16")[0])
+    assert int(bf16[f"{name}_message_bytes"]) * 2 == int(fp32[f"{name}_message_bytes"]) > 0
+    assert int(bf16["ag_fwd_bytes"]) == int(fp32["ag_fwd_bytes"])
+    default = comm_volume(cols("16xh100-sxm", strategy=strategy, engine=engine)[0])
+    assert int(default[f"{name}_message_bytes"]) == int((bf16 if engine == "deepspeed" else fp32)[f"{name}_message_bytes"])
+
+
+def test_hsdp_cross_node_bytes_follow_reduce_dtype():
+    """HSDP replica all-reduce per GPU = 2(r−1)/r·Ψ·b/g with b the reduce dtype's bytes."""
+    c, _ = cols("4x8xh100-sxm", strategy="hybrid_shard", reduce_dtype="bf16")
+    v = comm_volume(c)
+    r, g = 4, 8
+    assert int(v["ar_replica_bytes"]) == pytest.approx(2 * (r - 1) / r * SPEC.total_params * 2 / g, rel=1e-9)
+
+
+def test_reduce_dtype_param_is_compute_dtype_and_unknown_is_an_error():
+    from shardplan.errors import ShardplanError
+    c, _ = cols(reduce_dtype="param")
+    assert int(comm_volume(c)["rs_grad_message_bytes"]) == SPEC.total_params * 2
+    c, _ = cols(precision="fp32", reduce_dtype="param")
+    assert int(comm_volume(c)["rs_grad_message_bytes"]) == SPEC.total_params * 4
+    with pytest.raises(ShardplanError, match="reduce_dtype"):
+        cols(reduce_dtype="fp8")

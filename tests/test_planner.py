@@ -84,3 +84,47 @@ def test_cli_plan_text_under_a_second():
     elapsed = time.perf_counter() - t0
     assert out.returncode == 0, out.stderr
     assert "tok/s/GPU" in out.stdout and elapsed < 3.0  # process start + imports included
+
+
+def test_plan_reduce_dtype_is_a_user_choice_not_searched():
+    """--reduce-dtype is applied to every candidate; without it each engine keeps its default."""
+    from shardplan.config import TrainingConfig
+    from shardplan.hardware import parse_gpus
+    from shardplan.models import resolve_model
+    from shardplan.planner import plan, resolve_workload
+    spec, cluster = resolve_model("llama-3.1-8b").spec, parse_gpus("2x8xa100-80gb")
+    w = resolve_workload(4096, cluster.world_size, 2**20, None)
+    default = plan(spec, cluster, TrainingConfig(seq_len=4096), w, top=20)
+    assert {p.reduce_dtype for p in default.plans if p.engine != "deepspeed"} == {"fp32"}
+    assert {p.reduce_dtype for p in default.plans if p.engine == "deepspeed"} <= {"bf16"}
+    bf16 = plan(spec, cluster, TrainingConfig(seq_len=4096, reduce_dtype="bf16"), w, top=20)
+    assert {p.reduce_dtype for p in bf16.plans} == {"bf16"}
+    assert bf16.plans[0].tokens_per_s >= default.plans[0].tokens_per_s
+
+
+def test_reduce_dtype_cli_option_query_word_and_export(capsys, tmp_path):
+    """--reduce-dtype / "reduce bf16" reach the config, the step time and the exported policy."""
+    import json
+    from shardplan.cli import main
+
+    def run(*argv):
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    argv = ["fit", "llama-3.1-8b on 2x8xa100-80gb seq 4096 hsdp fsdp1", "--global-batch-tokens", "1M", "--json"]
+    _, base, _ = run(*argv)
+    _, opt, _ = run(*argv, "--reduce-dtype", "bf16")
+    _, word, _ = run("fit", "llama-3.1-8b on 2x8xa100-80gb seq 4096 hsdp fsdp1 reduce bf16",
+                     "--global-batch-tokens", "1M", "--json")
+    base, opt, word = json.loads(base), json.loads(opt), json.loads(word)
+    assert base["config"]["reduce_dtype"] is None and opt["config"]["reduce_dtype"] == "bf16" == word["config"]["reduce_dtype"]
+    assert opt["time"]["step_time_s"] < base["time"]["step_time_s"]
+    out = tmp_path / "fsdp1.py"
+    code, _, _ = run(*argv, "--reduce-dtype", "bf16", "--export", f"fsdp1={out}")
+    assert code == 0 and "reduce_dtype=torch.bfloat16" in out.read_text()
+    code, _, err = run("fit", "8B on 8xh100-sxm", "--reduce-dtype", "fp8")
+    assert code != 0 and "reduce_dtype" in err and "Traceback" not in err
+    code, out, _ = run("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--seq-len", "4096",
+                       "--global-batch-tokens", "256K", "--reduce-dtype", "bf16", "--json")
+    assert code == 0 and {p["reduce_dtype"] for p in json.loads(out)["plans"]} == {"bf16"}

@@ -17,7 +17,7 @@ from shardplan.config import TrainingConfig
 from shardplan.errors import ShardplanError
 
 KNOBS = ("strategy", "engine", "precision", "optimizer", "ac", "ac_every_k", "offload", "method", "lora_rank",
-         "lora_targets", "micro_batch", "grad_accum", "seq_len", "shard_group_size")
+         "lora_targets", "micro_batch", "grad_accum", "seq_len", "shard_group_size", "reduce_dtype")
 
 # precision -> (param, reduce, buffer) dtypes as torch names; None = keep the stored dtype.
 DTYPES = {
@@ -26,6 +26,8 @@ DTYPES = {
     "bf16-pure": (None, None, None),   # the model itself is cast to bf16; nothing to mix
     "fp32": (None, None, None),
 }
+# reduce_dtype knob (st.REDUCE_DTYPES, "param" resolved by st.reduce_dtype_name) -> torch name
+TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # DeepSpeed ZeRO stage per strategy (DESIGN.md §2 table).
 ZERO_STAGE = {"ddp": 0, "no_shard": 0, "zero1": 1, "zero2": 2, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
 # peft target_modules per shardplan lora_targets (Llama-style projection names).
@@ -60,7 +62,9 @@ class PlanSpec(TrainingConfig):
     def _check(self) -> "PlanSpec":
         for field, names in (("strategy", st.STRATEGIES), ("engine", st.ENGINES), ("precision", st.PRECISIONS),
                              ("optimizer", st.OPTIMIZERS), ("ac", st.AC_MODES), ("offload", st.OFFLOADS),
-                             ("method", st.METHODS)):
+                             ("method", st.METHODS), ("reduce_dtype", st.REDUCE_DTYPES)):
+            if field == "reduce_dtype" and self.reduce_dtype is None:
+                continue
             if getattr(self, field) not in names:
                 raise ShardplanError(field, getattr(self, field), f"unknown; choose one of {', '.join(names)}")
         if self.shard_group_size and self.world_size % self.shard_group_size:
@@ -95,7 +99,13 @@ class PlanSpec(TrainingConfig):
 
     @property
     def dtypes(self) -> tuple[str | None, str | None, str | None]:
-        return DTYPES[self.precision]
+        """(param, reduce, buffer) torch dtype names for the mixed-precision policy; the reduce dtype
+        follows the ``reduce_dtype`` knob when set (e.g. fms-fsdp's bf16 reduction)."""
+        param, reduce, buffer = DTYPES[self.precision]
+        if param is not None and self.reduce_dtype is not None:
+            reduce = TORCH_DTYPE[st.reduce_dtype_name(st.code(st.REDUCE_DTYPES, self.reduce_dtype, "reduce_dtype"),
+                                                      st.PRECISIONS.index(self.precision))]
+        return param, reduce, buffer
 
     @property
     def global_batch(self) -> int:
