@@ -122,7 +122,10 @@ def _block_backward(c, k, states, units, n_g, grads_held):
         # saved tensors of blocks <= k, and the activation gradients in flight in block k
         "activations": np.where(fsdp, acts + tokens * backward_working_bytes_per_token(c, a), 0),
         "unsharded_params": units["block_unsharded"] * np.where(keep, k + 1, 1),
-        "all_gather_buffers": np.where((k >= 1) & ~keep, units["all_gather_block"], 0),
+        # the next block's prefetched all-gather (FSDP1: straight into its unsharded flat parameter)
+        "all_gather_buffers": np.where((k >= 1) & ~keep, np.where(fsdp1 & (units["all_gather_block"] == 0) & fsdp,
+                                                                  np.where(n_g > 1, units["block_unsharded"], 0),
+                                                                  units["all_gather_block"]), 0),
         "unsharded_grads": units["first_block_grad"],
         "reduce_scatter_buffers": np.where(k < L - 1, units["reduce_scatter_block"], 0),
         "root_unsharded": units["root_unsharded"],

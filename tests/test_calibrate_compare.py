@@ -2,8 +2,9 @@
 live fake-PG run when torch is installed. Tolerances are the calibration issue's (issue 3):
 exact for params, grads, optimizer states, all-gather / reduce-scatter buffers (and unsharded
 params/grads), <= 1 % for activations and total peak on the tiny FSDP2 grid, <= 2 % for the phase
-peaks of the 7B FakeTensorMode runs. FSDP1 (coarse generic-tracker categories) is held to what
-its categories allow: optimizer exact, activations <= 1 %."""
+peaks of the 7B FakeTensorMode runs. FSDP1 (measured with shardplan's StorageTracker: real
+storage sizes) is held to the same exactness for states and buffers and <= 1 % activations; its
+phase peaks where the model covers the mechanism (see the FSDP1 tests)."""
 
 from pathlib import Path
 
@@ -56,11 +57,41 @@ def test_7b_fake_tensor_runs(rows, category):
     assert all(abs(r["error"]) <= tol for r in found), [(r["configuration"], r["error"]) for r in found]
 
 
-def test_fsdp1_what_its_categories_allow(rows):
-    for r in _errors(rows, "fsdp1", False, "optimizer"):
-        assert r["error"] == 0
+def test_fsdp1_grid_covers_strategies_precision_ac_and_worlds(rows):
+    configs = {r["configuration"] for r in rows if r["engine"] == "fsdp1"}
+    assert len(configs) >= 20
+    for part in ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "p=bfloat16", "ac=full", "ac=selective",
+                 "/W2/", "/W4/", "/W8/", "/W64/"):
+        assert any(part in c for c in configs), part
+
+
+@pytest.mark.parametrize("category", EXACT)
+def test_fsdp1_states_and_buffers_are_exact(rows, category):
+    """FSDP1 measured with StorageTracker (real storage sizes): params, grads, optimizer, the
+    unsharded flat parameters, ``_mp_shard`` and the reduce-scatter buffers are exact."""
+    found = _errors(rows, "fsdp1", False, category)
+    assert found
+    bad = [(r["configuration"], r["predicted_bytes"], r["measured_bytes"]) for r in found
+           if r["predicted_bytes"] != r["measured_bytes"]]
+    assert not bad
+
+
+def test_fsdp1_activations_within_1_percent(rows):
     for r in _errors(rows, "fsdp1", False, "activations"):
-        assert abs(r["error"]) <= 0.01
+        assert abs(r["error"]) <= 0.01, r
+
+
+def test_fsdp1_peaks_exact_where_modelled_and_bounded_elsewhere(rows):
+    """Known gap (docs/calibration.md): FSDP1's backward under MixedPrecision or AC and NO_SHARD in
+    fp32 are not modelled to 1 % yet; the no-AC fp32 sharded runs are (root + current block +
+    prefetched block unsharded)."""
+    for cat in ("backward_peak", "total_peak"):
+        found = _errors(rows, "fsdp1", False, cat)
+        for r in found:
+            c = r["configuration"]
+            if "p=float32" in c and "ac=full" not in c and "no_shard" not in c:
+                assert abs(r["error"]) <= 0.01, r
+            assert abs(r["error"]) <= 0.15, r
 
 
 def test_real_gloo_ranks_agree_with_fake_pg():

@@ -15,10 +15,8 @@ Harness specifics (stated, not fitted):
 * The tracker also counts the step's inputs (input ids and labels: 2·8·b·s bytes) and the model's
   buffers (Llama: RoPE ``inv_freq``, head_dim/2 fp32; the GPT-2-style harness model: a P×P bool
   causal mask per block); they are added to the phase and total peaks.
-* FSDP1 records come from the generic ``MemTracker`` (``use_orig_params=False``): "Parameter"
-  holds the sharded flat parameters plus every unit's unsharded flat storage once gathered (its
-  storage is freed by ``resize_(0)``, which the tracker does not see), "Gradient" the larger of
-  the sharded gradients and the largest unit's unsharded gradient. All-gather/reduce-scatter/unsharded categories do not exist there.
+* FSDP1 records come from ``storage_tracker.StorageTracker`` (real storage sizes; FSDP2's
+  category names); FSDP1's own buffers are predicted by ``_fsdp1_categories``.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ MEASURED_FIELD = {
     "reduce_scatter_buffers": "reduce_scatter_bytes", "unsharded_params": "params_unsharded_bytes",
     "unsharded_grads": "grads_unsharded_bytes", "activations": "activations_bytes",
 }
-FSDP1_CATEGORIES = ("params_sharded", "grads_sharded", "optimizer", "activations", "forward_peak", "backward_peak",
-                    "total_peak")
+FSDP1_CATEGORIES = CATEGORIES
 
 
 def record_spec(record: dict) -> ModelSpec:
@@ -129,13 +126,46 @@ def predict(record: dict) -> dict[str, int]:
 
         out["activations"] = int(block_activation_bytes(c) + head_activation_bytes(c) + logits_forward_bytes(c))
     if record["config"]["engine"] == "fsdp1":
-        # generic MemTracker: Parameter = sharded flat params + every unit's unsharded flat storage
-        # (NO_SHARD: the flat parameter is used as is, nothing is gathered)
-        gathered = int(u["root_unsharded"] + L * u["block_unsharded"]) if n_p > 1 else 0
-        out["params_sharded"] = int(states["params"]) + gathered
-        # Gradient: the larger of the sharded gradients and the largest unit's unsharded gradient
-        out["grads_sharded"] = max(int(states["grads"]), out["unsharded_grads"])
+        out.update(_fsdp1_categories(c, states, n_p))
     return out
+
+
+def _fsdp1_categories(c, states, n_p) -> dict[str, int]:
+    """FSDP1's own buffers (``StorageTracker`` categories; torch ``fsdp/_flat_param.py``): one flat
+    parameter per unit (root, each block), padded as a whole to a multiple of the shard count.
+
+    * unsharded params: ``_full_param_padded`` in the param dtype; the root is not resharded after
+      forward and, in backward, the next block is prefetched (BACKWARD_PRE) while the current one
+      computes: root + min(L, 2) blocks (SHARD_GRAD_OP: root + every block); none for NO_SHARD;
+    * all-gather input: ``_mp_shard``, the param-dtype copy of one unit's shard under
+      MixedPrecision (NO_SHARD: the low-precision copy of every unit, kept until the step ends);
+    * reduce-scatter: the padded unsharded gradient upcast to the reduce dtype plus its output
+      shard, n·ceil(P/n)·r·(1 + 1/n) for the largest unit; unsharded gradient: the largest unit's
+      gradient (unpadded) in the reduce dtype.
+    """
+    from shardplan.buffers import reduce_dtype_bytes
+    from shardplan.activations import compute_dtype_bytes
+
+    L = int(c.num_layers)
+    n = max(int(n_p), 1)
+    a = int(compute_dtype_bytes(c.precision))
+    r = int(reduce_dtype_bytes(c.precision))
+    root, block = int(c.root_params), int(c.unit_params)
+    pad = lambda p: n * -(-p // n)  # noqa: E731
+    sharded = n > 1
+    keep = int(c.strategy) in (st.SHARD_GRAD_OP, st.HYBRID_SHARD_ZERO2)
+    mixed = a != int(np.where(int(c.precision) == st.BF16_PURE, 2, 4))
+    if sharded:
+        unsharded = (pad(root) + pad(block) * (L if keep else min(L, 2))) * a
+        all_gather = -(-max(root, block) // n) * a if mixed else 0
+        big = max(pad(root), pad(block))
+        reduce_scatter = big * r + (big // n) * r
+        unsharded_grads = max(root, block) * r
+    else:
+        unsharded, reduce_scatter, unsharded_grads = 0, 0, 0
+        all_gather = (root + L * block) * a if mixed else 0
+    return {"unsharded_params": unsharded, "all_gather_buffers": all_gather, "reduce_scatter_buffers": reduce_scatter,
+            "unsharded_grads": unsharded_grads}
 
 
 def config_label(record: dict) -> str:

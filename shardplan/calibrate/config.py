@@ -107,11 +107,17 @@ def default_grid(launch: Launch = "fake") -> list[RunConfig]:
     configs.append(RunConfig(engine="fsdp2", strategy="full_shard", model="gpt2", world_size=4,
                              tiny={"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4,
                                    "intermediate_size": 256, "vocab_size": 256}, launch=launch))
-    for strategy in ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard"):
-        configs.append(RunConfig(engine="fsdp1", strategy=strategy, world_size=4, launch=launch,
-                                 shard_size=2 if strategy == "hybrid_shard" else None))
+    for strategy, (pd, rd), ac in itertools.product(["full_shard", "shard_grad_op", "no_shard", "hybrid_shard"],
+                                                     precisions, ["none", "full"]):
+        configs.append(RunConfig(engine="fsdp1", strategy=strategy, world_size=4, param_dtype=pd, reduce_dtype=rd,
+                                 ac=ac, launch=launch, shard_size=2 if strategy == "hybrid_shard" else None))
     configs.append(RunConfig(engine="fsdp1", strategy="full_shard", world_size=8, param_dtype="bfloat16",
                              ac="full", launch=launch))
+    configs.append(RunConfig(engine="fsdp1", strategy="full_shard", world_size=2, launch=launch))
+    configs.append(RunConfig(engine="fsdp1", strategy="full_shard", world_size=8, ac="selective", launch=launch))
+    configs.append(RunConfig(engine="fsdp1", strategy="full_shard", world_size=64, param_dtype="bfloat16",
+                             launch=launch))
+    configs.append(RunConfig(engine="fsdp1", strategy="full_shard", world_size=4, optimizer="sgd", launch=launch))
     return configs
 
 

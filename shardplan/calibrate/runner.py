@@ -2,7 +2,7 @@
 
 ``measure(cfg)`` assumes ``torch.distributed`` is initialised (gloo, nccl or the fake backend)
 and returns one tidy record: the configuration, per-category memory peaks from torch's own
-trackers (``FSDPMemTracker`` for FSDP2, ``MemTracker`` for FSDP1), the forward/backward phase
+trackers (``FSDPMemTracker`` for FSDP2; for FSDP1 ``storage_tracker.StorageTracker``, real storage sizes), the forward/backward phase
 peaks of the root module, the breakdown at the overall peak, step time (median after a warm-up
 step), collective counts/bytes, and on CUDA the allocator's own peaks.
 
@@ -46,17 +46,9 @@ FSDP2_FIELDS = {
     "Inputs": "inputs_bytes",
     "Buffer": "buffers_bytes",
 }
-# FSDP1's generic tracker has no sharded/unsharded split: FlatParameters count as "Parameter",
-# the all-gathered flat storage is produced by the collective (counted as Activation/Temp).
-FSDP1_FIELDS = {
-    "Parameter": "params_sharded_bytes",
-    "Gradient": "grads_sharded_bytes",
-    "Optstate": "optimizer_state_bytes",
-    "Activation": "activations_bytes",
-    "Temp": "temporaries_bytes",
-    "Other": "inputs_bytes",
-    "Buffer": "buffers_bytes",
-}
+# FSDP1 is measured with ``storage_tracker.StorageTracker`` (real storage sizes, FSDP1's flat-parameter
+# roles by identity); its categories carry FSDP2's names.
+FSDP1_FIELDS = dict(FSDP2_FIELDS)
 CATEGORY_FIELDS = sorted(set(FSDP2_FIELDS.values()) | set(FSDP1_FIELDS.values()) | {"optimizer_step_peak_bytes"})
 
 
@@ -236,16 +228,23 @@ def measure(cfg: RunConfig) -> dict:
 
             tracker = _tracker_with_category_max(FSDPMemTracker)(model, opt)
             tracker.track_inputs(inputs)
+            with tracker:
+                loss = train_step(model, opt, inputs)
         else:
-            from torch.distributed._tools.mem_tracker import MemTracker
+            from shardplan.calibrate.storage_tracker import StorageTracker
 
-            tracker = _tracker_with_category_max(MemTracker)()
-            tracker.track_external(model, opt, *inputs)
-        with tracker:
-            loss = train_step(model, opt, inputs)
+            tracker = StorageTracker(model, opt, inputs)
+            with tracker:
+                opt.zero_grad(set_to_none=True)
+                with tracker.phase("forward"):
+                    loss = model(*inputs)
+                with tracker.phase("backward"):
+                    loss.backward()
+                with tracker.phase("optimizer"):
+                    opt.step()
         _sync(dev)
 
-    record.update(_tracker_summary(tracker, model, cfg))
+    record.update(_tracker_summary(tracker, model, cfg) if cfg.engine == "fsdp2" else _storage_summary(tracker))
     record["loss"] = None if cfg.fake_tensors else float(loss.detach().float().item())
     warm = times[1:]
     record["step_time_s"] = None if cfg.fake_tensors else statistics.median(warm)
@@ -297,6 +296,32 @@ def _tracker_summary(tracker, model, cfg: RunConfig) -> dict:
     measured["optimizer_state_bytes"] = steady
     out["end_of_step"] = {str(d): {getattr(k, "value", k): int(v) for k, v in s.items()} for d, s in end.items()}
     return out
+
+
+def _storage_summary(tracker) -> dict:
+    """Record fields from ``StorageTracker`` (FSDP1): the same field names as FSDP2's."""
+    cat_max = tracker.cat_max
+    measured = {field: 0 for field in CATEGORY_FIELDS}
+    for cat, field in FSDP1_FIELDS.items():
+        measured[field] = int(cat_max.get(cat, 0))
+    measured["optimizer_step_peak_bytes"] = measured["optimizer_state_bytes"]
+    measured["optimizer_state_bytes"] = int(tracker.current.get("OptState", 0))
+    peaks = {ph: {k: int(v) for k, v in snap.items()} for ph, snap in tracker.peaks.items()}
+    fw, bw = peaks.get("forward"), peaks.get("backward")
+    return {
+        "measured": measured,
+        "tracker": "StorageTracker",
+        "peak_breakdown": {"cpu": peaks.get("all")},
+        "total_peak_bytes": int(peaks.get("all", {}).get("Total", 0)),
+        "devices": ["cpu"],
+        "forward_peak_breakdown": {"cpu": fw},
+        "backward_peak_breakdown": {"cpu": bw},
+        "optimizer_peak_breakdown": {"cpu": peaks.get("optimizer")},
+        "forward_peak_bytes": int((fw or {}).get("Total", 0)),
+        "backward_peak_bytes": int((bw or {}).get("Total", 0)),
+        "category_max": {k: int(v) for k, v in cat_max.items()},
+        "end_of_step": {"cpu": {k: int(v) for k, v in tracker.current.items()}},
+    }
 
 
 def getattr_cat(snap: dict, name: str) -> int:
