@@ -149,6 +149,15 @@ _GPUS = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(\d+)\s*[x×*]\s*(.+?)\s*$", re.I
 _CAPACITY_GPU = re.compile(r"^(\d+(?:\.\d+)?)\s*gi?b?$", re.IGNORECASE)
 
 
+def _scoped_link(name: str, scope: str, field: str) -> LinkProfile:
+    """A link profile that must serve the given tier (NVLink cannot join nodes, InfiniBand is not intra-node)."""
+    link = get_link(name, field)
+    if link.scope != scope:
+        raise ShardplanError(field, name, f"is an {link.scope.replace('_', '-')} link; "
+                                          f"{field} needs an {scope.replace('_', '-')} one")
+    return link
+
+
 def parse_gpus(
     text: str,
     *,
@@ -189,8 +198,8 @@ def parse_gpus(
         gpu=gpu,
         gpus_per_node=per_node,
         nodes=nodes,
-        intra_link=get_link(intra_link or gpu.default_intra_link, "intra_link"),
-        inter_link=get_link(inter_link or gpu.default_inter_link, "inter_link"),
+        intra_link=_scoped_link(intra_link or gpu.default_intra_link, "intra_node", "intra_link"),
+        inter_link=_scoped_link(inter_link or gpu.default_inter_link, "inter_node", "inter_link"),
         nics_per_node=nics_per_node or max(1, per_node if gpu.default_gpus_per_node >= 8 else 1),
         host_ram_bytes_per_node=host_ram_bytes_per_node or gpu.default_host_ram_bytes,
         capacity_only=bool(capacity),

@@ -406,3 +406,16 @@ def test_fsdp_snippet_runs_and_matches_predicted_state_bytes(engine, strategy, a
         allowance = units * fake_world * slack[term] if engine == "fsdp1" else 0
         assert abs(got - want) <= allowance, (term, got, want)
     assert measured["params"] > 0
+
+
+@pytest.mark.parametrize("reduce_dtype,torch_name", [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_deepspeed_communication_dtype_follows_the_plan(reduce_dtype, torch_name, monkeypatch):
+    pytest.importorskip("deepspeed")
+    import torch
+    from deepspeed.runtime import config as ds_config
+
+    s = spec(engine="deepspeed", strategy="full_shard", reduce_dtype=reduce_dtype)
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: s.world_size)
+    cfg = ds_config.DeepSpeedConfig(json.loads(export(s, "deepspeed")))
+    assert cfg.communication_data_type == getattr(torch, torch_name)

@@ -308,3 +308,14 @@ def test_user_profile_is_found_by_name_and_capacity(tmp_path, monkeypatch):
     # 96 GB is not in CAPACITY_DEFAULTS; the one profile of that size answers.
     cluster = parse_gpus("2x96GB")
     assert cluster.gpu.name == "my-h20" and cluster.capacity_only
+
+
+def test_links_must_serve_their_tier():
+    from shardplan.errors import ShardplanError
+    from shardplan.hardware import parse_gpus
+
+    with pytest.raises(ShardplanError, match="intra_link='ib-ndr'"):
+        parse_gpus("8xh100-sxm", intra_link="ib-ndr")
+    with pytest.raises(ShardplanError, match="inter_link='nvlink4'"):
+        parse_gpus("2x8xh100-sxm", inter_link="nvlink4")
+    assert parse_gpus("2x8xh100-sxm", inter_link="eth-400g").inter_link.name == "eth-400g"

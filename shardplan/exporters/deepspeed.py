@@ -56,6 +56,9 @@ def deepspeed_config(spec: PlanSpec) -> dict[str, Any]:
     elif spec.precision == "fp16-mixed":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}
+    if spec.reduce_dtype in ("fp32", "bf16", "fp16"):
+        # the gradient reduction dtype the plan assumed (DeepSpeed config docs: communication_data_type)
+        config["communication_data_type"] = spec.reduce_dtype
     config["zero_optimization"] = zero
     if spec.optimizer in OPTIMIZER_TYPES:
         params: dict[str, Any] = {"lr": 1e-5}
