@@ -169,6 +169,45 @@ def logits_and_loss_bytes(c):
     return np.maximum(logits_forward_bytes(c), logits_backward_bytes(c))
 
 
+def block_forward_working_bytes_per_token(c, a):
+    """Bytes per token alive inside the forward of the block being run (beyond the saved tensors of
+    the blocks before it), at that block's largest sub-moment. Measured (torch 2.13, tiny Llama and
+    GPT-2 runs, FSDPMemTracker / StorageTracker per-op traces; data/calibration/):
+
+    * no AC: the end of the block (the residual add allocating the block output): the block's full
+      saved set + the down projection's output + the block output (2·a·h), + the block input and
+      the post-attention residual when no norm saves them (16-bit RMSNorm saves its fp32 upcast
+      instead: +2·a·h; fp32 RMSNorm and LayerNorm save the input itself). GPT-2 fp32, W=4: forward
+      peak at the last block's residual add, −4.4 % before this moment was modelled.
+    * full AC: the MLP product (``act(gate(x)) * up(x)``): the block input (kept by the checkpoint),
+      the residual, the norm output, and the activation output, up output and product (3·a·i gated,
+      2·a·i plain: fc1 and activation outputs); nothing of the block is saved. Tiny Llama fp32 W=4
+      FSDP1: 172,288 B activations at ``aten.mul`` in block 1 = 64 tokens × (a·h + 3·a·h + 3·a·i)
+      + RoPE + position ids.
+    * selective AC: the MLP product again, with what the policy saved so far (all of
+      ``selective_layer_bytes_per_token`` but the down projection's output) + residual, norm output,
+      activation output and product: sel + a·h + 2·a·i (gated; plain: sel + a·h + a·i). Tiny Llama
+      fp32 W=8 FSDP2: 420,096 B activations, exact.
+
+    Every-k checkpointing takes the no-AC value (the last block may be unchecked). ASSUMPTION: the MLP
+    dominates the attention sub-moment (i ≥ 2h); eager attention's s² temporaries are not modelled
+    here."""
+    h, i = c.hidden_size, c.mlp_width
+    full = layer_bytes_per_token(c, a)
+    shared = c.layernorm | (a >= 4)
+    none = full + np.where(shared, 0, 2 * a * h) + 2 * a * h
+    full_ac = np.maximum(3 * a * h + np.where(c.gated_mlp, 3, 2) * a * i, 4 * a * h)
+    sel = selective_layer_bytes_per_token(c, a)
+    selective = np.maximum(sel + a * h + np.where(c.gated_mlp, 2, 1) * a * i, sel + 2 * a * h)
+    all_ckpt = checkpointed_layers(c) >= c.num_layers
+    return np.where(all_ckpt, np.where(c.ac == st.AC_SELECTIVE, selective, full_ac), none)
+
+
+def position_ids_bytes(c):
+    """int64 position ids (b rows expanded from one arange: 8·s bytes), alive through forward."""
+    return np.asarray(8 * c.seq_len, dtype=np.int64)
+
+
 def backward_working_bytes_per_token(c, a):
     """Activation gradients alive at a block's backward peak beyond its saved tensors, per token
     (measured: the MLP's product backward). The block output's gradient (a·h), and for a gated MLP

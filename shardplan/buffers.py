@@ -80,9 +80,15 @@ def fsdp_units(c, n_p):
     sharded = fsdp & (n > 1)
     keep = fsdp & ((c.strategy == st.SHARD_GRAD_OP) | (c.strategy == st.HYBRID_SHARD_ZERO2))
     root_w = np.where(full, a, 2)
+    # FSDP1 NO_SHARD computes on the flat parameter itself: no unsharded copy, except the 16-bit
+    # ``_mp_shard`` under MixedPrecision, which lives like a sharded unit's ``_full_param_padded``
+    # (measured: tiny NO_SHARD fp32 W=4, the backward peak holds no unsharded bytes; bf16-mixed:
+    # root + current + prefetched block of 16-bit copies, 139,648 B at the start of backward).
+    mixed = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
+    copies = fsdp & ~((c.engine == st.FSDP1) & (n <= 1) & ~(mixed | ~full))
     out = dict(
-        root_unsharded=np.where(fsdp, root_elems * root_w, 0),
-        block_unsharded=np.where(fsdp, block_elems * w, 0),
+        root_unsharded=np.where(copies, root_elems * root_w, 0),
+        block_unsharded=np.where(copies, block_elems * w, 0),
         all_gather_block=np.where(fsdp2 & sharded, block_elems * w, 0),
         all_gather_root=np.where(fsdp2 & sharded, root_elems * root_w, 0),
         reduce_scatter_block=np.where(sharded, block_elems * trainable * r, 0),

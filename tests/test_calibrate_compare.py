@@ -43,9 +43,11 @@ def test_tiny_fsdp2_states_and_buffers_are_exact(rows, category):
     assert not bad
 
 
-@pytest.mark.parametrize("category", ["activations", "total_peak", "backward_peak"])
+@pytest.mark.parametrize("category", ["activations", "forward_peak", "total_peak", "backward_peak"])
 def test_tiny_fsdp2_activations_and_peaks_within_1_percent(rows, category):
-    bad = [(r["configuration"], r["error"]) for r in _errors(rows, "fsdp2", False, category) if abs(r["error"]) > 0.01]
+    # measured max: activations 0.07 %, forward 0.03 %, backward/total 0.68 % (NO_SHARD fp32)
+    tol = {"activations": 0.001, "forward_peak": 0.0005}.get(category, 0.007)
+    bad = [(r["configuration"], r["error"]) for r in _errors(rows, "fsdp2", False, category) if abs(r["error"]) > tol]
     assert not bad
 
 
@@ -53,7 +55,7 @@ def test_tiny_fsdp2_activations_and_peaks_within_1_percent(rows, category):
 def test_7b_fake_tensor_runs(rows, category):
     found = _errors(rows, "fsdp2", True, category)
     assert len(found) == 4  # W = 8, 64 x AC none, full
-    tol = 0.0 if category in EXACT else 0.02
+    tol = 0.0 if category in EXACT else 0.001  # issue 3 asks 2 %; measured max 0.001 %
     assert all(abs(r["error"]) <= tol for r in found), [(r["configuration"], r["error"]) for r in found]
 
 
@@ -81,17 +83,28 @@ def test_fsdp1_activations_within_1_percent(rows):
         assert abs(r["error"]) <= 0.01, r
 
 
-def test_fsdp1_peaks_exact_where_modelled_and_bounded_elsewhere(rows):
-    """Known gap (docs/calibration.md): FSDP1's backward under MixedPrecision or AC and NO_SHARD in
-    fp32 are not modelled to 1 % yet; the no-AC fp32 sharded runs are (root + current block +
-    prefetched block unsharded)."""
-    for cat in ("backward_peak", "total_peak"):
+def test_fsdp1_peaks_within_1_percent(rows):
+    """FSDP1 phase and total peaks (every strategy, fp32 and bf16-mixed, AC none/full/selective):
+    the forward moments inside a block's forward, the last block prefetched at the start of
+    backward, the reduce-scatter input freed inside the post-backward hook, and NO_SHARD without
+    unsharded copies (fp32) are modelled. Measured max: backward 0.66 %, total 0.78 % (NO_SHARD's
+    optimizer step: 16,640 B of foreach temporaries not modelled)."""
+    for cat in ("forward_peak", "backward_peak", "total_peak"):
         found = _errors(rows, "fsdp1", False, cat)
-        for r in found:
-            c = r["configuration"]
-            if "p=float32" in c and "ac=full" not in c and "no_shard" not in c:
-                assert abs(r["error"]) <= 0.01, r
-            assert abs(r["error"]) <= 0.15, r
+        assert len(found) >= 20
+        bad = [(r["configuration"], r["error"]) for r in found if abs(r["error"]) > 0.008]
+        assert not bad, (cat, bad)
+        exact = [r for r in found if abs(r["error"]) <= 0.0001]
+        assert len(exact) >= len(found) - 6, cat
+
+
+def test_forward_peak_inside_a_block_is_modelled(rows):
+    """The forward peak inside a block's forward (FSDP2 all-gather copy-out, the MLP product under
+    AC, the last block's residual add without AC): <= 0.05 % on every tiny run."""
+    for engine in ("fsdp1", "fsdp2"):
+        bad = [(r["configuration"], r["error"]) for r in _errors(rows, engine, False, "forward_peak")
+               if abs(r["error"]) > 0.0005]
+        assert not bad, engine
 
 
 def test_real_gloo_ranks_agree_with_fake_pg():
@@ -113,10 +126,9 @@ def test_live_fake_pg_run_matches_prediction(tmp_path):
     from shardplan.calibrate.launch import run_grid
 
     # a shape and world size the committed grid does not have (3 blocks, W = 16: k/v rows pad)
-    # Known gaps, stated in docs/calibration.md: (1) the forward's maximum is modelled in the loss;
-    # under AC with a small vocabulary it is inside a block's forward; (2) inside a block's backward
-    # one sub-moment is modelled (the MLP product's backward); with few tokens (b·s = 32 here) the
-    # weight gradients dominate and the peak comes later in the block: -3.3 % on this run.
+    # Known gap, stated in docs/calibration.md: inside a block's backward one sub-moment is modelled
+    # (the MLP product's backward); with few tokens (b·s = 32 here) the weight gradients dominate
+    # and the peak comes later in the block: -3.3 % on this run.
     cfg = RunConfig(engine="fsdp2", strategy="full_shard", world_size=16, param_dtype="bfloat16", ac="none",
                     tiny={"hidden_size": 64, "num_layers": 3, "num_heads": 4, "num_kv_heads": 1,
                           "intermediate_size": 96, "vocab_size": 256}, micro_batch=1, seq_len=32, steps=2)
