@@ -6,7 +6,10 @@ docs/calibration.md, data/calibration/predicted_vs_measured.md):
 * forward (inside the loss): persistent states + all blocks' saved activations + logits with
   their fp32 upcast and log-softmax + the root's unsharded params + the last all-gather buffer
   (SHARD_GRAD_OP: every unit unsharded);
-* start of backward (the loss's backward): the same, with the logits' backward (12·bsV) instead;
+* inside a block's forward (``_block_forward``, np.maximum with the loss moment): FSDP2's
+  all-gather copy-out in block 0's / block L-1's pre-forward (three unit-sized buffers), and block
+  L-1's own forward at its largest sub-moment (MLP product under AC, residual add without);
+* start of backward (the loss's backward; FSDP1: + the last block, prefetched): the same, with the logits' backward (12·bsV) instead;
 * inside a block's backward (block k, at its MLP's product backward): states + the sharded
   gradients of the blocks already reduced + the previous block's reduce-scatter input + root and
   block k unsharded + the next block's prefetched all-gather + root gradients + the saved
