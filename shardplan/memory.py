@@ -189,11 +189,13 @@ def _block_backward(c, k, states, units, n_g, grads_held):
 
 
 def estimate_memory(c, *, fragmentation=FRAGMENTATION, cuda_context_bytes=CUDA_CONTEXT_BYTES,
-                    optimizer_step_on_device=False):
+                    optimizer_step_on_device=False, breakdown=True):
     """All memory columns for the configurations in ``c`` (a ``Columns``).
 
     ``optimizer_step_on_device``: count Adam's per-tensor ``step`` scalars in device memory (CPU
     runs, or fused/capturable Adam); torch's default on CUDA keeps them on the host.
+    ``breakdown=False`` leaves out the per-term columns at the peak moment (sweeps that only want
+    totals); the totals are the same either way.
     """
     states = model_states(c, optimizer_step_on_device=optimizer_step_on_device)
     n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
@@ -260,14 +262,16 @@ def estimate_memory(c, *, fragmentation=FRAGMENTATION, cuda_context_bytes=CUDA_C
     which = np.where(moment == FORWARD, best_fw, np.where(moment == BACKWARD, best_bw, -1))
 
     out = {name: states[name] for name in ("params", "grad_buckets", "master_params", "optimizer_states")}
-    for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS:
-        value = np.where(moment == OPTIMIZER_STEP, step.get(name, 0), 0)
-        for i, m in enumerate(moments):
-            if name in m:
-                value = np.where(which == i, m[name], value)
-        out[name] = np.asarray(value, dtype=np.int64) + zero
+    if breakdown:
+        for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS:
+            value = np.where(moment == OPTIMIZER_STEP, step.get(name, 0), 0)
+            for i, m in enumerate(moments):
+                if name in m:
+                    value = np.where(which == i, m[name], value)
+            out[name] = np.asarray(value, dtype=np.int64) + zero
 
-    peak_allocated = sum(out[name] for name in BREAKDOWN_TERMS)
+    # every moment's total sums the same terms, so the peak is the largest total
+    peak_allocated = np.maximum(np.maximum(fw_total, bw_total), step_total) + zero
     peak_reserved = reserved_bytes(peak_allocated, fragmentation)
     non_torch = non_torch_device_bytes(c.nccl_buffer_bytes, cuda_context_bytes)
     device_total = peak_reserved + non_torch

@@ -380,7 +380,7 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     ``comm.comm_volume`` / ``comm.comm_times`` and ``throughput.step_time`` (gradients synchronised
     every micro-batch, the engines' default) when those modules are present and a wanted column
     needs them (``want`` None: everything)."""
-    out = dict(estimate_memory(c))
+    out = dict(estimate_memory(c, breakdown=want is None or bool(want & set(BREAKDOWN_TERMS))))
     out["valid"] = out["valid"] & extra["cluster_ok"]
     out["fits"] = out["fits"] & extra["cluster_ok"]
     out["nodes"] = extra["nodes"]

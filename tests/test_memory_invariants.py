@@ -124,6 +124,10 @@ def test_vectorized_equals_scalar_loop_on_1000_random_configurations():
         dropout=rng.random(n) < 0.3,
     )
     vector = estimate_memory(Columns.build(**values))
+    # the breakdown at the peak moment adds up to the peak, and the totals don't need it
+    assert np.array_equal(sum(vector[k] for k in BREAKDOWN_TERMS), vector["peak_allocated_bytes"])
+    totals_only = estimate_memory(Columns.build(**values), breakdown=False)
+    assert np.array_equal(totals_only["peak_allocated_bytes"], vector["peak_allocated_bytes"])
     keys = list(BREAKDOWN_TERMS) + ["peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
                                     "host_bytes_per_node", "fits", "valid", "model_state_bytes"]
     for i in range(n):
