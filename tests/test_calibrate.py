@@ -140,8 +140,12 @@ def test_real_gloo_agrees_with_fake_pg():
     assert real["measured"] == fake["measured"]
     for rank in real["ranks"]:
         assert rank["measured"] == fake["measured"]
+    # Phase peaks: gloo runs collectives on its own thread, so a reduce-scatter buffer can outlive
+    # its fake-PG lifetime (which ends the moment the call returns) by one collective. Seen in CI:
+    # total peak +15,616 B = one tiny block's fp32 reduce-scatter input. Allow exactly that much.
+    slack = fake["measured"]["reduce_scatter_bytes"]
     for k in ("total_peak_bytes", "forward_peak_bytes", "backward_peak_bytes"):
-        assert real[k] == fake[k]
+        assert 0 <= real[k] - fake[k] <= slack, (k, real[k], fake[k], slack)
     assert real["collectives"] == fake["collectives"]
     assert real["step_time_s"] > 0
 
