@@ -29,7 +29,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd

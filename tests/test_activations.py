@@ -1,6 +1,5 @@
 """Activation bytes: the Korthikanti et al. (2022) GPT layer, and the checkpointing rules."""
 
-import numpy as np
 import pytest
 
 from shardplan import strategy as st

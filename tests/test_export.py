@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import sys
 
 import pytest
 
-from shardplan.export import FORMATS, export, load_plans, plan_spec, read_back, write_atomic
+from shardplan.export import export, load_plans, plan_spec, read_back, write_atomic
 from shardplan.exporters.spec import PlanSpec
 from shardplan.errors import ShardplanError
 

@@ -202,7 +202,7 @@ def test_minimum_gpus_matches_fit_minimum_gpus():
                strategies=["full_shard", "ddp"], ac="full", progress=False)
     table = minimum_gpus(df)
     for row in table.itertuples():
-        want = fit_minimum(get_model(row.model), parse_gpus(f"8xa100-80gb"),
+        want = fit_minimum(get_model(row.model), parse_gpus("8xa100-80gb"),
                            TrainingConfig(strategy=row.strategy, ac="full"), limit=128)
         if want is None or want in counts:  # fit's search also tries counts the sweep did not
             assert (None if pd.isna(row.minimum_gpus) else int(row.minimum_gpus)) == want, row

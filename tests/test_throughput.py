@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as hs
 
-from shardplan import strategy as st
 from shardplan.comm import link_rates
 from shardplan.config import TrainingConfig, columns_for
 from shardplan.hardware import parse_gpus
 from shardplan.models import resolve_model
-from shardplan.throughput import compute_rates, flops_per_token, model_flops_per_token, step_time, training_cost
+from shardplan.throughput import compute_rates, flops_per_token, step_time, training_cost
 
 SPEC = resolve_model("llama-3.1-8b").spec
 

@@ -16,7 +16,6 @@ imports torch.
 
 from __future__ import annotations
 
-import math
 import time
 import re
 import statistics
@@ -261,7 +260,7 @@ def benchmark_rank(ops=OPS, sizes=None, warmup: int = 2, iters: int = 5, dtype: 
     import torch.distributed as dist
 
     sizes = sizes or default_sizes()
-    n, rank = dist.get_world_size(), dist.get_rank()
+    n = dist.get_world_size()
     tdtype = getattr(torch, dtype)
     esize = torch.empty((), dtype=tdtype).element_size()
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -16,7 +16,6 @@ category's own maximum over the tracked step ("cat_max").
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 import time
