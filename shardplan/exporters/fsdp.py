@@ -142,6 +142,17 @@ def _ddp_body(spec: PlanSpec) -> str:
     return "\n".join(lines)
 
 
+def _shard_model_head(spec: PlanSpec) -> list[str]:
+    """The opening lines of the ``shard_model`` function both FSDP exporters write."""
+    body = [
+        'def shard_model(model, device_type="cuda"):',
+        '    """Apply the plan on every rank, after torch.distributed.init_process_group()."""',
+    ]
+    if spec.precision == "bf16-pure":
+        body.append("    model = model.to(torch.bfloat16)  # bf16-pure: params, grads and optimizer in bf16")
+    return body
+
+
 def _ddp_snippet(spec: PlanSpec, head: str) -> str:
     """Both FSDP exporters write torch DDP for the ``ddp`` strategy."""
     head += "from torch.nn.parallel import DistributedDataParallel\n" + _imports_ac(spec)
@@ -165,12 +176,7 @@ def fsdp2_snippet(spec: PlanSpec) -> str:
     consts = _constants(spec, mesh=True) + (f"\nRESHARD_AFTER_FORWARD = {spec.reshard_after_forward}  "
                                             f"# {spec.strategy}: {'free' if spec.reshard_after_forward else 'keep'} "
                                             "gathered params after forward")
-    body = [
-        'def shard_model(model, device_type="cuda"):',
-        '    """Apply the plan on every rank, after torch.distributed.init_process_group()."""',
-    ]
-    if spec.precision == "bf16-pure":
-        body.append("    model = model.to(torch.bfloat16)  # bf16-pure: params, grads and optimizer in bf16")
+    body = _shard_model_head(spec)
     body += [
         f"    mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names={names})",
         "    kwargs = dict(",
@@ -218,12 +224,7 @@ def fsdp1_snippet(spec: PlanSpec) -> str:
         if spec.ac == "selective":
             head += "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n"
     prefetch = "None" if spec.backward_prefetch == "NONE" else f"BackwardPrefetch.{spec.backward_prefetch}"
-    body = [
-        'def shard_model(model, device_type="cuda"):',
-        '    """Apply the plan on every rank, after torch.distributed.init_process_group()."""',
-    ]
-    if spec.precision == "bf16-pure":
-        body.append("    model = model.to(torch.bfloat16)  # bf16-pure: params, grads and optimizer in bf16")
+    body = _shard_model_head(spec)
     body += [
         "    block_classes = {type(m) for m in model.modules() if type(m).__name__ == BLOCK_CLASS}",
         "    if not block_classes:",
