@@ -23,7 +23,6 @@ How the product is evaluated, without a Python loop per configuration:
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import math
 import sys
@@ -34,6 +33,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
+from shardplan import comm, throughput
 from shardplan import strategy as st
 from shardplan.config import MODEL_FIELDS, Columns, cluster_values, model_values
 from shardplan.errors import ShardplanError
@@ -237,15 +237,13 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
             cluster_table[f][i, j, k] = v
         cluster_table["nodes"][i, j, k] = cluster.nodes
         cluster_table["cluster_ok"][i, j, k] = ok
-        rates = _link_rates(cluster)
-        if rates is not None:
-            for f in RATE_FIELDS:
-                cluster_table[f][i, j, k] = float(getattr(rates, f))
-        compute = _compute_rates(cluster)
-        if compute is not None:
-            for f in COMPUTE_FIELDS:
-                cluster_table[f][i, j, k] = float(getattr(compute, f))
-            cluster_table[PEAK_FIELD][i, j, k] = getattr(compute, PEAK_FIELD)
+        rates = comm.link_rates(cluster)
+        for f in RATE_FIELDS:
+            cluster_table[f][i, j, k] = float(getattr(rates, f))
+        compute = throughput.compute_rates(cluster)
+        for f in COMPUTE_FIELDS:
+            cluster_table[f][i, j, k] = float(getattr(compute, f))
+        cluster_table[PEAK_FIELD][i, j, k] = getattr(compute, PEAK_FIELD)
     cluster_table["cluster_ok"] = cluster_table["cluster_ok"].astype(bool)
     axes["gpus"] = _Axis("gpus", tuple(_dedupe_labels(gpu_labels)), axes["gpus"].codes)
     return _Plan([axes[a] for a in AXES], model_table, cluster_table, notes)
@@ -259,27 +257,6 @@ def _dedupe_labels(labels: list[str]) -> list[str]:
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
     return out
-
-
-def _optional(module: str):
-    try:
-        return importlib.import_module(f"shardplan.{module}")
-    except ImportError:
-        return None
-
-
-def _link_rates(cluster: Cluster):
-    comm = _optional("comm")
-    if comm is None or not hasattr(comm, "link_rates"):
-        return None
-    return comm.link_rates(cluster)
-
-
-def _compute_rates(cluster: Cluster):
-    tp = _optional("throughput")
-    if tp is None or not hasattr(tp, "compute_rates"):
-        return None
-    return tp.compute_rates(cluster)
 
 
 class _PeakByPrecision:
@@ -363,23 +340,10 @@ def _chunk_columns(plan: _Plan, ix: dict[str, Any]) -> tuple[Columns, dict[str, 
 
 
 # --- evaluation -----------------------------------------------------------------------------------
-def _rates(extra: dict[str, Any]):
-    comm = _optional("comm")
-    return comm.LinkRates(**{f: extra[f] for f in RATE_FIELDS}) if comm is not None else None
-
-
-def _compute(extra: dict[str, Any]):
-    tp = _optional("throughput")
-    if tp is None or not hasattr(tp, "ComputeRates"):
-        return None
-    return tp.ComputeRates(**{f: extra[f] for f in COMPUTE_FIELDS + (PEAK_FIELD,)})
-
-
 def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = None) -> dict[str, Any]:
     """Every column the library computes for ``c``: ``memory.estimate_memory``, then
-    ``comm.comm_volume`` / ``comm.comm_times`` and ``throughput.step_time`` (gradients synchronised
-    every micro-batch, the engines' default) when those modules are present and a wanted column
-    needs them (``want`` None: everything)."""
+    ``comm.comm_volume`` and ``throughput.step_time`` (gradients synchronised every micro-batch,
+    the engines' default) when a wanted column needs them (``want`` None: everything)."""
     out = dict(estimate_memory(c, breakdown=want is None or bool(want & set(BREAKDOWN_TERMS))))
     out["valid"] = out["valid"] & extra["cluster_ok"]
     out["fits"] = out["fits"] & extra["cluster_ok"]
@@ -387,20 +351,13 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     out["gpus_per_node"] = c.gpus_per_node
     if want is not None and not (want - set(out)):
         return out
-    comm = _optional("comm")
-    if comm is None or not hasattr(comm, "comm_volume"):
-        return out
-    links = _rates(extra)
     volume = comm.comm_volume(c)
     out.update(volume)
     if want is not None and not (want - set(out)):
         return out
-    tp = _optional("throughput")
-    rates = _compute(extra)
-    if rates is not None and hasattr(tp, "step_time"):
-        out.update(tp.step_time(c, links, rates, volume=volume))
-    elif hasattr(comm, "comm_times"):
-        out.update(comm.comm_times(c, links, volume))
+    links = comm.LinkRates(**{f: extra[f] for f in RATE_FIELDS})
+    rates = throughput.ComputeRates(**{f: extra[f] for f in COMPUTE_FIELDS + (PEAK_FIELD,)})
+    out.update(throughput.step_time(c, links, rates, volume=volume))
     return out
 
 
