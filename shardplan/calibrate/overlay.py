@@ -119,6 +119,17 @@ def _key_compute(d):
     return (d["dtype"], d["device"])
 
 
+def _merged(old_entries, new_fits, key) -> dict:
+    """Existing overlay entries by key, replaced by the new fits (tagged calibrated, no residuals)."""
+    merged = {key(d): d for d in old_entries}
+    for fit in new_fits:
+        d = fit.to_dict() if hasattr(fit, "to_dict") else dict(fit)
+        d.pop("residuals", None)
+        d["calibrated"] = True
+        merged[key(d)] = d
+    return merged
+
+
 def write_calibration(path, links=(), compute=(), allocator: dict | None = None, source: dict | None = None,
                       merge: bool = True) -> Calibration:
     """Write (merging into an existing file) the overlay atomically; returns what was written.
@@ -126,18 +137,8 @@ def write_calibration(path, links=(), compute=(), allocator: dict | None = None,
     ``links`` / ``compute`` take LinkFit / ComputeFit objects or dicts of the same fields."""
     p = Path(path)
     old = load_calibration(p).model_dump(by_alias=True, mode="json") if merge and p.exists() else {}
-    links_d = {_key_link(d): d for d in old.get("links", [])}
-    for lf in links:
-        d = lf.to_dict() if hasattr(lf, "to_dict") else dict(lf)
-        d.pop("residuals", None)
-        d["calibrated"] = True
-        links_d[_key_link(d)] = d
-    comp_d = {_key_compute(d): d for d in old.get("compute", [])}
-    for cf in compute:
-        d = cf.to_dict() if hasattr(cf, "to_dict") else dict(cf)
-        d.pop("residuals", None)
-        d["calibrated"] = True
-        comp_d[_key_compute(d)] = d
+    links_d = _merged(old.get("links", []), links, _key_link)
+    comp_d = _merged(old.get("compute", []), compute, _key_compute)
     alloc = old.get("allocator")
     if allocator is not None:
         alloc = {**allocator, "calibrated": True}
