@@ -118,8 +118,8 @@ def fit(
         notes.append(f"seq_len {config.seq_len} exceeds the model's context of {resolved.spec.max_position_embeddings}")
     if global_batch_tokens is not None:
         from shardplan.planner import resolve_workload
-        workload = resolve_workload(config.seq_len, cluster.world_size, parse_count(global_batch_tokens, "global_batch_tokens"),
-                                    context=resolved.spec.max_position_embeddings)
+        # (the context check is noted above already)
+        workload = resolve_workload(config.seq_len, cluster.world_size, parse_count(global_batch_tokens, "global_batch_tokens"))
         if workload.sequences_per_gpu % config.micro_batch:
             raise ShardplanError("micro_batch", config.micro_batch,
                                  f"must divide the {workload.sequences_per_gpu} sequences per GPU of the global batch")
