@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 from shardplan.errors import ShardplanError
 from shardplan.profiles import find_by_name, load_all
-from shardplan.units import GiB
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
@@ -208,5 +207,5 @@ def parse_gpus(
 
 __all__ = [
     "GPUProfile", "LinkProfile", "Cluster", "gpu_profiles", "link_profiles", "get_gpu", "get_link",
-    "parse_gpus", "gpu_for_capacity", "GiB",
+    "parse_gpus", "gpu_for_capacity",
 ]

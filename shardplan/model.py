@@ -343,9 +343,6 @@ class ModelSpec(BaseModel):
         """6·N_matmul + 3 × attention forward = 6N + 12·L·H·Q·T (PaLM App. B)."""
         return 6 * self.matmul_params_per_token + 3 * self.attention_flops_per_token(seq_len)
 
-    def forward_flops_per_token(self, seq_len) -> object:
-        return 2 * self.matmul_params_per_token + self.attention_flops_per_token(seq_len)
-
 
 LORA_TARGETS = ("all-linear", "attention", "qv")
 

@@ -47,13 +47,3 @@ def parse_count(text: str | int | float, field: str = "count") -> int:
         raise ShardplanError(field, text, "must be a positive whole number")
     return int(value)
 
-
-def gib(n_bytes: float) -> float:
-    return n_bytes / GiB
-
-
-def format_bytes(n_bytes: float) -> str:
-    """Human form for tables: GiB with two decimals, or MiB below 1 GiB."""
-    if abs(n_bytes) >= GiB:
-        return f"{n_bytes / GiB:,.2f} GiB"
-    return f"{n_bytes / MiB:,.1f} MiB"

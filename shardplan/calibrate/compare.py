@@ -261,7 +261,3 @@ def write_outputs(rows: list[dict], csv_path=None, json_path=None, md_path=None,
         write_json_atomic(json_path, {"rows": rows, "summary": summarize(rows)})
     if md_path:
         write_text_atomic(md_path, summary_markdown(rows, command))
-
-
-def _error_array(rows, category):  # pragma: no cover - convenience for notebooks
-    return np.array([r["error"] for r in rows if r["category"] == category])
