@@ -49,10 +49,6 @@ REDUCE_HELP = ("gradient reduction dtype: fp32, bf16, fp16, param (default: fp32
                "16-bit for DeepSpeed)")
 
 
-def _merge(query_value, option_value, default):
-    return option_value if option_value is not None else (query_value if query_value is not None else default)
-
-
 @app.command()
 def fit(
     query: Optional[str] = typer.Argument(None, help="free text, e.g. '70B on 4x24GB' or 'llama-3.1-8b on 8xh100-sxm seq 8192 batch 2'"),
@@ -95,20 +91,16 @@ def fit(
     resolved = resolve_model(model_text)
     cluster = parse_gpus(gpus_text, intra_link=intra_link, inter_link=inter_link,
                          host_ram_bytes_per_node=parse_capacity_bytes(host_ram, "host_ram") if host_ram else None)
-    engine_name = _merge(q.get("engine"), engine, "fsdp2")
-    offload_name = _merge(q.get("offload"), offload, "none")
-    if offload_name == "auto":
-        offload_name = default_offload(engine_name)
-    config = TrainingConfig(
-        engine=engine_name, method=_merge(q.get("method"), method, "full"),
-        lora_rank=_merge(q.get("lora_rank"), lora_rank, 16), lora_targets=lora_targets or "all-linear",
-        precision=_merge(q.get("precision"), precision, "bf16-mixed"),
-        optimizer=_merge(q.get("optimizer"), optimizer, "adamw"), ac=_merge(q.get("ac"), ac, "none"),
-        ac_every_k=ac_every_k or 2, offload=offload_name, seq_len=_merge(q.get("seq_len"), seq_len, 1024),
-        micro_batch=_merge(q.get("micro_batch"), micro_batch, 1), grad_accum=_merge(q.get("grad_accum"), grad_accum, 1),
-        shard_group_size=shard_group_size, attention=attention or "sdpa",
-        reduce_dtype=_merge(q.get("reduce_dtype"), reduce_dtype, None),
-    )
+    # an option beats the query's word; what neither gives takes TrainingConfig's default
+    options = dict(engine=engine, method=method, lora_rank=lora_rank, lora_targets=lora_targets, precision=precision,
+                   optimizer=optimizer, ac=ac, ac_every_k=ac_every_k, offload=offload, seq_len=seq_len,
+                   micro_batch=micro_batch, grad_accum=grad_accum, shard_group_size=shard_group_size,
+                   attention=attention, reduce_dtype=reduce_dtype)
+    given = {name: value if value is not None else q.get(name) for name, value in options.items()}
+    given = {name: value for name, value in given.items() if value is not None}
+    if given.get("offload") == "auto":
+        given["offload"] = default_offload(given.get("engine", TrainingConfig().engine))
+    config = TrainingConfig(**given)
     strategy_name = strategy or q.get("strategy")
     notes = [f"model: {resolved.how}"]
     if cluster.capacity_only:
