@@ -17,6 +17,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from shardplan.errors import ShardplanError
+from shardplan.names import normalize, suggest
 
 DATA_DIR = Path(__file__).parent / "data"
 PROFILE_PATH_ENV = "SHARDPLAN_PROFILE_PATH"
@@ -96,8 +97,7 @@ def load_all(kind: str, model: type[T]) -> tuple[T, ...]:
     return _load_dir(kind, model, os.environ.get(PROFILE_PATH_ENV, ""))
 
 
-def normalize_name(name: str) -> str:
-    return "".join(ch for ch in name.lower() if ch.isalnum() or ch == ".")
+normalize_name = normalize  # the one rule for names (shardplan/names.py)
 
 
 def find_by_name(profiles: tuple[T, ...], name: str, field: str) -> T:
@@ -107,5 +107,7 @@ def find_by_name(profiles: tuple[T, ...], name: str, field: str) -> T:
         names = [profile.name, *getattr(profile, "aliases", ())]
         if any(normalize_name(n) == key for n in names):
             return profile
-    known = ", ".join(sorted(p.name for p in profiles))
-    raise ShardplanError(field, name, f"unknown; known: {known}")
+    owner = {n: p.name for p in profiles for n in (p.name, *getattr(p, "aliases", ()))}
+    close = list(dict.fromkeys(owner[n] for n in suggest(name, owner)))
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    raise ShardplanError(field, name, f"unknown{hint}; known: {', '.join(sorted(p.name for p in profiles))}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from shardplan import strategy as st
 from shardplan.errors import ShardplanError
+from shardplan.names import normalize
 from shardplan.units import parse_count
 
 _KEYED = {
@@ -54,8 +55,7 @@ class ParsedQuery:
     options: dict[str, object] = field(default_factory=dict)
 
 
-def _squash(text: str) -> str:
-    return "".join(ch for ch in text.lower() if ch.isalnum())
+_squash = normalize  # the one rule for names (shardplan/names.py)
 
 
 def parse_query(text: str) -> ParsedQuery:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardplan.errors import ShardplanError
+from shardplan.names import choose
 
 # ``single``: one GPU, no wrapper (no DDP/FSDP/DeepSpeed): full states on the GPU, no sharding
 # buffers and no NCCL communicator. Appended last so the other codes keep their values.
@@ -78,17 +78,9 @@ FRAMEWORK_NAMES = {
 }
 
 
-def _squash(text: object) -> str:
-    return "".join(ch for ch in str(text).lower() if ch.isalnum())
-
-
-def code(names: tuple[str, ...], value: str, field: str) -> int:
+def code(vocabulary: tuple[str, ...], value: str, field: str) -> int:
     """Name -> index, with a one-line error listing the accepted names."""
-    key = _squash(value)
-    for i, name in enumerate(names):
-        if _squash(name) == key:
-            return i
-    raise ShardplanError(field, value, f"unknown; choose one of {', '.join(names)}")
+    return vocabulary.index(choose(value, vocabulary, field))
 
 
 def default_reduce_dtype(precision, engine):
