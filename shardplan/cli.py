@@ -16,7 +16,8 @@ from shardplan.config import TrainingConfig
 from shardplan.calibrate.cli import calibrate_app
 from shardplan.errors import ShardplanError
 from shardplan.fit import default_offload, fit as fit_strategies, step_timing
-from shardplan.hardware import GPUProfile, LinkProfile, get_gpu, get_link, gpu_profiles, link_profiles, parse_gpus
+from shardplan.hardware import (GPUProfile, LinkProfile, adapt_precision, cluster_notes, get_hardware, gpu_profiles,
+                                link_profiles, parse_gpus)
 from shardplan.model import ModelSpec
 from shardplan.models import model_profiles, resolve_model
 from shardplan.profiles import load_profile, read_json
@@ -127,12 +128,9 @@ def fit(
     given = {name: value for name, value in given.items() if value is not None}
     if given.get("offload") == "auto":
         given["offload"] = default_offload(given.get("engine", TrainingConfig().engine))
-    config = TrainingConfig(**given)
+    config, precision_notes = adapt_precision(TrainingConfig(**given), cluster)
     strategy_name = strategy or q.get("strategy")
-    notes = [f"model: {resolved.how}"]
-    if cluster.capacity_only:
-        notes.append(f"gpus: '{gpus_text}' names only a capacity; using the {cluster.gpu.display_name} profile "
-                     f"({cluster.gpu.memory_bytes / GiB:.2f} GiB usable) for it")
+    notes = [f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes]
     if config.seq_len > resolved.spec.max_position_embeddings:
         notes.append(f"seq_len {config.seq_len} exceeds the model's context of {resolved.spec.max_position_embeddings}")
     if global_batch_tokens is not None:
@@ -233,11 +231,13 @@ def plan_command(
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ShardplanError("price_per_gpu_hour", price_per_gpu_hour, "must not be negative")
     stated = dict(lora_rank=lora_rank, precision=precision, optimizer=optimizer, reduce_dtype=reduce_dtype)
-    base = TrainingConfig(method=method, seq_len=seq_len, stack=stack,
-                          **{k: v for k, v in stated.items() if v is not None})  # the rest: the stack's defaults
+    base, precision_notes = adapt_precision(TrainingConfig(method=method, seq_len=seq_len, stack=stack,
+                                                           **{k: v for k, v in stated.items() if v is not None}),
+                                            cluster)  # the rest: the stack's defaults
     result = run_plan(resolved.spec, cluster, base, workload, top=top,
                       train_tokens=parse_count(train_tokens, "train_tokens") if train_tokens else None,
-                      price_per_gpu_hour=price_per_gpu_hour, calibration=overlay, notes=[f"model: {resolved.how}"],
+                      price_per_gpu_hour=price_per_gpu_hour, calibration=overlay,
+                      notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes],
                       bands=load_bands().with_overlay(overlay.accuracy if overlay else None))
     typer.echo(plan_to_json(result) if as_json else render_plan(result))
 
@@ -286,11 +286,7 @@ def hardware_list(ctx: typer.Context):
 @hardware_app.command("show")
 def hardware_show(name: str):
     """Show one GPU or link profile with its sources."""
-    try:
-        profile = get_gpu(name)
-    except ShardplanError:
-        profile = get_link(name, "hardware")
-    typer.echo(profile.model_dump_json(indent=2))
+    typer.echo(get_hardware(name).model_dump_json(indent=2))
 
 
 def _validate_one(path: Path) -> str:

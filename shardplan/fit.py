@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from shardplan import strategy as st
 from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.errors import ShardplanError
-from shardplan.hardware import Cluster
+from shardplan.hardware import Cluster, check_precision
 from shardplan.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
 from shardplan.model import ModelSpec
@@ -98,6 +98,9 @@ def _columns(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Colum
 
 def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> None:
     """Impossible configurations get a one-line error naming the field and value."""
+    from shardplan.stacks import resolve_stack
+
+    check_precision(cluster.gpu, resolve_stack(config, cluster.world_size).precision)
     knobs = knob_values(config, cluster)
     if not bool(st.is_valid(knobs["strategy"], knobs["engine"])):
         raise ShardplanError("strategy", config.strategy, f"not expressible with engine {config.engine!r} "

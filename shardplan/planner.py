@@ -18,7 +18,7 @@ from shardplan import strategy as st
 from shardplan.comm import COLLECTIVES, comm_volume, link_rates
 from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.errors import ShardplanError
-from shardplan.hardware import Cluster
+from shardplan.hardware import Cluster, check_precision
 from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
 from shardplan.model import ModelSpec
 from shardplan.stacks import stack_label
@@ -294,6 +294,9 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     list the best ``tight`` ones apart, unranked; explain rejected families."""
     if top < 1:
         raise ShardplanError("top", top, "must be at least 1")
+    from shardplan.stacks import resolve_stack
+
+    check_precision(cluster.gpu, resolve_stack(base, cluster.world_size).precision)
     c, extra = build_grid(spec, cluster, base, workload)
     sync = extra["sync_every_micro_batch"]
     r = evaluate_grid(c, sync, cluster, calibration, bands)

@@ -27,13 +27,17 @@ LINK_DIR = DATA_DIR / "hardware_profiles" / "links"
 GPU_NAMES = {
     "rtx3090", "rtx4090", "rtx5090", "l40s", "a100-40gb", "a100-80gb", "a100-80gb-pcie",
     "h100-sxm", "h100-pcie", "h200", "b200", "mi300x",
+    # GPUs people rent (issue 11): tests/test_gpu_profiles.py checks each against its datasheet
+    "a10g", "l4", "l40", "rtx-a6000", "rtx6000-ada", "v100-16gb", "v100-32gb", "t4", "h20",
+    "gh200-96gb", "gh200-144gb", "mi250x", "mi325x", "rtx5080",
 }
 LINK_NAMES = {
     "pcie3", "pcie4", "pcie5", "pcie4-nop2p", "pcie5-nop2p", "nvlink3", "nvlink4", "nvlink5",
     "infinity-fabric", "ib-hdr", "ib-ndr", "ib-xdr", "eth-100g", "eth-200g", "eth-400g",
+    "nvlink2", "ib-edr", "infinity-fabric-mi250x", "nvlink-c2c",
 }
 # Fields that carry no number and need no citation.
-UNSOURCED = {"name", "display_name", "aliases", "vendor", "sources", "kind", "scope"}
+UNSOURCED = {"name", "display_name", "aliases", "vendor", "sources", "kind", "scope", "generic_aliases", "note"}
 
 
 def _files(folder: Path) -> list[Path]:
@@ -260,8 +264,9 @@ def test_link_overrides():
 
 def _valid_gpu(**changes) -> dict:
     data = json.loads((GPU_DIR / "h100-sxm.json").read_text())
-    data.update(name="my-h20", display_name="My H20", aliases=["my-h20-96"], nominal_memory_gb=96,
-                memory_bytes=95 * GiB)
+    # a made-up 72 GB card: no built-in has that size
+    data.update(name="my-h20", display_name="My H20", aliases=["my-h20-72"], nominal_memory_gb=72,
+                memory_bytes=71 * GiB)
     data.update(changes)
     return data
 
@@ -305,8 +310,8 @@ def test_user_profile_is_found_by_name_and_capacity(tmp_path, monkeypatch):
     (folder / "my-h20.json").write_text(json.dumps(_valid_gpu()))
     monkeypatch.setenv(PROFILE_PATH_ENV, str(tmp_path))
     assert parse_gpus("8xmy-h20").gpu.name == "my-h20"
-    # 96 GB is not in CAPACITY_DEFAULTS; the one profile of that size answers.
-    cluster = parse_gpus("2x96GB")
+    # 72 GB is not in CAPACITY_DEFAULTS; the one profile of that size answers.
+    cluster = parse_gpus("2x72GB")
     assert cluster.gpu.name == "my-h20" and cluster.capacity_only
 
 
