@@ -271,7 +271,7 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
             model_table[f][i, j, k] = int(v)
 
     shape_c = (len(gpu_texts), len(nodes), len(counts))
-    cluster_table = {f: np.zeros(shape_c, dtype=np.int64) for f in CLUSTER_FIELDS + ("nodes", "cluster_ok")}
+    cluster_table = {f: np.zeros(shape_c, dtype=np.int64) for f in CLUSTER_FIELDS + ("nodes", "cluster_ok", "has_bf16")}
     cluster_table.update({f: np.zeros(shape_c, dtype=np.float64) for f in RATE_FIELDS + COMPUTE_FIELDS})
     cluster_table[PEAK_FIELD] = np.zeros(shape_c + (len(st.PRECISIONS),), dtype=np.float64)
     gpu_labels = list(gpu_texts)
@@ -287,6 +287,9 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
             cluster_table[f][i, j, k] = v
         cluster_table["nodes"][i, j, k] = cluster.nodes
         cluster_table["cluster_ok"][i, j, k] = ok
+        cluster_table["has_bf16"][i, j, k] = cluster.gpu.has_bf16  # V100/T4: bf16 rows are not valid
+        if not cluster.gpu.has_bf16 and j == k == 0:
+            notes.append(f"{gpu}: no bf16 tensor cores; its bf16 rows are marked not valid (hardware.check_precision)")
         rates = comm.link_rates(cluster)
         for f in RATE_FIELDS:
             cluster_table[f][i, j, k] = float(getattr(rates, f))
@@ -295,6 +298,7 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
             cluster_table[f][i, j, k] = float(getattr(compute, f))
         cluster_table[PEAK_FIELD][i, j, k] = getattr(compute, PEAK_FIELD)
     cluster_table["cluster_ok"] = cluster_table["cluster_ok"].astype(bool)
+    cluster_table["has_bf16"] = cluster_table["has_bf16"].astype(bool)
     axes["gpus"] = _Axis("gpus", tuple(_dedupe_labels(gpu_labels)), axes["gpus"].codes)
     return _Plan([axes[a] for a in AXES], model_table, cluster_table, notes)
 
@@ -398,7 +402,7 @@ def _chunk_columns(plan: _Plan, ix: dict[str, Any]) -> tuple[Columns, dict[str, 
     else:
         values["reduce_dtype"] = plan.axis("reduce_dtype").codes[ix["reduce_dtype"]]
     values = {f: np.asarray(v) for f, v in values.items()}
-    extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + COMPUTE_FIELDS + ("nodes", "cluster_ok")}
+    extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + COMPUTE_FIELDS + ("nodes", "cluster_ok", "has_bf16")}
     extra[PEAK_FIELD] = _PeakByPrecision(plan.cluster_table[PEAK_FIELD], cl)
     values = {**STACK_COLUMN_DEFAULTS, **values}  # knob columns the sweep does not vary
     return Columns(**{f.name: values[f.name] for f in fields(Columns)}), extra
@@ -419,7 +423,10 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     judged = want is None or bool(want & (set(VERDICT_COLUMNS) | {"fits"}))
     exact = want is None or bool(want & (set(VERDICT_COLUMNS) - {"verdict"}))
     out = dict(estimate_memory(c, breakdown=exact or bool(want & set(BREAKDOWN_TERMS))))
-    out["valid"] = out["valid"] & extra["cluster_ok"]
+    # a row is runnable when its cluster is and its precision exists on the GPU (no bf16 on V100/T4)
+    bf16 = (np.asarray(c.precision) == st.BF16_MIXED) | (np.asarray(c.precision) == st.BF16_PURE)
+    usable = extra["cluster_ok"] & (extra.get("has_bf16", True) | ~bf16)
+    out["valid"] = out["valid"] & usable
     if judged and exact:
         v = judge(out, c, bands, per_class=False, with_advice=False)
         out.update(verdict=v["verdict"], band_bytes=v["band_bytes"], margin_bytes=v["margin_bytes"],
@@ -427,10 +434,10 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     elif judged:
         out["verdict"] = _bounded_verdict(c, out, bands)
     if judged:
-        out["verdict"] = np.where(extra["cluster_ok"], out["verdict"], DOES_NOT_FIT).astype(np.int8)
+        out["verdict"] = np.where(usable, out["verdict"], DOES_NOT_FIT).astype(np.int8)
         out["fits"] = out["verdict"] == FITS
     else:
-        out["fits"] = out["fits"] & extra["cluster_ok"]
+        out["fits"] = out["fits"] & usable
     out["nodes"] = extra["nodes"]
     out["gpus_per_node"] = c.gpus_per_node
     if want is not None and not (want - set(out)):

@@ -249,3 +249,15 @@ def test_capacity_of_a_new_size_is_noted(capsys):
     assert result["gpu"]["name"] == "t4" and result["gpu"]["memory_bytes"] < 16 * GiB
     assert any("names only a capacity" in n for n in result["notes"])
     assert any("fp16-mixed" in n for n in result["notes"])  # T4: no bf16
+
+
+def test_sweep_marks_bf16_rows_on_v100_not_valid():
+    from shardplan.sweep import sweep
+
+    df = sweep(gpus=["v100-32gb", "h100-sxm"], precision=["bf16-mixed", "fp16-mixed", "bf16-pure"],
+               method="lora", gpu_counts=8)
+    valid = df.groupby(["gpu", "precision"], observed=True)["valid"].any()
+    assert not valid[("v100-32gb", "bf16-mixed")] and not valid[("v100-32gb", "bf16-pure")]
+    assert valid[("v100-32gb", "fp16-mixed")] and valid[("h100-sxm", "bf16-mixed")]
+    assert not df[(df.gpu == "v100-32gb") & (df.precision == "bf16-mixed")]["fits"].any()
+    assert any("v100-32gb: no bf16" in n for n in df.attrs["notes"])
