@@ -38,7 +38,7 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-OPTIONAL_GPU_FIELDS = ("gemm_efficiency", "attention_efficiency", "sm_count", "host_link")
+OPTIONAL_GPU_FIELDS = ("gemm_efficiency", "attention_efficiency", "sm_count", "host_link", "default_nics_per_node")
 
 
 class GPUProfile(_Frozen):
@@ -61,6 +61,8 @@ class GPUProfile(_Frozen):
     default_inter_link: str
     default_gpus_per_node: PositiveInt
     default_host_ram_bytes: PositiveInt = Field(description="host RAM of a typical node built around it")
+    default_nics_per_node: PositiveInt | None = Field(
+        None, description="inter-node NICs of a typical node; None: one per GPU on 8-GPU nodes, else one")
     tdp_watts: PositiveFloat | None = None
     gemm_efficiency: float = Field(DEFAULT_GEMM_EFFICIENCY, gt=0, le=1,
                                    description="large-GEMM achieved / dense peak (MAMF); default 0.822")
@@ -241,6 +243,15 @@ def even_layout(count: int, node_size: int) -> tuple[int, int]:
     return count // per_node, per_node
 
 
+def default_nics(gpu: GPUProfile, gpus_per_node: int) -> int:
+    """NICs of a node of ``gpus_per_node`` such GPUs: the profile's (a DGX-1 has 4 EDR ports for 8
+    V100, a cloud instance one network interface), never more than one per GPU; without one, one per
+    GPU on 8-GPU platforms (DGX/HGX: a ConnectX per GPU) and one otherwise."""
+    if gpu.default_nics_per_node is not None:
+        return max(1, min(gpu.default_nics_per_node, gpus_per_node))
+    return max(1, gpus_per_node if gpu.default_gpus_per_node >= 8 else 1)
+
+
 def parse_gpus(
     text: str,
     *,
@@ -290,7 +301,7 @@ def parse_gpus(
         nodes=nodes,
         intra_link=_scoped_link(intra_link or gpu.default_intra_link, "intra_node", "intra_link"),
         inter_link=_scoped_link(inter_link or gpu.default_inter_link, "inter_node", "inter_link"),
-        nics_per_node=nics_per_node or max(1, per_node if gpu.default_gpus_per_node >= 8 else 1),
+        nics_per_node=nics_per_node or default_nics(gpu, per_node),
         host_ram_bytes_per_node=host_ram_bytes_per_node or gpu.default_host_ram_bytes,
         capacity_only=bool(capacity),
         gpu_text=gpu_text,

@@ -261,3 +261,14 @@ def test_sweep_marks_bf16_rows_on_v100_not_valid():
     assert valid[("v100-32gb", "fp16-mixed")] and valid[("h100-sxm", "bf16-mixed")]
     assert not df[(df.gpu == "v100-32gb") & (df.precision == "bf16-mixed")]["fits"].any()
     assert any("v100-32gb: no bf16" in n for n in df.attrs["notes"])
+
+
+def test_node_nics_follow_the_profile():
+    # DGX-1: 4 EDR ports for 8 V100; AWS g5.48xlarge: one 100 Gbps interface for 8 A10G; Frontier: 4 NICs
+    # per 8 GCDs; no profile value (H100 SXM): one ConnectX per GPU on an 8-GPU HGX node.
+    assert parse_gpus("2x8xv100-32gb").nics_per_node == 4
+    assert parse_gpus("2x8xa10g").nics_per_node == 1
+    assert parse_gpus("2x8xmi250x").nics_per_node == 4
+    assert parse_gpus("2x8xh100-sxm").nics_per_node == 8
+    assert parse_gpus("2x2xv100-32gb").nics_per_node == 2  # never more NICs than GPUs
+    assert parse_gpus("2x8xv100-32gb", nics_per_node=8).nics_per_node == 8  # a stated count wins
