@@ -201,3 +201,25 @@ def test_a_size_no_reference_covers_uses_any_dense_profile_longest_context_first
     code, out, _ = run(capsys, "models", "show", "3B", "--json")
     assert code == 0 and json.loads(out)["name"] == "zzz-3b-long"
     assert nearest_for_size(70e9).name == "llama-3.1-70b"  # a reference still wins where one is close
+
+
+def test_docs_size_table_is_what_resolve_model_answers():
+    """docs/models.md's bare-size table, row by row: profile, and the signed offset to 0.1 % (as printed)."""
+    import re
+    from pathlib import Path
+
+    from shardplan.errors import ShardplanError
+    from shardplan.models import resolve_model
+
+    doc = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
+    rows = re.findall(r"^\| `([\d.]+[MBT])` \| (\S+) \| [\d.]+[MB] \| ([+−-][\d.]+) % \|$", doc, re.MULTILINE)
+    assert len(rows) >= 10
+    for size, profile, off in rows:
+        spec = resolve_model(size).spec
+        target = float(size[:-1]) * {"M": 1e6, "B": 1e9, "T": 1e12}[size[-1]]
+        assert spec.name == profile, size
+        assert f"{(spec.total_params / target - 1) * 100:+.1f}" == off.replace("−", "-"), size
+    far = re.search(r"^\| ((?:`[\d.]+[MBT]`,? ?)+) \| error: nearest two named", doc, re.MULTILINE).group(1)
+    for size in re.findall(r"`([\d.]+[MBT])`", far):
+        with pytest.raises(ShardplanError, match="nearest: "):
+            resolve_model(size)
