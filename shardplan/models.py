@@ -30,9 +30,10 @@ _BARE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mbt])\s*$", re.IGNORECASE)
 _SCALE = {"m": 1e6, "b": 1e9, "t": 1e12}
 
 # A bare size answers for a profile only when its total parameter count is within this fraction of
-# the size typed. Why 10 %: model states, the usual largest term, scale with the parameter count,
-# so a stand-in within 10 % moves the answer by no more than shardplan's own accuracy target for
-# reserved memory (±10 %, docs/accuracy.md); a farther stand-in would answer for another model.
+# the size typed. Why 10 %: model states, the usual largest term, scale with the parameter count, so
+# a stand-in within 10 % moves the answer by no more than the same configuration moves between two
+# real runs (10-20 %, docs/accuracy.md, class unknown_stack); a farther stand-in answers for another
+# model, and the size then is an error naming the two nearest.
 SIZE_TOLERANCE = 0.10
 
 # Preferred stand-ins for a bare size: dense, widely fine-tuned architectures, newest family first.
