@@ -223,3 +223,19 @@ def test_docs_size_table_is_what_resolve_model_answers():
     for size in re.findall(r"`([\d.]+[MBT])`", far):
         with pytest.raises(ShardplanError, match="nearest: "):
             resolve_model(size)
+
+
+def test_llama_3_names_reach_a_llama_3_profile(tmp_path, monkeypatch, capsys):
+    # Issue 11's forms "llama 3 70b" and "Llama-3-70B-Instruct" need a llama-3-70b profile (the
+    # built-in one arrives with the new families); a user profile of that name (Llama-3-70B's
+    # config: Llama-3.1-70B's dimensions with an 8192-token context) shows the rule reaching it.
+    folder = tmp_path / "model_profiles"
+    folder.mkdir()
+    _write_profile(folder, get_model("llama-3.1-70b"), name="llama-3-70b", display_name="Llama-3-70B",
+                   aliases=("meta-llama/Meta-Llama-3-70B",), max_position_embeddings=8192)
+    monkeypatch.setenv("SHARDPLAN_PROFILE_PATH", str(tmp_path))
+    for typed in ("llama 3 70b", "Llama-3-70B-Instruct", "meta-llama/Meta-Llama-3-70B-Instruct"):
+        code, out, err = run(capsys, "fit", f"{typed} on 8xh100-sxm", "--strategy", "full_shard", "--json")
+        assert code == 0 and json.loads(out)["model"]["name"] == "llama-3-70b", (typed, err)
+    # a bare size keeps its preferred stand-in: equal counts, and llama-3.1-70b is a SIZE_REFERENCE
+    assert nearest_for_size(70e9).name == "llama-3.1-70b"
