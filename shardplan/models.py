@@ -116,7 +116,12 @@ def _local_config(text: str) -> ResolvedModel | None:
     path = Path(text).expanduser()
     if path.is_dir():
         config = _config_in_folder(path, text)
-        return ResolvedModel(spec_from_hf_config_file(config), f"Hugging Face config {config}")
+        spec = spec_from_hf_config_file(config)
+        if config.parent.parent.name == "snapshots" and spec.name == config.parent.name:
+            # named after the snapshot's commit hash; the hub-cache folder "models--org--name" has the id
+            repo = path.name.removeprefix("models--").replace("--", "/")
+            spec = spec.model_copy(update={"name": repo, "display_name": repo})
+        return ResolvedModel(spec, f"Hugging Face config {config}")
     if path.is_file() or text.endswith(".json"):
         if not path.exists():
             raise ShardplanError("model", text, "no such file")
@@ -158,7 +163,8 @@ def _resolve_name(text: str) -> ResolvedModel:
     for i, form in enumerate(name_forms(text)):
         spec = _match(profiles, form.text)
         if spec is not None:
-            how = spec.display_name if i == 0 else f"'{text}' -> {spec.display_name}{form.note}"
+            shown = spec.display_name or spec.name
+            how = shown if i == 0 else f"'{text}' -> {shown}{form.note}"
             return ResolvedModel(spec, how)
     spellings = {n: p.name for p in profiles for n in (p.name, p.display_name, *p.aliases) if n}
     hint = did_you_mean(base_name(text), spellings) or did_you_mean(text, spellings)

@@ -135,7 +135,9 @@ def test_model_hub_cache_folder_reads_the_snapshot_refs_main_names(tmp_path, cap
     (repo / "refs" / "main").write_text("bbb222\n")
     code, out, err = run(capsys, "fit", "--model", str(repo), "--gpus", "8xh100-sxm", "--strategy", "full_shard", "--json")
     assert code == 0, err
-    assert json.loads(out)["model"]["params"] == MISTRAL_7B_PARAMS  # the 32-layer snapshot refs/main names
+    data = json.loads(out)
+    assert data["model"]["params"] == MISTRAL_7B_PARAMS  # the 32-layer snapshot refs/main names
+    assert data["model"]["name"] == "mistralai/Mistral-7B-v0.1"  # not the commit hash
     (repo / "refs" / "main").unlink()
     err = one_line_error(capsys, "models", "show", str(repo))
     assert "several snapshots" in err and "aaa111" in err and "bbb222" in err
