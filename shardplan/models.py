@@ -49,10 +49,19 @@ SIZE_REFERENCES = (
 )
 
 
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # "org/name", as the Hugging Face hub spells repository ids
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     spec: ModelSpec
     how: str  # one line for reports: how the user's text became this spec
+    hf_id: str | None = None  # the hub repository the user named (exports load it); None: the profile's own
+
+    def record(self, model: dict) -> dict:
+        """A result's model record with the named repository added, so an export loads the weights the
+        user named ("...-Instruct"), not the base profile's, whose architecture they share."""
+        return {**model, "hf_id": self.hf_id} if self.hf_id else model
 
 
 def model_profiles() -> tuple[ModelSpec, ...]:
@@ -121,6 +130,7 @@ def _local_config(text: str) -> ResolvedModel | None:
             # named after the snapshot's commit hash; the hub-cache folder "models--org--name" has the id
             repo = path.name.removeprefix("models--").replace("--", "/")
             spec = spec.model_copy(update={"name": repo, "display_name": repo})
+            return ResolvedModel(spec, f"Hugging Face config {config}", hf_id=repo)
         return ResolvedModel(spec, f"Hugging Face config {config}")
     if path.is_file() or text.endswith(".json"):
         if not path.exists():
@@ -165,7 +175,7 @@ def _resolve_name(text: str) -> ResolvedModel:
         if spec is not None:
             shown = spec.display_name or spec.name
             how = shown if i == 0 else f"'{text}' -> {shown}{form.note}"
-            return ResolvedModel(spec, how)
+            return ResolvedModel(spec, how, hf_id=text if _HUB_ID.match(text) else None)
     spellings = {n: p.name for p in profiles for n in (p.name, p.display_name, *p.aliases) if n}
     hint = did_you_mean(base_name(text), spellings) or did_you_mean(text, spellings)
     raise ShardplanError("model", text, f"unknown model{hint}; give a built-in name or Hugging Face id "

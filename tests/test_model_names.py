@@ -241,3 +241,18 @@ def test_llama_3_names_reach_a_llama_3_profile(tmp_path, monkeypatch, capsys):
         assert code == 0 and json.loads(out)["model"]["name"] == "llama-3-70b", (typed, err)
     # a bare size keeps its preferred stand-in: equal counts, and llama-3.1-70b is a SIZE_REFERENCE
     assert nearest_for_size(70e9).name == "llama-3.1-70b"
+
+
+def test_exports_load_the_repository_the_user_named(tmp_path, capsys):
+    # the instruct id resolves to the base profile (same architecture), but the exported script must
+    # load the instruct weights the user named, not the base profile's repository
+    out_py = tmp_path / "train.py"
+    code, _, err = run(capsys, "fit", "meta-llama/Meta-Llama-3.1-8B-Instruct on 8xh100-sxm", "--strategy", "full_shard",
+                       "--export", f"fsdp2={out_py}")
+    assert code == 0, err
+    assert 'MODEL_ID = "meta-llama/Meta-Llama-3.1-8B-Instruct"' in out_py.read_text()
+    code, _, err = run(capsys, "fit", "Llama 3.1 8B on 8xh100-sxm", "--strategy", "full_shard", "--export", f"fsdp2={out_py}")
+    assert code == 0, err
+    assert 'MODEL_ID = "meta-llama/Llama-3.1-8B"' in out_py.read_text()  # a plain name: the profile's repository
+    code, out, _ = run(capsys, "plan", "Qwen/Qwen2.5-7B-Instruct", "--gpus", "8xh100-sxm", "--json", "--top", "1")
+    assert code == 0 and json.loads(out)["model"]["hf_id"] == "Qwen/Qwen2.5-7B-Instruct"
