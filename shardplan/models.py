@@ -113,7 +113,7 @@ def _resolve_size(text: str, target: float) -> ResolvedModel:
     if spec is not None:
         return ResolvedModel(spec, f"'{text}' -> {spec.display_name} ({_format_params(spec.total_params)} params), "
                                    "the nearest built-in reference architecture")
-    two = sorted(_dense_profiles(), key=lambda s: _size_distance(s, target))[:2]
+    two = sorted(_dense_profiles(), key=lambda s: (_size_distance(s, target), -s.max_position_embeddings, s.name))[:2]
     nearest = ", ".join(f"{s.name} {_format_params(s.total_params)}" for s in two)
     raise ShardplanError("model", text, f"no built-in dense model within {SIZE_TOLERANCE:.0%} of "
                                         f"{text} parameters (nearest: {nearest}); give the "

@@ -169,7 +169,7 @@ def test_a_bare_size_close_to_a_built_in_answers_for_it(capsys, size, profile):
 @pytest.mark.parametrize("size,nearest", [
     # nearest two dense built-ins by log-size, counts from hf_model_counts.csv (printed to 2 decimals)
     ("20B", ("opt-30b 29.97B", "llama-2-13b 13.02B")),
-    ("3B", ("gpt2-xl 1.56B", "llama-2-7b 6.74B")),
+    ("50B", ("llama-2-70b 68.98B", "llama-3.1-70b 70.55B")),  # sizes no planned profile comes within 10 % of
     ("1T", ("llama-3.1-405b 405.85B", "gpt3-175b 174.60B")),
 ])
 def test_a_bare_size_far_from_every_built_in_is_an_error_naming_the_two_nearest(capsys, size, nearest):
@@ -189,19 +189,20 @@ def _write_profile(folder, spec, **update):
 
 
 def test_a_size_no_reference_covers_uses_any_dense_profile_longest_context_first(tmp_path, monkeypatch, capsys):
-    # Two user profiles of one architecture (equal counts) near 3B, with different contexts: a bare
-    # "3B" answers for the one with the longer context (a bare size states none), whatever the name.
+    # Two user profiles of one architecture (equal counts) near 5B, a size no reference (nor any
+    # planned built-in) covers, with different contexts: a bare "5B" answers for the one with the
+    # longer context (a bare size states none), whatever the name.
     base = get_model("llama-3.1-8b")
     folder = tmp_path / "model_profiles"
     folder.mkdir()
-    _write_profile(folder, base, name="aaa-3b-short", aliases=(), num_layers=10, max_position_embeddings=8192)
-    _write_profile(folder, base, name="zzz-3b-long", aliases=(), num_layers=10, max_position_embeddings=131072)
+    _write_profile(folder, base, name="aaa-5b-short", aliases=(), num_layers=18, max_position_embeddings=8192)
+    _write_profile(folder, base, name="zzz-5b-long", aliases=(), num_layers=18, max_position_embeddings=131072)
     monkeypatch.setenv("SHARDPLAN_PROFILE_PATH", str(tmp_path))
-    chosen = nearest_for_size(3e9)
-    assert chosen is not None and chosen.name == "zzz-3b-long"
-    assert abs(chosen.total_params / 3e9 - 1) <= SIZE_TOLERANCE  # 10 Llama-3.1-8B blocks: 3.23B
-    code, out, _ = run(capsys, "models", "show", "3B", "--json")
-    assert code == 0 and json.loads(out)["name"] == "zzz-3b-long"
+    chosen = nearest_for_size(5e9)
+    assert chosen is not None and chosen.name == "zzz-5b-long"
+    assert abs(chosen.total_params / 5e9 - 1) <= SIZE_TOLERANCE  # 18 Llama-3.1-8B blocks + embeddings: 4.98B
+    code, out, _ = run(capsys, "models", "show", "5B", "--json")
+    assert code == 0 and json.loads(out)["name"] == "zzz-5b-long"
     assert nearest_for_size(70e9).name == "llama-3.1-70b"  # a reference still wins where one is close
 
 
