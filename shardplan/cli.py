@@ -152,6 +152,7 @@ def fit(
     bands = load_bands().with_overlay(overlay.accuracy if overlay else None)
     results = fit_strategies(resolved.spec, cluster, config, [strategy_name] if strategy_name else None, notes,
                              allocator=allocator, bands=bands)
+    results = [r.model_copy(update={"model": resolved.record(r.model)}) for r in results]
     if global_batch_tokens is not None:
         results = [r.model_copy(update={"time": step_timing(resolved.spec, cluster, TrainingConfig(**r.config), overlay,
                                                             bands)})
@@ -239,6 +240,7 @@ def plan_command(
                       price_per_gpu_hour=price_per_gpu_hour, calibration=overlay,
                       notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes],
                       bands=load_bands().with_overlay(overlay.accuracy if overlay else None))
+    result = result.model_copy(update={"model": resolved.record(result.model)})
     typer.echo(plan_to_json(result) if as_json else render_plan(result))
 
 

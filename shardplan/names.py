@@ -8,7 +8,7 @@ letters, digits and dots ("Llama-3.1-8B" = "llama 3.1 8b" = "LLAMA_3.1_8B"; "ful
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from shardplan.errors import ShardplanError
 
@@ -21,17 +21,22 @@ def same_name(a: object, b: object) -> bool:
     return normalize(a) == normalize(b)
 
 
-def suggest(text: object, candidates: Iterable[str], limit: int = 3) -> list[str]:
-    """The candidates closest to ``text`` under :func:`normalize` (difflib ratio ≥ 0.6), best first."""
+def suggest(text: object, candidates: Iterable[str] | Mapping[str, str], limit: int = 3) -> list[str]:
+    """The candidates closest to ``text`` under :func:`normalize` (difflib ratio ≥ 0.6), best first.
+
+    ``candidates`` may map spellings to the name they spell ({alias: profile name}): every spelling
+    is compared, and the names they belong to are suggested, each once.
+    """
+    owner = candidates if isinstance(candidates, Mapping) else {name: name for name in candidates}
     by_key: dict[str, str] = {}
-    for name in candidates:
-        by_key.setdefault(normalize(name), name)
-    close = difflib.get_close_matches(normalize(text), list(by_key), n=limit, cutoff=0.6)
-    return [by_key[key] for key in close]
+    for spelling, name in owner.items():
+        by_key.setdefault(normalize(spelling), name)
+    close = difflib.get_close_matches(normalize(text), list(by_key), n=max(len(by_key), 1), cutoff=0.6)
+    return list(dict.fromkeys(by_key[key] for key in close))[:limit]
 
 
-def did_you_mean(text: object, candidates: Iterable[str]) -> str:
-    """' (did you mean X?)' or '' — appended to an 'unknown' error."""
+def did_you_mean(text: object, candidates: Iterable[str] | Mapping[str, str]) -> str:
+    """' (did you mean X?)' or '' — appended to an 'unknown' error; ``candidates`` as in :func:`suggest`."""
     close = suggest(text, candidates)
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
