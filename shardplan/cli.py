@@ -15,7 +15,7 @@ from shardplan.accuracy_bands import load_bands
 from shardplan.config import TrainingConfig
 from shardplan.calibrate.cli import calibrate_app
 from shardplan.errors import ShardplanError
-from shardplan.fit import default_offload, fit as fit_strategies, step_timing
+from shardplan.fit import fit as fit_strategies, step_timing
 from shardplan.hardware import GPUProfile, LinkProfile, get_gpu, get_link, gpu_profiles, link_profiles, parse_gpus
 from shardplan.model import ModelSpec
 from shardplan.models import model_profiles, resolve_model
@@ -125,8 +125,6 @@ def fit(
                    load_mode=load_mode)
     given = {name: value if value is not None else q.get(name) for name, value in options.items()}
     given = {name: value for name, value in given.items() if value is not None}
-    if given.get("offload") == "auto":
-        given["offload"] = default_offload(given.get("engine", TrainingConfig().engine))
     config = TrainingConfig(**given)
     strategy_name = strategy or q.get("strategy")
     notes = [f"model: {resolved.how}"]
@@ -416,6 +414,8 @@ def sweep_command(
 
 def _one_line_validation(err: ValidationError) -> ShardplanError:
     first = err.errors()[0]
+    if isinstance((first.get("ctx") or {}).get("error"), ShardplanError):  # a validator's own one-line error
+        return first["ctx"]["error"]
     field = ".".join(str(p) for p in first["loc"]) or err.title
     return ShardplanError(field, first.get("input"), first["msg"])
 

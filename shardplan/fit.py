@@ -183,7 +183,9 @@ def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calib
 
 
 def default_offload(engine: str) -> str:
-    return "optimizer" if engine == "deepspeed" else "optimizer+params"
+    """What ``engine`` usually offloads (the vocabulary's "offload auto")."""
+    from shardplan.vocabulary import canonical
+    return canonical("offload", "auto", engine=engine)
 
 
 def _with(config: TrainingConfig, **changes: Any) -> TrainingConfig:

@@ -79,7 +79,12 @@ FRAMEWORK_NAMES = {
 
 
 def code(vocabulary: tuple[str, ...], value: str, field: str) -> int:
-    """Name -> index, with a one-line error listing the accepted names."""
+    """Name -> index, with a one-line error listing the accepted names. A knob of the one
+    vocabulary (shardplan/vocabulary.py) also takes its aliases ("zero3", "offload all")."""
+    from shardplan.vocabulary import KNOBS, canonical
+
+    if field in KNOBS and KNOBS[field].names == vocabulary:
+        return vocabulary.index(canonical(field, value))
     return vocabulary.index(choose(value, vocabulary, field))
 
 
