@@ -221,6 +221,8 @@ def canonical(field_name: str, word: Any, **context: Any) -> str:
     dependent alias needs (``stack=``, ``engine=``: a name or a list of names that must agree).
     Unknown words get a one-line error with the closest words and the full list."""
     k = KNOBS[field_name]
+    if word in k.names:  # already canonical (the common case on hot paths)
+        return word
     name, alias = _lookup(field_name).get(normalize(word), (None, None))
     if alias is not None:
         return _dependent(field_name, word, alias, context)
