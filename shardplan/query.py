@@ -97,6 +97,7 @@ def parse_query(text: str) -> ParsedQuery:
             nxt = rest[i + 1] if i + 1 < len(rest) else None
             if nxt is not None and vocab.accepts(knob.field, nxt):
                 options[knob.field] = vocab.spelled(knob.field, nxt)
+                implied.update(vocab.also_sets(knob.field, nxt))
                 i += 2
             elif knob.key_alone is not None:
                 options[knob.field] = knob.key_alone
@@ -113,6 +114,7 @@ def parse_query(text: str) -> ParsedQuery:
             knob = vocab.knob(vocab.bare_owner(word))
             options[knob.field] = vocab.spelled(knob.field, word)
             implied.update(knob.implies)
+            implied.update(vocab.also_sets(knob.field, word))
             i += 1
         else:
             raise ShardplanError("query", word, "unrecognised word; see docs/vocabulary.md or 'shardplan fit --help'")

@@ -380,3 +380,14 @@ def markdown(stacks: Iterable[Any] = ()) -> str:
                 cells.append("—" if d is None else f"{d.value or 'refused'}: {d.source}")
             lines.append(f"| {p.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def document() -> str:
+    """The generated part of docs/vocabulary.md (``python -m shardplan.vocabulary`` prints it)."""
+    from shardplan.stacks import stack_profiles
+
+    return markdown(stack_profiles())
+
+
+if __name__ == "__main__":
+    print(document(), end="")
