@@ -238,3 +238,13 @@ def test_docs_vocabulary_is_the_generated_table():
     for k in vocab.KNOBS.values():
         for word in k.words():
             assert f"`{word}`" in block, word
+
+
+def test_a_stack_word_must_be_a_dependent_word_naming_a_precision(tmp_path):
+    from shardplan.stacks import StackProfile, _check
+
+    base = {"name": "hf", "display_name": "x", "description": "x", "defaults": {}}
+    for words, named in (({"precision": {"bf16": {"value": "bf17", "source": "s"}}}, "bf17"),
+                         ({"precision": {"fp8": {"value": "bf16-mixed", "source": "s"}}}, "fp8")):
+        with pytest.raises(ShardplanError, match=named):
+            _check(StackProfile.model_validate({**base, "words": words}), tmp_path / "hf.json")
