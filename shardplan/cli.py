@@ -15,7 +15,7 @@ from shardplan.accuracy_bands import load_bands
 from shardplan.config import TrainingConfig
 from shardplan.calibrate.cli import calibrate_app
 from shardplan.errors import ShardplanError
-from shardplan.fit import default_offload, fit as fit_strategies, step_timing
+from shardplan.fit import fit as fit_strategies, step_timing
 from shardplan.hardware import (GPUProfile, LinkProfile, adapt_precision, cluster_notes, get_hardware, gpu_profiles,
                                 link_profiles, parse_gpus)
 from shardplan.model import ModelSpec
@@ -23,6 +23,7 @@ from shardplan.models import model_profiles, resolve_model
 from shardplan.profiles import load_profile, read_json
 from shardplan.query import parse_query
 from shardplan.units import GiB, parse_capacity_bytes, parse_count
+from shardplan.vocabulary import help_text as vocab_help
 
 app = typer.Typer(add_completion=False, invoke_without_command=True,
                   help="Will it fit, how fast will it run, and which sharding strategy to use.")
@@ -47,10 +48,10 @@ def _profiles(ctx: typer.Context):
         typer.echo(ctx.get_help())
 
 
-STACK_HELP = ("training stack whose defaults fill the knobs you do not give: hf (default: Transformers + Trainer + "
-              "PEFT + bitsandbytes), torchtitan, torchtune, lightning, plain (docs/stacks.md)")
-REDUCE_HELP = ("gradient reduction dtype: fp32, bf16, fp16, param (default: fp32 under FSDP/DDP mixed precision, "
-               "16-bit for DeepSpeed)")
+# Option help generated from the one vocabulary (shardplan/vocabulary.py, docs/vocabulary.md).
+STACK_HELP = vocab_help("stack", "hf: Transformers + Trainer + PEFT + bitsandbytes",
+                        "its defaults fill the knobs you do not give (docs/stacks.md)")
+REDUCE_HELP = vocab_help("reduce_dtype", "fp32 under FSDP/DDP mixed precision, 16-bit for DeepSpeed")
 
 
 @app.command()
@@ -58,21 +59,21 @@ def fit(
     query: Optional[str] = typer.Argument(None, help="free text, e.g. '70B on 4x24GB' or 'llama-3.1-8b on 8xh100-sxm seq 8192 batch 2'"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="profile name, HF config.json path, or a size like '70B'"),
     gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="'4x24GB', '8xh100-sxm', '2x8xa100-80gb'"),
-    strategy: Optional[str] = typer.Option(None, help="ddp, no_shard, zero1, zero2, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2; all when omitted"),
-    engine: Optional[str] = typer.Option(None, help="fsdp2 (default), fsdp1, deepspeed"),
-    method: Optional[str] = typer.Option(None, help="full (default), lora, qlora"),
+    strategy: Optional[str] = typer.Option(None, help=vocab_help("strategy", None, "all when omitted")),
+    engine: Optional[str] = typer.Option(None, help=vocab_help("engine", "fsdp2")),
+    method: Optional[str] = typer.Option(None, help=vocab_help("method", "full")),
     lora_rank: Optional[int] = typer.Option(None, help="LoRA rank (default 16)"),
-    lora_targets: Optional[str] = typer.Option(None, help="all-linear (default), attention, qv"),
-    precision: Optional[str] = typer.Option(None, help="bf16-mixed (default), fp16-mixed, bf16-pure, fp32"),
-    optimizer: Optional[str] = typer.Option(None, help="adamw (default), sgd, adafactor, adamw-8bit, lion"),
-    ac: Optional[str] = typer.Option(None, help="activation checkpointing: none (default), full, selective, every-k"),
+    lora_targets: Optional[str] = typer.Option(None, help=vocab_help("lora_targets", "all-linear, or the stack's")),
+    precision: Optional[str] = typer.Option(None, help=vocab_help("precision", "bf16-mixed, or the stack's")),
+    optimizer: Optional[str] = typer.Option(None, help=vocab_help("optimizer", "adamw, or the stack's")),
+    ac: Optional[str] = typer.Option(None, help=vocab_help("ac", "none, or the stack's")),
     ac_every_k: Optional[int] = typer.Option(None, help="with --ac every-k: checkpoint every k-th block"),
-    offload: Optional[str] = typer.Option(None, help="none (default), optimizer, optimizer+params"),
+    offload: Optional[str] = typer.Option(None, help=vocab_help("offload", "none")),
     seq_len: Optional[int] = typer.Option(None, help="sequence length (default 1024)"),
     micro_batch: Optional[int] = typer.Option(None, help="micro-batch per GPU (default 1)"),
     grad_accum: Optional[int] = typer.Option(None, help="gradient accumulation steps (default 1)"),
     shard_group_size: Optional[int] = typer.Option(None, help="HSDP shard group size (default GPUs per node)"),
-    attention: Optional[str] = typer.Option(None, help="sdpa (default) or eager"),
+    attention: Optional[str] = typer.Option(None, help=vocab_help("attention", "sdpa")),
     reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_HELP),
     stack: Optional[str] = typer.Option(None, help=STACK_HELP),
     ce_chunks: Optional[int] = typer.Option(None, help="chunked cross-entropy chunks, 0 = off (default: the stack's)"),
@@ -91,9 +92,8 @@ def fit(
         help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation; docs/accuracy.md)"),
     fp32_master: Optional[bool] = typer.Option(None, "--fp32-master/--no-fp32-master",
                                                help="keep an fp32 master copy (default: unless bf16-pure)"),
-    quant_format: Optional[str] = typer.Option(None, help="4-bit base of qlora: nf4 (default), gptq, awq"),
-    load_mode: Optional[str] = typer.Option(None, help="how weights reach the GPUs: full_per_gpu, rank0_broadcast, "
-                                                       "meta_init (default: the stack's)"),
+    quant_format: Optional[str] = typer.Option(None, help=vocab_help("quant_format", "nf4")),
+    load_mode: Optional[str] = typer.Option(None, help=vocab_help("load_mode", "the stack's")),
     host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
     intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
@@ -126,8 +126,6 @@ def fit(
                    load_mode=load_mode)
     given = {name: value if value is not None else q.get(name) for name, value in options.items()}
     given = {name: value for name, value in given.items() if value is not None}
-    if given.get("offload") == "auto":
-        given["offload"] = default_offload(given.get("engine", TrainingConfig().engine))
     config, precision_notes = adapt_precision(TrainingConfig(**given), cluster)
     strategy_name = strategy or q.get("strategy")
     notes = [f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes]
@@ -194,17 +192,41 @@ def export_command(
 
 @app.command("plan")
 def plan_command(
-    model: str = typer.Argument(..., help="profile name, HF config.json path, or a size like '70B'"),
-    gpus: str = typer.Option(..., "--gpus", "-g", help="'8xh100-sxm', '2x8xa100-80gb', '4x24GB'"),
-    seq_len: int = typer.Option(4096, help="sequence length in tokens"),
+    query: str = typer.Argument(..., help="'MODEL on GPUS [words]' as fit takes it (e.g. '70B on 4x24GB qlora'), "
+                                          "or a model name with --gpus"),
+    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="'8xh100-sxm', '2x8xa100-80gb', '4x24GB'"),
+    seq_len: Optional[int] = typer.Option(None, help="sequence length in tokens (default 1024, as fit)"),
     global_batch_tokens: Optional[str] = typer.Option(None, help="global batch in tokens, e.g. '1M' (decimal)"),
     global_batch: Optional[int] = typer.Option(None, help="global batch in sequences"),
-    method: str = typer.Option("full", help="full, lora, qlora"),
+    method: Optional[str] = typer.Option(None, help=vocab_help("method", None, "full, lora and qlora searched when omitted")),
+    strategy: Optional[str] = typer.Option(None, help=vocab_help("strategy", None, "searched when omitted")),
+    engine: Optional[str] = typer.Option(None, help=vocab_help("engine", None, "searched when omitted")),
+    ac: Optional[str] = typer.Option(None, help=vocab_help("ac", None, "none, selective, full searched when omitted")),
+    offload: Optional[str] = typer.Option(None, help=vocab_help("offload", None, "searched when omitted")),
+    micro_batch: Optional[int] = typer.Option(None, help="micro-batch per GPU (searched when omitted)"),
+    shard_group_size: Optional[int] = typer.Option(None, help="HSDP shard group size (searched when omitted)"),
     lora_rank: Optional[int] = typer.Option(None, help="LoRA rank (default 16, or the stack's)"),
-    precision: Optional[str] = typer.Option(None, help="bf16-mixed (default, or the stack's), fp16-mixed, bf16-pure, fp32"),
-    optimizer: Optional[str] = typer.Option(None, help="adamw (default, or the stack's), sgd, adafactor, adamw-8bit, lion"),
+    lora_targets: Optional[str] = typer.Option(None, help=vocab_help("lora_targets", "all-linear, or the stack's")),
+    precision: Optional[str] = typer.Option(None, help=vocab_help("precision", "bf16-mixed, or the stack's")),
+    optimizer: Optional[str] = typer.Option(None, help=vocab_help("optimizer", "adamw, or the stack's")),
+    attention: Optional[str] = typer.Option(None, help=vocab_help("attention", "sdpa")),
     reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_HELP),
-    stack: str = typer.Option("hf", help=STACK_HELP),
+    stack: Optional[str] = typer.Option(None, help=STACK_HELP),
+    ce_chunks: Optional[int] = typer.Option(None, help="chunked cross-entropy chunks, 0 = off (default: the stack's)"),
+    optimizer_in_backward: Optional[bool] = typer.Option(None, "--optimizer-in-backward/--no-optimizer-in-backward",
+                                                         help="optimizer step fused into backward (default: the stack's)"),
+    activation_offload: Optional[bool] = typer.Option(None, "--activation-offload/--no-activation-offload",
+                                                      help="offload saved activations to CPU (default: the stack's)"),
+    paged_optimizer: Optional[bool] = typer.Option(None, "--paged-optimizer/--no-paged-optimizer",
+                                                   help="bitsandbytes paged optimizer states (default: the stack's)"),
+    checkpoint_wrapper: Optional[bool] = typer.Option(None, "--checkpoint-wrapper/--no-checkpoint-wrapper",
+                                                      help="AC by torch's checkpoint_wrapper around each block (default: the stack's)"),
+    expandable_segments: Optional[bool] = typer.Option(None, "--expandable-segments/--no-expandable-segments",
+                                                       help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+    fp32_master: Optional[bool] = typer.Option(None, "--fp32-master/--no-fp32-master",
+                                               help="keep an fp32 master copy (default: unless bf16-pure)"),
+    quant_format: Optional[str] = typer.Option(None, help=vocab_help("quant_format", "nf4")),
+    load_mode: Optional[str] = typer.Option(None, help=vocab_help("load_mode", "the stack's")),
     train_tokens: Optional[str] = typer.Option(None, help="tokens to train, e.g. '15T', for time and cost"),
     price_per_gpu_hour: Optional[float] = typer.Option(None, help="$ per GPU-hour, for cost"),
     calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
@@ -214,15 +236,32 @@ def plan_command(
     top: int = typer.Option(5, help="how many plans to show"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ):
-    """Fastest strategy that fits: search strategy × engine × AC × micro-batch × offload × HSDP group."""
+    """Fastest configuration that fits: search method × strategy × engine × AC × micro-batch × offload × HSDP group."""
     from shardplan.planner import plan as run_plan, resolve_workload
     from shardplan.plan_report import plan_to_json, render_plan
-    from shardplan.units import parse_count
+    from shardplan import strategy as st
 
-    resolved = resolve_model(model)
-    cluster = parse_gpus(gpus, intra_link=intra_link, inter_link=inter_link,
+    parsed = parse_query(query) if " on " in f" {query.strip()} ".lower() else None
+    q = parsed.options if parsed else {}
+    gpus_text = gpus or (parsed.gpus if parsed else None)
+    if not gpus_text:
+        raise ShardplanError("gpus", None, "give a query like '70B on 4x24GB' or --gpus")
+    resolved = resolve_model(parsed.model if parsed else query)
+    cluster = parse_gpus(gpus_text, intra_link=intra_link, inter_link=inter_link,
                          host_ram_bytes_per_node=parse_capacity_bytes(host_ram, "host_ram") if host_ram else None)
-    workload = resolve_workload(seq_len, cluster.world_size,
+    # an option beats the query's word; what neither gives is searched (method, strategy, engine,
+    # AC, offload, micro-batch, HSDP group) or takes TrainingConfig's / the stack's default, as in fit
+    options = dict(method=method, strategy=strategy, engine=engine, ac=ac, offload=offload, micro_batch=micro_batch,
+                   shard_group_size=shard_group_size, lora_rank=lora_rank, lora_targets=lora_targets,
+                   precision=precision, optimizer=optimizer, attention=attention, reduce_dtype=reduce_dtype,
+                   stack=stack, seq_len=seq_len, ce_chunks=ce_chunks, optimizer_in_backward=optimizer_in_backward,
+                   activation_offload=activation_offload, paged_optimizer=paged_optimizer,
+                   checkpoint_wrapper=checkpoint_wrapper, expandable_segments=expandable_segments,
+                   fp32_master=fp32_master, quant_format=quant_format, load_mode=load_mode,
+                   grad_accum=q.get("grad_accum"), ac_every_k=q.get("ac_every_k"))
+    given = {name: value if value is not None else q.get(name) for name, value in options.items()}
+    base = TrainingConfig(**{name: value for name, value in given.items() if value is not None})
+    workload = resolve_workload(base.seq_len, cluster.world_size,
                                 parse_count(global_batch_tokens, "global_batch_tokens") if global_batch_tokens else None,
                                 global_batch, context=resolved.spec.max_position_embeddings)
     overlay = None
@@ -231,15 +270,13 @@ def plan_command(
         overlay = load_calibration(calibration)
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ShardplanError("price_per_gpu_hour", price_per_gpu_hour, "must not be negative")
-    stated = dict(lora_rank=lora_rank, precision=precision, optimizer=optimizer, reduce_dtype=reduce_dtype)
-    base, precision_notes = adapt_precision(TrainingConfig(method=method, seq_len=seq_len, stack=stack,
-                                                           **{k: v for k, v in stated.items() if v is not None}),
-                                            cluster)  # the rest: the stack's defaults
+    methods = None if "method" in base.model_fields_set else st.METHODS
+    base, precision_notes = adapt_precision(base, cluster)  # bf16 on a GPU without it: the stack's fp16
     result = run_plan(resolved.spec, cluster, base, workload, top=top,
                       train_tokens=parse_count(train_tokens, "train_tokens") if train_tokens else None,
                       price_per_gpu_hour=price_per_gpu_hour, calibration=overlay,
                       notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes],
-                      bands=load_bands().with_overlay(overlay.accuracy if overlay else None))
+                      bands=load_bands().with_overlay(overlay.accuracy if overlay else None), methods=methods)
     result = result.model_copy(update={"model": resolved.record(result.model)})
     typer.echo(plan_to_json(result) if as_json else render_plan(result))
 
@@ -349,14 +386,14 @@ def sweep_command(
     gpus: str = typer.Option("h100-sxm", help="comma-separated GPU profiles or capacities ('24GB')"),
     gpu_counts: str = typer.Option("8", help="total GPU counts: '1,2,4,8' or '1-8'"),
     nodes: Optional[str] = typer.Option(None, help="node counts to spread the GPUs over (default: the GPU's usual node size)"),
-    strategies: Optional[str] = typer.Option(None, help="comma-separated; all eight when omitted"),
-    engines: str = typer.Option("fsdp2", help="fsdp2, fsdp1, deepspeed"),
-    method: str = typer.Option("full", help="full, lora, qlora"),
+    strategies: Optional[str] = typer.Option(None, help="comma-separated " + vocab_help("strategy", None, "all when omitted")),
+    engines: str = typer.Option("fsdp2", help="comma-separated " + vocab_help("engine")),
+    method: str = typer.Option("full", help="comma-separated " + vocab_help("method")),
     lora_rank: str = typer.Option("16"),
-    precision: str = typer.Option("bf16-mixed"),
-    optimizer: str = typer.Option("adamw"),
-    ac: str = typer.Option("none", help="none, full, selective, every-k"),
-    offload: str = typer.Option("none", help="none, optimizer, optimizer+params"),
+    precision: str = typer.Option("bf16-mixed", help="comma-separated " + vocab_help("precision")),
+    optimizer: str = typer.Option("adamw", help="comma-separated " + vocab_help("optimizer")),
+    ac: str = typer.Option("none", help="comma-separated " + vocab_help("ac")),
+    offload: str = typer.Option("none", help="comma-separated " + vocab_help("offload")),
     micro_batch: str = typer.Option("1"),
     seq_len: str = typer.Option("1024"),
     grad_accum: str = typer.Option("1"),
@@ -414,6 +451,8 @@ def sweep_command(
 
 def _one_line_validation(err: ValidationError) -> ShardplanError:
     first = err.errors()[0]
+    if isinstance((first.get("ctx") or {}).get("error"), ShardplanError):  # a validator's own one-line error
+        return first["ctx"]["error"]
     field = ".".join(str(p) for p in first["loc"]) or err.title
     return ShardplanError(field, first.get("input"), first["msg"])
 

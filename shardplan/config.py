@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from shardplan import strategy as st
 from shardplan.hardware import Cluster
@@ -64,6 +64,22 @@ class TrainingConfig(BaseModel):
     quant_state_sharded: bool | None = Field(None, description="bnb quant_state sharded with the weights")
     quant_format: str | None = Field(None, description="4-bit base format: nf4, gptq, awq")
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
+
+    def __init__(self, **data: Any) -> None:
+        # words resolved before pydantic sees them, so a bad one is the one-line ShardplanError
+        # itself (pydantic would wrap it); model_validate goes through the validator below
+        from shardplan.vocabulary import canonical_config
+        super().__init__(**canonical_config(data))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_vocabulary(cls, data: Any) -> Any:
+        """Every categorical word to its canonical name (shardplan/vocabulary.py): aliases such as
+        'zero3' or 'offload all', and 'bf16' as the chosen stack means it."""
+        if not isinstance(data, dict):
+            return data
+        from shardplan.vocabulary import canonical_config
+        return canonical_config(data)
 
 
 MODEL_FIELDS = (

@@ -124,7 +124,9 @@ def load_plans(path: str | Path) -> list[dict[str, Any]]:
     except json.JSONDecodeError as err:
         raise ShardplanError("plan", str(path), f"not JSON ({err.msg} at line {err.lineno})") from None
     if isinstance(data, dict) and isinstance(data.get("plans"), list):
-        data = data["plans"]
+        # `shardplan plan --json`: the model and the cluster are stated once, beside the plans
+        shared = {k: data[k] for k in ("model", "cluster") if k in data}
+        data = [{**shared, **p} if isinstance(p, dict) else p for p in data["plans"]]
     plans = data if isinstance(data, list) else [data]
     if not plans or not all(isinstance(p, dict) for p in plans):
         raise ShardplanError("plan", str(path), "expected a JSON object or a non-empty list of objects")

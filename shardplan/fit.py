@@ -186,7 +186,9 @@ def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calib
 
 
 def default_offload(engine: str) -> str:
-    return "optimizer" if engine == "deepspeed" else "optimizer+params"
+    """What ``engine`` usually offloads (the vocabulary's "offload auto")."""
+    from shardplan.vocabulary import canonical
+    return canonical("offload", "auto", engine=engine)
 
 
 def _with(config: TrainingConfig, **changes: Any) -> TrainingConfig:
@@ -286,8 +288,10 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
         strategies = [name for i, name in enumerate(st.STRATEGIES)
                       if bool(st.is_valid(i, engine)) and bool(st.valid_world_size(i, cluster.world_size))]
     results = []
+    from shardplan.vocabulary import canonical
+
     for name in strategies:
-        cfg = _with(config, strategy=name)
+        cfg = _with(config, strategy=canonical("strategy", name))  # model_copy does not validate: resolve aliases here
         check_config(spec, cluster, cfg)
         result = evaluate(spec, cluster, cfg, notes, allocator=allocator, bands=bands)
         if not result.fits:

@@ -349,18 +349,11 @@ LORA_TARGETS = ("all-linear", "attention", "qv")
 
 
 def lora_target_code(targets: str) -> int:
-    """``targets`` -> index into ``strategy.LORA_TARGETS`` (also "q,v", "all", "all-linear+lm_head");
-    a one-line error names anything else."""
+    """``targets`` -> index into ``strategy.LORA_TARGETS``, through the one vocabulary (also "q,v",
+    "all", "all-linear+lm_head"; shardplan/vocabulary.py); a one-line error names anything else."""
     from shardplan import strategy as st
-    from shardplan.errors import ShardplanError
 
-    key = str(targets).strip().lower().replace(" ", "")
-    aliases = {"q,v": "qv", "q_proj,v_proj": "qv", "attn": "attention", "all": "all-linear",
-               "all-linear+lm_head": "all-linear+embeddings", "all-linear+embedding": "all-linear+embeddings"}
-    key = aliases.get(key, key)
-    if key not in st.LORA_TARGETS:
-        raise ShardplanError("lora_targets", targets, f"unknown; choose one of {', '.join(st.LORA_TARGETS)}")
-    return st.LORA_TARGETS.index(key)
+    return st.code(st.LORA_TARGETS, targets, "lora_targets")
 
 
 def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:

@@ -19,7 +19,7 @@ def _duration(seconds: float) -> str:
 def _rows(plans: list[Plan], ranked: bool) -> list[list]:
     rows = []
     for p in plans:
-        rows.append([p.rank if ranked else "≈", p.strategy, p.engine, p.ac, p.offload, p.micro_batch, p.grad_accum,
+        rows.append([p.rank if ranked else "≈", p.method, p.strategy, p.engine, p.ac, p.offload, p.micro_batch, p.grad_accum,
                      "" if p.strategy not in ("hybrid_shard", "hybrid_shard_zero2") else p.shard_group_size,
                      "every" if p.sync_every_micro_batch else "once", p.reduce_dtype,
                      f"{p.tokens_per_s_per_gpu:,.0f} ({p.tokens_per_s_per_gpu_low:,.0f}-{p.tokens_per_s_per_gpu_high:,.0f})",
@@ -31,7 +31,7 @@ def _rows(plans: list[Plan], ranked: bool) -> list[list]:
 
 
 def _headers(first: Plan) -> list[str]:
-    headers = ["#", "strategy", "engine", "AC", "offload", "mb", "accum", "group", "sync", "reduce", "tok/s/GPU (band)",
+    headers = ["#", "method", "strategy", "engine", "AC", "offload", "mb", "accum", "group", "sync", "reduce", "tok/s/GPU (band)",
                "tok/s", "MFU", "step s", "exposed ms", "peak GiB", "± band GiB", "margin GiB"]
     if first.time_to_train_s:
         headers += ["time", "GPU-h"]
@@ -47,7 +47,9 @@ def render_plan(result: PlanResult) -> str:
                  f"{result.cluster['inter_link']}), seq {w.seq_len}, global batch {w.global_batch_tokens:,} tokens "
                  f"({w.sequences_per_gpu} sequence(s) per GPU); {result.candidates:,} candidates, {result.fitting:,} fit "
                  f"with their error band, {result.tight_count:,} tight; "
-                 f"{'calibrated' if result.calibrated else 'nameplate'} coefficients")
+                 f"{'calibrated' if result.calibrated else 'nameplate'} coefficients"
+                 + (f"; methods searched: {', '.join(result.methods)} (fix one with --method)"
+                    if len(result.methods) > 1 else ""))
     lines.append("")
     if not result.plans:
         lines.append(f"✗ {result.explanation}")
@@ -57,7 +59,7 @@ def render_plan(result: PlanResult) -> str:
         lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
         lines.append("")
         for p in result.plans:
-            lines.append(f"#{p.rank} {p.strategy}/{p.engine}: " + "; ".join(p.why))
+            lines.append(f"#{p.rank} {p.method} {p.strategy}/{p.engine}: " + "; ".join(p.why))
     if result.tight:
         lines.append("")
         lines.append(f"Tight (the peak fits, the peak + its error band does not; not ranked, best {len(result.tight)} "
@@ -65,13 +67,23 @@ def render_plan(result: PlanResult) -> str:
         lines.append(tabulate(_rows(result.tight, False), headers=_headers(result.tight[0]), tablefmt="simple",
                               disable_numparse=True))
         for p in result.tight:
-            lines.append(f"≈ {p.strategy}/{p.engine}, AC {p.ac}, offload {p.offload}, mb {p.micro_batch}: " + "; ".join(p.why))
+            lines.append(f"≈ {p.method} {p.strategy}/{p.engine}, AC {p.ac}, offload {p.offload}, mb {p.micro_batch}: " + "; ".join(p.why))
     if result.rejected:
         lines.append("")
         lines.append("Rejected strategy families (no micro-batch, AC or offload setting fits):")
+        # in detail for the methods that have a plan (or for all when none has); one line for the others
+        shown = {p.method for p in result.plans} or {r.method for r in result.rejected}
         for r in result.rejected:
-            lines.append(f"  ✗ {r.strategy}/{r.engine}: {r.reason}; largest term {r.largest_term} "
-                         f"{r.largest_term_bytes / GiB:,.1f} GiB")
+            if r.method in shown:
+                lines.append(f"  ✗ {r.method} {r.strategy}/{r.engine}: {r.reason}; largest term {r.largest_term} "
+                             f"{r.largest_term_bytes / GiB:,.1f} GiB")
+        for method in dict.fromkeys(r.method for r in result.rejected if r.method not in shown):
+            families = [r for r in result.rejected if r.method == method]
+            # closest: a tight family, else the smallest GPU-memory shortfall (host RAM / loading limits last)
+            best = min(families, key=lambda r: ("tight" not in r.reason, not r.reason.startswith("GPU memory"),
+                                                r.device_total_bytes))
+            lines.append(f"  ✗ {method}: none of its {len(families)} families fits; closest {best.strategy}/{best.engine}: "
+                         f"{best.reason}")
     return "\n".join(lines)
 
 

@@ -9,7 +9,8 @@ and ``step_time`` each run once over it (DESIGN.md §3, principle 2).
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from dataclasses import fields
+from typing import Any, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -47,6 +48,7 @@ class Plan(BaseModel):
     rank: int
     strategy: str
     engine: str
+    method: str = "full"          # the fine-tuning method (plan searches full, lora, qlora unless fixed)
     micro_batch: int
     grad_accum: int
     ac: str
@@ -81,6 +83,7 @@ class Plan(BaseModel):
     gpu_hours: float | None = None
     cost: float | None = None
     why: list[str] = []
+    config: dict[str, Any] = {}   # the whole TrainingConfig of this plan (what `shardplan export` writes)
 
 
 class Rejected(BaseModel):
@@ -88,6 +91,7 @@ class Rejected(BaseModel):
 
     strategy: str
     engine: str
+    method: str = "full"
     reason: str
     largest_term: str
     largest_term_bytes: int
@@ -111,6 +115,7 @@ class PlanResult(BaseModel):
     explanation: str = ""
     notes: list[str] = []
     stack: str = ""               # the training stack the numbers assume (stacks.stack_label)
+    methods: list[str] = []       # the fine-tuning methods searched
 
 
 def resolve_workload(seq_len: int, world_size: int, global_batch_tokens: int | None = None,
@@ -159,37 +164,83 @@ def shard_group_sizes(cluster: Cluster) -> list[int]:
     return sorted(sizes) or [n]
 
 
-def build_grid(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload,
-               max_micro_batch: int = 64) -> tuple[Columns, dict[str, np.ndarray]]:
-    """All candidate rows as one ``Columns`` (plus the sync-mode column)."""
+# Knobs a user may fix for the search (the rest are searched): stated in the base TrainingConfig.
+SEARCHED_KNOBS = ("strategy", "engine", "ac", "offload", "micro_batch", "shard_group_size")
+
+
+def method_configs(base: TrainingConfig, cluster: Cluster, methods: Sequence[str] | None = None) -> list[TrainingConfig]:
+    """One resolved base per fine-tuning method searched (the stack's knobs differ per method:
+    torchtune's LoRA recipes set their own targets, rank and checkpointing). ``methods`` None:
+    the base's own method."""
     from shardplan.stacks import resolve_stack
 
-    base = resolve_stack(base, cluster.world_size)  # the stack's knobs (and LoRA targets) for this cluster
+    stated = base.model_dump(exclude_unset=True)
+    names = [base.method] if methods is None else [st.METHODS[st.code(st.METHODS, m, "method")] for m in methods]
+    return [resolve_stack(TrainingConfig(**{**stated, "method": m}), cluster.world_size) for m in dict.fromkeys(names)]
+
+
+def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, max_micro_batch: int) -> np.ndarray:
+    """(strategy, engine, ac, offload, micro-batch, accumulation, group, sync) of every candidate;
+    knobs stated in ``base`` (SEARCHED_KNOBS) are fixed to their value. A strategy the engine runs
+    as another (``st.runs_as``: DeepSpeed's shard_grad_op is its stage 2 = zero2) is planned once,
+    under the canonical name."""
+    fixed = base.model_fields_set
+    strategies = ([st.code(st.STRATEGIES, base.strategy, "strategy")] if "strategy" in fixed
+                  else range(len(st.STRATEGIES)))
+    engines = [st.code(st.ENGINES, base.engine, "engine")] if "engine" in fixed else range(len(st.ENGINES))
+    acs = [st.code(st.AC_MODES, a, "ac") for a in ([base.ac] if "ac" in fixed else PLAN_AC)]
+    offloads = [st.code(st.OFFLOADS, o, "offload") for o in ([base.offload] if "offload" in fixed else PLAN_OFFLOADS)]
     micro = [d for d in divisors(workload.sequences_per_gpu) if d <= max_micro_batch]
-    rows: list[tuple] = []
+    if "micro_batch" in fixed:
+        if workload.sequences_per_gpu % base.micro_batch:
+            raise ShardplanError("micro_batch", base.micro_batch,
+                                 f"must divide the {workload.sequences_per_gpu} sequences per GPU of the global batch")
+        micro = [base.micro_batch]
     groups = shard_group_sizes(cluster)
-    for s, e in itertools.product(range(len(st.STRATEGIES)), range(len(st.ENGINES))):
+    if "shard_group_size" in fixed and base.shard_group_size:
+        groups = [base.shard_group_size]
+    rows: list[tuple] = []
+    for s, e in itertools.product(strategies, engines):
         if not bool(st.is_valid(s, e)) or not bool(st.valid_world_size(s, cluster.world_size)):
             continue
-        if s == st.SINGLE and e != st.FSDP2:  # no wrapper: the engine does not matter, plan it once
+        if s == st.SINGLE and e != st.FSDP2 and "engine" not in fixed:  # no wrapper: plan it once
+            continue
+        if st.runs_as(s, e) != s and st.runs_as(s, e) in strategies:
             continue
         hybrid = s in (st.HYBRID_SHARD, st.HYBRID_SHARD_ZERO2)
         # HSDP with one replica is FULL_SHARD / SHARD_GRAD_OP: only groups smaller than the world.
         for g in ([x for x in groups if x < cluster.world_size] if hybrid else [cluster.world_size]):
-            for ac, off, mb, sync in itertools.product(PLAN_AC, PLAN_OFFLOADS, micro, (True, False)):
+            for ac, off, mb, sync in itertools.product(acs, offloads, micro, (True, False)):
                 k = workload.sequences_per_gpu // mb
                 # no_sync only where the engine offers it (DeepSpeed ZeRO-2/3 rejects no_sync) and it differs
                 if not sync and (k == 1 or e == st.DEEPSPEED):
                     continue
-                rows.append((s, e, st.code(st.AC_MODES, ac, "ac"), st.code(st.OFFLOADS, off, "offload"), mb, k, g, sync))
-    arr = np.array(rows, dtype=np.int64)
+                rows.append((s, e, ac, off, mb, k, g, sync))
+    if not rows:
+        stated = ", ".join(f"{k}={getattr(base, k)}" for k in SEARCHED_KNOBS if k in fixed)
+        raise ShardplanError("plan", stated or "(nothing fixed)",
+                             f"no candidate on {cluster.world_size} GPU(s): the fixed knobs leave no valid combination")
+    return np.array(rows, dtype=np.int64)
+
+
+def _grid_for(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload, arr: np.ndarray) -> Columns:
     knobs = knob_values(base.model_copy(update={"seq_len": workload.seq_len}), cluster)
     knobs.update(strategy=arr[:, 0], engine=arr[:, 1], ac=arr[:, 2], offload=arr[:, 3], micro_batch=arr[:, 4],
                  grad_accum=arr[:, 5], shard_group_size=arr[:, 6])
     if base.reduce_dtype is None:  # the engine's own default (DeepSpeed reduces in 16-bit)
         knobs["reduce_dtype"] = st.default_reduce_dtype(knobs["precision"], arr[:, 1])
-    c = Columns.build(**model_values(spec, base.lora_rank, base.lora_targets), **cluster_values(cluster), **knobs)
-    return c, {"sync_every_micro_batch": arr[:, 7].astype(bool)}
+    return Columns.build(**model_values(spec, base.lora_rank, base.lora_targets), **cluster_values(cluster), **knobs)
+
+
+def build_grid(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload,
+               max_micro_batch: int = 64, methods: Sequence[str] | None = None) -> tuple[Columns, dict[str, np.ndarray]]:
+    """All candidate rows as one ``Columns`` (plus the sync-mode column): the candidate grid once
+    per fine-tuning method searched (``method_configs``), stacked."""
+    arr = _candidate_rows(cluster, base, workload, max_micro_batch)
+    parts = [_grid_for(spec, cluster, b, workload, arr) for b in method_configs(base, cluster, methods)]
+    c = parts[0] if len(parts) == 1 else Columns(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                                                    for f in fields(Columns)})
+    return c, {"sync_every_micro_batch": np.tile(arr[:, 7].astype(bool), len(parts))}
 
 
 def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
@@ -237,10 +288,11 @@ def _name(codes, names, i):
 
 
 def _best_per_family(order: np.ndarray, c: Columns, top: int) -> list[int]:
-    """One row per distinct (strategy, engine, ac, offload, group) family member: the first in ``order``."""
+    """One row per distinct (method, strategy, engine, ac, offload, group) family member: the first in ``order``."""
     seen, chosen = set(), []
     for i in order:
-        key = (int(c.strategy[i]), int(c.engine[i]), int(c.ac[i]), int(c.offload[i]), int(c.shard_group_size[i]))
+        key = (int(c.method[i]), int(c.strategy[i]), int(c.engine[i]), int(c.ac[i]), int(c.offload[i]),
+               int(c.shard_group_size[i]))
         if key in seen:
             continue
         seen.add(key)
@@ -250,12 +302,24 @@ def _best_per_family(order: np.ndarray, c: Columns, top: int) -> list[int]:
     return chosen
 
 
+def _row_config(i: int, c: Columns, bases: dict[int, TrainingConfig]) -> dict[str, Any]:
+    """Row ``i`` as the TrainingConfig it is (its method's resolved base + the searched knobs)."""
+    knobs = dict(strategy=_name(c.strategy, st.STRATEGIES, i), engine=_name(c.engine, st.ENGINES, i),
+                 ac=_name(c.ac, st.AC_MODES, i), offload=_name(c.offload, st.OFFLOADS, i),
+                 micro_batch=int(c.micro_batch[i]), grad_accum=int(c.grad_accum[i]),
+                 shard_group_size=int(c.shard_group_size[i]), seq_len=int(c.seq_len[i]),
+                 reduce_dtype=st.reduce_dtype_name(c.reduce_dtype[i], c.precision[i]))
+    return bases[int(c.method[i])].model_copy(update=knobs).model_dump(mode="json")
+
+
 def _plan_entry(i: int, rank: int, r: dict, c: Columns, sync, cluster: Cluster, why: list[str],
-                train_tokens: float | None, price_per_gpu_hour: float | None) -> Plan:
+                train_tokens: float | None, price_per_gpu_hour: float | None,
+                bases: dict[int, TrainingConfig] | None = None) -> Plan:
     cost = (training_cost(float(r["tokens_per_s"][i]), cluster.world_size, train_tokens, price_per_gpu_hour)
             if train_tokens else {})
     return Plan(
         rank=rank, strategy=_name(c.strategy, st.STRATEGIES, i), engine=_name(c.engine, st.ENGINES, i),
+        method=_name(c.method, st.METHODS, i), config=_row_config(i, c, bases) if bases else {},
         micro_batch=int(c.micro_batch[i]), grad_accum=int(c.grad_accum[i]), ac=_name(c.ac, st.AC_MODES, i),
         offload=_name(c.offload, st.OFFLOADS, i), shard_group_size=int(c.shard_group_size[i]),
         sync_every_micro_batch=bool(sync[i]), reduce_dtype=st.reduce_dtype_name(c.reduce_dtype[i], c.precision[i]),
@@ -289,15 +353,18 @@ def _tight_why(i: int, r: dict, c: Columns) -> list[str]:
 
 def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload, *, top: int = 5,
          train_tokens: float | None = None, price_per_gpu_hour: float | None = None, calibration=None,
-         notes: list[str] | None = None, bands: AccuracyBands | None = None) -> PlanResult:
+         notes: list[str] | None = None, bands: AccuracyBands | None = None,
+         methods: Sequence[str] | None = None) -> PlanResult:
     """Rank every ``fits`` candidate (peak + band under capacity) by tokens/s (ties: headroom);
-    list the best ``tight`` ones apart, unranked; explain rejected families."""
+    list the best ``tight`` ones apart, unranked; explain rejected families. ``methods``: the
+    fine-tuning methods to search (None: the base's); knobs the base states are not searched."""
     if top < 1:
         raise ShardplanError("top", top, "must be at least 1")
     from shardplan.stacks import resolve_stack
 
     check_precision(cluster.gpu, resolve_stack(base, cluster.world_size).precision)
-    c, extra = build_grid(spec, cluster, base, workload)
+    bases = {st.METHODS.index(b.method): b for b in method_configs(base, cluster, methods)}
+    c, extra = build_grid(spec, cluster, base, workload, methods=methods)
     sync = extra["sync_every_micro_batch"]
     r = evaluate_grid(c, sync, cluster, calibration, bands)
     fitting = np.flatnonzero(r["fits"])
@@ -305,10 +372,10 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     chosen = _best_per_family(order, c, top)
     chosen_arr = np.array(chosen, dtype=np.int64)
     plans = [_plan_entry(i, pos + 1, r, c, sync, cluster, _why(i, r, c, chosen_arr, pos), train_tokens,
-                         price_per_gpu_hour) for pos, i in enumerate(chosen)]
+                         price_per_gpu_hour, bases) for pos, i in enumerate(chosen)]
     tight_rows = np.flatnonzero(r["verdict"] == TIGHT)
     tight_order = tight_rows[np.lexsort((-r["margin_bytes"][tight_rows], -r["tokens_per_s"][tight_rows]))]
-    tight = [_plan_entry(i, 0, r, c, sync, cluster, _tight_why(i, r, c), train_tokens, price_per_gpu_hour)
+    tight = [_plan_entry(i, 0, r, c, sync, cluster, _tight_why(i, r, c), train_tokens, price_per_gpu_hour, bases)
              for i in _best_per_family(tight_order, c, top)]
     rejected = rejected_families(c, r)
     explanation = ""
@@ -327,13 +394,15 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
                        + f"; its largest term is {term} ({int(r[term][smallest]) / 2**30:,.1f} GiB). "
                        f"Try more GPUs, LoRA/QLoRA, or a shorter sequence (`shardplan fit` lists alternatives).")
     return PlanResult(
-        model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params},
+        model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
+               "block_class": spec.block_class, "hf_id": next((a for a in spec.aliases if "/" in a), None)},
         cluster={"label": cluster.label, "world_size": cluster.world_size, "gpu": cluster.gpu.name,
-                 "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name, "nodes": cluster.nodes},
+                 "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name, "nodes": cluster.nodes,
+                 "gpus_per_node": cluster.gpus_per_node},
         workload=workload, candidates=int(c.shape[0]), fitting=int(fitting.size), plans=plans,
         tight_count=int(tight_rows.size), tight=tight, rejected=rejected,
         calibrated=bool(r["calibrated"]), explanation=explanation, notes=list(notes or []) + workload.notes,
-        stack=stack_label(base.stack),
+        stack=stack_label(base.stack), methods=[st.METHODS[m] for m in sorted(bases)],
     )
 
 
@@ -341,7 +410,7 @@ def rejected_families(c: Columns, r: dict) -> list[Rejected]:
     """Valid (strategy, engine) families with no ``fits`` row: the closest row's largest term (a
     family whose best rows are ``tight`` says so, with the band)."""
     out = []
-    fam = c.strategy * len(st.ENGINES) + c.engine
+    fam = (c.method * len(st.STRATEGIES) + c.strategy) * len(st.ENGINES) + c.engine
     for key in np.unique(fam):
         rows = np.flatnonzero((fam == key) & r["valid"])
         if rows.size == 0 or r["fits"][rows].any():
@@ -362,6 +431,7 @@ def rejected_families(c: Columns, r: dict) -> list[Rejected]:
             reason = (f"GPU memory: best case {int(r['device_total_bytes'][i]) / 2**30:,.1f} GiB of "
                       f"{int(c.gpu_memory_bytes[i]) / 2**30:,.1f} GiB")
         out.append(Rejected(strategy=_name(c.strategy, st.STRATEGIES, i), engine=_name(c.engine, st.ENGINES, i),
+                            method=_name(c.method, st.METHODS, i),
                             reason=reason, largest_term=term, largest_term_bytes=int(r[term][i]),
                             device_total_bytes=int(r["device_total_bytes"][i]), gpu_memory_bytes=int(c.gpu_memory_bytes[i])))
     return out

@@ -1,12 +1,18 @@
-"""Free-text capacity queries: "70B on 4x24GB", "llama-3.1-8b on 8xh100-sxm seq 8192 batch 2 qlora".
+"""Free-text capacity queries: "70B on 4x24GB", "llama 3 70b on 8 h100 seq 8192 batch 2 qlora".
 
-Grammar: MODEL on GPUS [WORD ...], where a WORD is a strategy or engine or method or precision or
-optimizer name, "seq N", "batch N" / "mb N", "accum N", "ac MODE", "offload [optimizer|all]", "reduce DTYPE" (fp32, bf16, fp16, param).
-Stack words: a stack name (hf, torchtitan, torchtune, lightning / litgpt, plain) or "stack NAME";
-"single" (one GPU, no wrapper); "oib" / "optimizer-in-backward"; "chunked-ce" (8 chunks) or
-"ce-chunks N"; "offload-activations"; "paged" (paged 8-bit AdamW); "nf4" / "gptq" / "awq" (a 4-bit
-base: implies qlora); "load MODE" (full_per_gpu, rank0_broadcast, meta_init); "targets T"
-(qv, attention, all-linear, all-linear+embeddings); "bf16-true" (= bf16-pure).
+Grammar: MODEL on GPUS [WORD ...]. MODEL is everything before " on " (it may hold spaces); GPUS is
+the GPU phrase after it ("8xh100-sxm", "8 h100", "4x24 GB", "1 x a10g"), handed whole to
+``hardware.parse_gpus``; it ends at the first query word. The words come from the one
+vocabulary (shardplan/vocabulary.py, docs/vocabulary.md), the same the ``--options`` take:
+
+- a knob's value on its own where it names one knob ("zero3", "deepspeed", "qlora", "bf16",
+  "adamw-8bit", "gc", "torchtune", "nf4" (a 4-bit base: implies qlora), "meta_init", "sdpa");
+- "KEY VALUE" for every knob ("strategy hsdp", "offload all", "ac selective", "targets qv",
+  "reduce bf16", "stack litgpt", "load meta_init", "quant gptq"); "ac" alone = full
+  checkpointing, "offload" alone = what the engine usually offloads;
+- flags ("oib", "chunked-ce", "offload-activations", "paged", "checkpoint-wrapper", ...);
+- "KEY N" numbers ("seq 8192", "batch 2", "accum 4", "rank 64", "ce-chunks 4", "group 8").
+
 Anything else is an error that names the word.
 """
 
@@ -14,38 +20,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
-from shardplan import strategy as st
+from shardplan import vocabulary as vocab
 from shardplan.errors import ShardplanError
 from shardplan.names import normalize
 from shardplan.units import parse_count
-
-_KEYED = {
-    "seq": "seq_len", "seqlen": "seq_len", "seq_len": "seq_len", "sequence": "seq_len", "ctx": "seq_len",
-    "batch": "micro_batch", "mb": "micro_batch", "micro_batch": "micro_batch", "micro-batch": "micro_batch",
-    "accum": "grad_accum", "grad_accum": "grad_accum", "ga": "grad_accum",
-    "rank": "lora_rank", "lora_rank": "lora_rank", "r": "lora_rank",
-    "ce-chunks": "ce_chunks", "ce_chunks": "ce_chunks",
-}
-# words that set one knob (name, value); a stack name sets the stack
-_FLAGS = {
-    "oib": ("optimizer_in_backward", True), "optimizer-in-backward": ("optimizer_in_backward", True),
-    "optimizer_in_bwd": ("optimizer_in_backward", True), "chunked-ce": ("ce_chunks", 8),
-    "offload-activations": ("activation_offload", True), "activation-offload": ("activation_offload", True),
-    "nf4": ("quant_format", "nf4"), "gptq": ("quant_format", "gptq"), "awq": ("quant_format", "awq"),
-    "bf16-true": ("precision", "bf16-pure"), "litgpt": ("stack", "lightning"), "fabric": ("stack", "lightning"),
-    "transformers": ("stack", "hf"),
-    "checkpoint-wrapper": ("checkpoint_wrapper", True), "fsdp-ac": ("checkpoint_wrapper", True),
-    "expandable-segments": ("expandable_segments", True), "expandable_segments": ("expandable_segments", True),
-}
-_NAMED = (
-    ("strategy", st.STRATEGIES), ("engine", st.ENGINES), ("method", st.METHODS),
-    ("precision", st.PRECISIONS), ("optimizer", st.OPTIMIZERS),
-)
-_ALIASES = {"zero3": ("strategy", "full_shard"), "fsdp": ("strategy", "full_shard"),
-            "hsdp": ("strategy", "hybrid_shard"), "zero0": ("strategy", "ddp"),
-            "checkpointing": ("ac", "full"), "gc": ("ac", "full"), "bf16": ("precision", "bf16-mixed"),
-            "fp16": ("precision", "fp16-mixed")}
 
 
 @dataclass
@@ -55,78 +35,89 @@ class ParsedQuery:
     options: dict[str, object] = field(default_factory=dict)
 
 
-_squash = normalize  # the one rule for names (shardplan/names.py)
+# Words a GPU phrase is made of besides counts and GPU names: "x" between count and GPU, units.
+_GPU_JOINERS = {"x", "×", "*", "gb", "gib", "g"}
+
+
+@lru_cache(maxsize=1)
+def _gpu_name_tokens() -> frozenset[str]:
+    """Every word of a GPU profile's name, display name or alias ("rtx", "a10g", "h100")."""
+    from shardplan.hardware import gpu_profiles
+
+    tokens: set[str] = set()
+    for g in gpu_profiles():
+        for text in (g.name, g.display_name, *getattr(g, "aliases", ())):
+            tokens.update(normalize(t) for t in re.split(r"[\s\-_/]+", str(text)) if t)
+    return frozenset(t for t in tokens if t)
+
+
+def _continues_gpus(word: str) -> bool:
+    """A word after the first one still belongs to the GPU phrase: not a query word, and a
+    count, a joiner ("x", "GB"), or a word of a GPU profile's name."""
+    if vocab.is_query_word(word):
+        return False
+    low = word.lower()
+    return (any(ch.isdigit() for ch in word) or low in _GPU_JOINERS or low.startswith(("x", "×", "*"))
+            or normalize(word) in _gpu_name_tokens())
+
+
+def split_gpus(words: list[str]) -> tuple[str, list[str]]:
+    """(the GPU phrase, the remaining words) of what follows " on "."""
+    n = 1
+    while n < len(words) and _continues_gpus(words[n]):
+        n += 1
+    return " ".join(words[:n]), words[n:]
+
+
+def _value_after(rest: list[str], i: int, word: str, what: str) -> str:
+    if i + 1 >= len(rest):
+        raise ShardplanError("query", word, f"needs {what} after it")
+    return rest[i + 1]
 
 
 def parse_query(text: str) -> ParsedQuery:
     parts = re.split(r"\s+on\s+", str(text).strip(), maxsplit=1, flags=re.IGNORECASE)
     if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
         raise ShardplanError("query", text, "expected 'MODEL on GPUS', e.g. '70B on 4x24GB'")
-    model = parts[0].strip()
-    words = parts[1].split()
-    gpus, rest = words[0], words[1:]
+    model = " ".join(parts[0].split())
+    gpus, rest = split_gpus(parts[1].split())
     options: dict[str, object] = {}
+    implied: dict[str, object] = {}  # set only where no word states them (nf4 -> qlora)
+    keys, flags, numbers = vocab.key_owner_map(), vocab.flag_map(), vocab.number_key_map()
     i = 0
     while i < len(rest):
         word = rest[i]
-        key = word.lower()
-        if key in _KEYED:
-            if i + 1 >= len(rest):
-                raise ShardplanError("query", word, "needs a number after it")
-            options[_KEYED[key]] = parse_count(rest[i + 1], field=_KEYED[key])
+        key = normalize(word)
+        if key in numbers:
+            name = numbers[key]
+            options[name] = parse_count(_value_after(rest, i, word, "a number"), field=name)
             i += 2
-            continue
-        if key == "ac":
-            if i + 1 < len(rest) and _squash(rest[i + 1]) in {_squash(m) for m in st.AC_MODES}:
-                options["ac"] = rest[i + 1]
+        elif key in keys:
+            knob = vocab.knob(keys[key])
+            nxt = rest[i + 1] if i + 1 < len(rest) else None
+            if nxt is not None and vocab.accepts(knob.field, nxt):
+                options[knob.field] = vocab.spelled(knob.field, nxt)
+                implied.update(vocab.also_sets(knob.field, nxt))
                 i += 2
-            else:
-                options["ac"] = "full"
+            elif knob.key_alone is not None:
+                options[knob.field] = knob.key_alone
                 i += 1
-            continue
-        if key == "offload":
-            nxt = rest[i + 1].lower() if i + 1 < len(rest) else ""
-            if nxt in ("optimizer", "all", "optimizer+params", "params"):
-                options["offload"] = "optimizer" if nxt == "optimizer" else "optimizer+params"
-                i += 2
             else:
-                options["offload"] = "auto"
-                i += 1
-            continue
-        if key in ("stack", "load", "targets", "lora_targets"):  # "stack torchtune", "load meta_init", "targets qv"
-            if i + 1 >= len(rest):
-                raise ShardplanError("query", word, "needs a value after it")
-            options[{"stack": "stack", "load": "load_mode"}.get(key, "lora_targets")] = rest[i + 1].lower()
-            i += 2
-            continue
-        if key == "paged":  # bitsandbytes paged AdamW 8-bit (paged_adamw_8bit)
-            options["paged_optimizer"] = True
-            options.setdefault("optimizer", "adamw-8bit")
+                value = _value_after(rest, i, word, f"a {knob.what}")
+                vocab.canonical(knob.field, value)  # the error names the value and the choices
+            implied.update(knob.implies)
+        elif key in flags:
+            options.update(dict(flags[key].sets))
+            implied.update(dict(flags[key].defaults))
             i += 1
-            continue
-        if key in _FLAGS or _squash(key) in {_squash(n) for n in st.STACKS}:
-            name, value = _FLAGS.get(key, ("stack", key))
-            options[name] = value
-            if name == "quant_format":
-                options.setdefault("method", "qlora")
+        elif vocab.bare_owner(word) is not None:
+            knob = vocab.knob(vocab.bare_owner(word))
+            options[knob.field] = vocab.spelled(knob.field, word)
+            implied.update(knob.implies)
+            implied.update(vocab.also_sets(knob.field, word))
             i += 1
-            continue
-        if key in ("reduce", "reduce_dtype", "reduce-dtype"):  # "reduce bf16": gradient reduction dtype
-            if i + 1 >= len(rest) or _squash(rest[i + 1]) not in {_squash(d) for d in st.REDUCE_DTYPES}:
-                raise ShardplanError("query", word, f"needs a dtype after it: {', '.join(st.REDUCE_DTYPES)}")
-            options["reduce_dtype"] = rest[i + 1].lower()
-            i += 2
-            continue
-        if key in _ALIASES:
-            name, value = _ALIASES[key]
-            options[name] = value
-            i += 1
-            continue
-        for name, vocabulary in _NAMED:
-            if _squash(word) in {_squash(v) for v in vocabulary}:
-                options[name] = word
-                break
         else:
-            raise ShardplanError("query", word, "unrecognised word; see 'shardplan fit --help' for the grammar")
-        i += 1
+            raise ShardplanError("query", word, "unrecognised word; see docs/vocabulary.md or 'shardplan fit --help'")
+    for name, value in implied.items():
+        options.setdefault(name, value)
     return ParsedQuery(model=model, gpus=gpus, options=options)

@@ -69,6 +69,16 @@ class StackOverride(BaseModel):
     set: dict[str, StackDefault]
 
 
+class StackWord(BaseModel):
+    """What the stack means by a short word for a knob ("bf16" -> bf16-mixed or bf16-pure); None:
+    the stack refuses that mode (``source`` says where)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: str | None
+    source: str
+
+
 class StackProfile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -78,6 +88,8 @@ class StackProfile(BaseModel):
     defaults: dict[str, StackDefault]
     overrides: list[StackOverride] = []
     not_modelled: list[str] = []
+    # knob -> word -> meaning: the vocabulary's stack-dependent aliases (shardplan/vocabulary.py)
+    words: dict[str, dict[str, StackWord]] = {}
 
     def knobs(self, world_size: int, method: str = "full") -> dict[str, Any]:
         """The profile's defaults for a run on ``world_size`` GPUs with ``method`` (names -> values)."""
@@ -106,6 +118,17 @@ def _check(profile: StackProfile, path) -> StackProfile:
         knob_codes(config, check_names=True)  # names must be known words
     if profile.name not in st.STACKS:
         raise ShardplanError(f"{path.name}: name", profile.name, f"not one of {', '.join(st.STACKS)}")
+    from shardplan.vocabulary import KNOBS
+
+    for knob, words in profile.words.items():
+        dependent = {a.word for a in KNOBS[knob].aliases if a.by == "stack"} if knob in KNOBS else set()
+        for word, meaning in words.items():
+            if word not in dependent:
+                raise ShardplanError(f"{path.name}: words.{knob}.{word}", meaning.value,
+                                     f"not a stack-dependent word of the vocabulary ({', '.join(sorted(dependent))})")
+            if meaning.value is not None and meaning.value not in KNOBS[knob].names:
+                raise ShardplanError(f"{path.name}: words.{knob}.{word}", meaning.value,
+                                     f"not one of {', '.join(KNOBS[knob].names)}")
     return profile
 
 
@@ -115,6 +138,18 @@ def get_stack(name: str) -> StackProfile:
     code = st.code(st.STACKS, name, "stack")
     path = STACK_DIR / f"{st.STACKS[code]}.json"
     return _check(load_profile(path, StackProfile), path)
+
+
+def stack_word(stack: str, knob: str, word: str) -> str:
+    """What ``stack`` means by ``word`` for ``knob`` (its profile's ``words``), or a one-line
+    error when the stack refuses that mode or does not say."""
+    profile = get_stack(stack)
+    meaning = profile.words.get(knob, {}).get(word)
+    if meaning is None:
+        raise ShardplanError(knob, word, f"the {profile.name} stack profile does not say what it means")
+    if meaning.value is None:
+        raise ShardplanError(knob, word, f"the {profile.name} stack has no such mode ({meaning.source})")
+    return meaning.value
 
 
 def stack_profiles() -> list[StackProfile]:

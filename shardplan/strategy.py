@@ -78,8 +78,27 @@ FRAMEWORK_NAMES = {
 }
 
 
+def runs_as(strategy: int, engine: int) -> int:
+    """The strategy code the engine actually runs for ``strategy``: the first strategy that the
+    engine runs under the same name (FRAMEWORK_NAMES, a trailing "(≈)" marking a stand-in). DeepSpeed
+    has one stage 0 for ``ddp`` and ``no_shard`` (both run as ``ddp``) and no SHARD_GRAD_OP: it runs
+    ``shard_grad_op`` as stage 2, i.e. as ``zero2``. Other combinations run as themselves."""
+    def name(s: str) -> str:
+        return FRAMEWORK_NAMES[s].get(ENGINES[engine], "").removesuffix(" (≈)")
+
+    own = name(STRATEGIES[strategy])
+    if not own:
+        return strategy
+    return next(i for i, s in enumerate(STRATEGIES) if name(s) == own)
+
+
 def code(vocabulary: tuple[str, ...], value: str, field: str) -> int:
-    """Name -> index, with a one-line error listing the accepted names."""
+    """Name -> index, with a one-line error listing the accepted names. A knob of the one
+    vocabulary (shardplan/vocabulary.py) also takes its aliases ("zero3", "offload all")."""
+    from shardplan.vocabulary import KNOBS, canonical
+
+    if field in KNOBS and KNOBS[field].names == vocabulary:
+        return vocabulary.index(canonical(field, value))
     return vocabulary.index(choose(value, vocabulary, field))
 
 

@@ -35,6 +35,7 @@ import pandas as pd
 
 from shardplan import comm, throughput
 from shardplan import strategy as st
+from shardplan import vocabulary
 from shardplan.config import STACK_COLUMN_DEFAULTS, MODEL_FIELDS, Columns, cluster_values, model_values
 from shardplan.errors import ShardplanError
 from shardplan.hardware import Cluster, parse_gpus
@@ -149,11 +150,11 @@ def _positive_ints(name: str, values: Iterable) -> list[int]:
     return _dedupe(out)
 
 
-def _knob_axis(arg: str, values: Any) -> _Axis:
+def _knob_axis(arg: str, values: Any, context: dict[str, Any] | None = None) -> _Axis:
     if arg in CATEGORICAL_KNOBS:
         field, names = CATEGORICAL_KNOBS[arg]
         raw = list(names) if values is None else _as_list(values)
-        codes = _dedupe(st.code(names, v, field) for v in raw)
+        codes = _dedupe(names.index(_sweep_word(field, v, context or {})) for v in raw)
         return _Axis(arg, tuple(names[i] for i in codes), np.asarray(codes, dtype=np.int64))
     if arg == "dropout":
         flags = _dedupe(bool(v) for v in _as_list(values))
@@ -162,6 +163,16 @@ def _knob_axis(arg: str, values: Any) -> _Axis:
     if not ints:
         raise ShardplanError(arg, values, "needs at least one value")
     return _Axis(arg, tuple(ints), np.asarray(ints, dtype=np.int64))
+
+
+def _sweep_word(field: str, word: Any, context: dict[str, Any]) -> str:
+    """A sweep list's word through the one vocabulary (shardplan/vocabulary.py); a word whose
+    meaning depends on the stack or engine must mean the same for every one swept."""
+    also = vocabulary.also_sets(field, word)
+    if also:
+        raise ShardplanError(field, word, "also sets " + ", ".join(f"{k}={v}" for k, v in also.items())
+                             + f"; in a sweep give {field}={vocabulary.canonical(field, word)!r} and those knobs")
+    return vocabulary.canonical(field, word, **context)
 
 
 # --- tables for model- and cluster-dependent columns ---------------------------------------------
@@ -225,10 +236,10 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
             names = [n for n in st.STRATEGIES if n != "single" or 1 in counts]
             axes[arg] = _knob_axis(arg, names)
             continue
-        axes[arg] = _knob_axis(arg, args[arg])
+        axes[arg] = _knob_axis(arg, args[arg], {"stack": _as_list(args["stack"]), "engine": _as_list(args["engines"])})
     for arg in INTEGER_KNOBS + ("lora_rank", "dropout"):
         axes[arg] = _knob_axis(arg, args[arg])
-    targets = _dedupe(str(t) for t in _as_list(args["lora_targets"]))
+    targets = _dedupe(vocabulary.canonical("lora_targets", t) for t in _as_list(args["lora_targets"]))
     axes["lora_targets"] = _Axis("lora_targets", tuple(targets), np.arange(len(targets)))
     if args["reduce_dtype"] is None:  # each engine's default (st.default_reduce_dtype); no label column
         axes["reduce_dtype"] = _Axis("reduce_dtype", (None,), np.asarray([-1]))
