@@ -258,7 +258,8 @@ def models_list(ctx: typer.Context, wide: bool = typer.Option(False, "--wide", h
 
 
 @models_app.command("show")
-def models_show(name: str, as_json: bool = typer.Option(False, "--json")):
+def models_show(name: str, as_json: bool = typer.Option(False, "--json"),
+                wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)):
     """Show one model's dimensions and derived counts."""
     spec = resolve_model(name).spec
     derived = {"total_params": spec.total_params, "non_embedding_params": spec.non_embedding_params,
@@ -271,7 +272,8 @@ def models_show(name: str, as_json: bool = typer.Option(False, "--json")):
         typer.echo(json.dumps({**spec.model_dump(mode="json"), "derived": derived}, indent=2))
         return
     rows = [[k, v] for k, v in spec.model_dump(mode="json", exclude_none=True).items()] + [[k, f"{v:,}"] for k, v in derived.items()]
-    typer.echo(tabulate(rows, headers=["field", "value"]))
+    typer.echo(tabulate(rows, headers=["field", "value"]) if wide
+               else table(rows, ["field", "value"], output_width(), wrap_columns=(1,), numparse=True))
 
 
 @hardware_app.callback()

@@ -18,6 +18,7 @@ COMMANDS = [
     ("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--seq-len", "8192", "--global-batch-tokens", "1M",
      "--train-tokens", "1T", "--price-per-gpu-hour", "2"),   # + time, GPU-hours, cost
     ("models",),
+    ("models", "show", "gpt3-175b"),                          # a 230-character source note
     ("hardware",),
 ]
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
