@@ -86,7 +86,7 @@ def _wrapped(rows, headers, width: int, wrap_columns: tuple[int, ...], numparse:
     fixed = text_width(_render([[r[i] for i in kept] for r in rows], [headers[i] for i in kept], numparse=numparse)
                        ) if kept else -2
     room = width - fixed - 2 * len(wrap_columns)  # two spaces between columns
-    natural = [max(len(str(headers[i])), *(len(str(r[i])) for r in rows)) for i in wrap_columns]
+    natural = [max(text_width(str(headers[i])), *(text_width(str(r[i])) for r in rows)) for i in wrap_columns]
     if room < MIN_WRAPPED_COLUMN * len(wrap_columns):
         return None
     # water-filling: narrow columns keep their natural width, the rest share what is left equally
@@ -129,8 +129,10 @@ def table(rows: list[list], headers: list[str], width: int | None, wrap_columns:
     """A ``tabulate`` 'simple' table that fits ``width`` columns.
 
     In order: as it is (when it fits, or ``width`` is None); with headers wider than their values
-    on two lines; also with the text columns ``wrap_columns`` wrapped inside their cells; else as several tables one under another, each repeating the first
-    ``key_columns`` columns (the row's name) and taking as many of the other columns as fit.
+    on two lines; also with the text columns ``wrap_columns`` wrapped inside their cells; else as
+    several tables one under another, each repeating the first ``key_columns`` columns (the row's
+    name) and taking as many of the other columns as fit (a group that is still too wide wraps its
+    text columns, if it has any).
     ``numparse``: right-align numbers (tabulate's default); off, every cell is text as given."""
     text = _render(rows, headers, numparse=numparse)
     if width is None or text_width(text) <= width:
