@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_plain_install import shardplan_without_extras
 from tools.update_readme import EACH_LINE, README, blocks, mismatch, output_blocks, regenerate, run_command, run_python
 
 TEXT = README.read_text(encoding="utf-8")
@@ -15,7 +16,9 @@ OUTPUTS = output_blocks(TEXT)
 PYTHON = [b for b in ALL if b.info == "python"]
 COMMANDS = [(b, line.strip()) for b in ALL if b.marker == EACH_LINE
             for line in b.lines if line.strip().startswith("shardplan ")]
-HF_CONFIGS = Path(__file__).parent / "data" / "hf_configs.json"
+DATA = Path(__file__).parent / "data"
+HF_CONFIGS = DATA / "hf_configs.json"
+ROOT = Path(__file__).parent.parent
 
 
 def test_the_readme_has_tested_blocks():
@@ -46,6 +49,24 @@ def test_listed_command_runs(tmp_path, block, command):
         (tmp_path / "path" / "to" / "config.json").write_text(json.dumps({"model_type": "llama", **model}))
     proc = run_command(command, tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, f"README.md:{block.line_number}: {proc.stderr[-2000:]}"
+
+
+# "What needs an extra": what the README says a plain `pip install .` runs (fit and the exports
+# without a library are tests/test_plain_install.py's)
+PLAIN = [("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm"), ("models",), ("hardware",),
+         ("profiles", "validate", str(ROOT / "model_profiles")), ("sweep", "-o", "s.csv", "--gpu-counts", "1-2"),
+         ("calibrate", "compare", str(ROOT / "data" / "calibration" / "hf_stack_cpu.jsonl")),
+         ("calibrate", "collectives", "--nccl-tests", str(DATA / "nccl_tests_sample_all_gather_perf.txt"), "--out", "c.json")]
+
+
+def test_the_plain_install_claims_hold():
+    assert "A plain `pip install .`" in TEXT and "`calibrate compare`" in TEXT and "--nccl-tests FILE" in TEXT
+
+
+@pytest.mark.parametrize("args", PLAIN, ids=[" ".join(a[:2]) for a in PLAIN])
+def test_command_runs_without_extras(tmp_path, args):
+    code, _, err = shardplan_without_extras(tmp_path, *args)
+    assert code == 0 and "Traceback" not in err, err[-2000:]
 
 
 def test_mismatch_and_regenerate_follow_the_elision_rule():
