@@ -16,8 +16,8 @@ from shardplan.config import TrainingConfig
 from shardplan.calibrate.cli import calibrate_app
 from shardplan.errors import ShardplanError
 from shardplan.fit import default_offload, fit as fit_strategies, step_timing
-from shardplan.layout import output_width, table
 from shardplan.hardware import GPUProfile, LinkProfile, get_gpu, get_link, gpu_profiles, link_profiles, parse_gpus
+from shardplan.layout import output_width, table
 from shardplan.model import ModelSpec
 from shardplan.models import model_profiles, resolve_model
 from shardplan.profiles import load_profile, read_json
