@@ -18,6 +18,7 @@ from shardplan.errors import ShardplanError
 from shardplan.fit import fit as fit_strategies, step_timing
 from shardplan.hardware import (GPUProfile, LinkProfile, adapt_precision, cluster_notes, get_hardware, gpu_profiles,
                                 link_profiles, parse_gpus)
+from shardplan.layout import output_width, table
 from shardplan.model import ModelSpec
 from shardplan.models import model_profiles, resolve_model
 from shardplan.profiles import load_profile, read_json
@@ -52,6 +53,7 @@ def _profiles(ctx: typer.Context):
 STACK_HELP = vocab_help("stack", "hf: Transformers + Trainer + PEFT + bitsandbytes",
                         "its defaults fill the knobs you do not give (docs/stacks.md)")
 REDUCE_HELP = vocab_help("reduce_dtype", "fp32 under FSDP/DDP mixed precision, 16-bit for DeepSpeed")
+WIDE_HELP = "print every line whole, however wide (default: fit $COLUMNS, else the terminal, else 100 columns)"
 
 
 @app.command()
@@ -100,6 +102,7 @@ def fit(
     global_batch_tokens: Optional[str] = typer.Option(None, help="global batch in tokens ('1M'): adds step time, tokens/s, MFU"),
     calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (a list when no --strategy)"),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
     export_to: Optional[str] = typer.Option(None, "--export", help="also export the first fitting result: "
                                             "FORMAT[=PATH], FORMAT one of fsdp2, fsdp1, accelerate, deepspeed, trainer, torchrun"),
 ):
@@ -158,7 +161,7 @@ def fit(
     if as_json:
         typer.echo(report.to_json(results[0] if strategy_name else results))
     else:
-        typer.echo(report.render_fit(results))
+        typer.echo(report.render_fit(results, None if wide else output_width()))
     if export_to:
         _export_results([r.model_dump(mode="json") for r in results], export_to, None)
 
@@ -235,6 +238,7 @@ def plan_command(
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile"),
     top: int = typer.Option(5, help="how many plans to show"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ):
     """Fastest configuration that fits: search method × strategy × engine × AC × micro-batch × offload × HSDP group."""
     from shardplan.planner import plan as run_plan, resolve_workload
@@ -278,21 +282,23 @@ def plan_command(
                       notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes],
                       bands=load_bands().with_overlay(overlay.accuracy if overlay else None), methods=methods)
     result = result.model_copy(update={"model": resolved.record(result.model)})
-    typer.echo(plan_to_json(result) if as_json else render_plan(result))
+    typer.echo(plan_to_json(result) if as_json else render_plan(result, None if wide else output_width()))
 
 
 @models_app.callback()
-def models_list(ctx: typer.Context):
+def models_list(ctx: typer.Context, wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)):
     """List the built-in (and user) model profiles."""
     if ctx.invoked_subcommand:
         return
     rows = [[m.name, m.family, f"{m.total_params / 1e9:.2f}B", m.num_layers, m.hidden_size, m.vocab_size,
              ", ".join(m.aliases[:2])] for m in model_profiles()]
-    typer.echo(tabulate(rows, headers=["name", "family", "params", "layers", "hidden", "vocab", "aliases"]))
+    headers = ["name", "family", "params", "layers", "hidden", "vocab", "aliases"]
+    typer.echo(tabulate(rows, headers=headers) if wide else table(rows, headers, output_width(), wrap_columns=(6,), numparse=True))
 
 
 @models_app.command("show")
-def models_show(name: str, as_json: bool = typer.Option(False, "--json")):
+def models_show(name: str, as_json: bool = typer.Option(False, "--json"),
+                wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)):
     """Show one model's dimensions and derived counts."""
     spec = resolve_model(name).spec
     derived = {"total_params": spec.total_params, "non_embedding_params": spec.non_embedding_params,
@@ -305,21 +311,24 @@ def models_show(name: str, as_json: bool = typer.Option(False, "--json")):
         typer.echo(json.dumps({**spec.model_dump(mode="json"), "derived": derived}, indent=2))
         return
     rows = [[k, v] for k, v in spec.model_dump(mode="json", exclude_none=True).items()] + [[k, f"{v:,}"] for k, v in derived.items()]
-    typer.echo(tabulate(rows, headers=["field", "value"]))
+    typer.echo(tabulate(rows, headers=["field", "value"]) if wide
+               else table(rows, ["field", "value"], output_width(), wrap_columns=(1,), numparse=True))
 
 
 @hardware_app.callback()
-def hardware_list(ctx: typer.Context):
+def hardware_list(ctx: typer.Context, wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)):
     """List GPU and link profiles."""
     if ctx.invoked_subcommand:
         return
     gpus = [[g.name, g.display_name, f"{g.memory_bytes / GiB:.1f}", f"{g.peak_flops.get('bf16', 0) / 1e12:.0f}",
              f"{g.memory_bandwidth_bytes_per_s / 1e12:.2f}", g.default_intra_link] for g in gpu_profiles()]
-    typer.echo(tabulate(gpus, headers=["gpu", "name", "GiB", "bf16 TFLOP/s", "HBM TB/s", "intra link"]))
+    gpu_headers = ["gpu", "name", "GiB", "bf16 TFLOP/s", "HBM TB/s", "intra link"]
+    typer.echo(tabulate(gpus, headers=gpu_headers) if wide else table(gpus, gpu_headers, output_width(), wrap_columns=(1,), numparse=True))
     typer.echo("")
     links = [[l.name, l.kind, l.scope, f"{l.bandwidth_bytes_per_s / 1e9:.1f}", f"{l.latency_s * 1e6:.1f}", l.efficiency]
              for l in link_profiles()]
-    typer.echo(tabulate(links, headers=["link", "kind", "scope", "GB/s per dir", "alpha us", "efficiency"]))
+    link_headers = ["link", "kind", "scope", "GB/s per dir", "alpha us", "efficiency"]
+    typer.echo(tabulate(links, headers=link_headers) if wide else table(links, link_headers, output_width(), numparse=True))
 
 
 @hardware_app.command("show")

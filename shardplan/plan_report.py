@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from tabulate import tabulate
-
+from shardplan import layout
 from shardplan.planner import Plan, PlanResult
 from shardplan.units import GiB
 
@@ -40,7 +39,9 @@ def _headers(first: Plan) -> list[str]:
     return headers
 
 
-def render_plan(result: PlanResult) -> str:
+def render_plan(result: PlanResult, width: int | None = None) -> str:
+    """The plans as text, fitted to ``width`` columns (None: every line whole, ``--wide``): a table
+    too wide is printed as column groups, each repeating the plan's '#'."""
     lines = [f"note: {n}" for n in result.notes] + ([f"stack: {result.stack}"] if result.stack else [])
     w = result.workload
     lines.append(f"{result.model['display_name']} on {result.cluster['label']} ({result.cluster['intra_link']} / "
@@ -56,7 +57,7 @@ def render_plan(result: PlanResult) -> str:
     else:
         rows = _rows(result.plans, True)
         headers = _headers(result.plans[0])
-        lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+        lines.append(layout.table(rows, headers, width))
         lines.append("")
         for p in result.plans:
             lines.append(f"#{p.rank} {p.method} {p.strategy}/{p.engine}: " + "; ".join(p.why))
@@ -64,10 +65,13 @@ def render_plan(result: PlanResult) -> str:
         lines.append("")
         lines.append(f"Tight (the peak fits, the peak + its error band does not; not ranked, best {len(result.tight)} "
                      f"of {result.tight_count:,}):")
-        lines.append(tabulate(_rows(result.tight, False), headers=_headers(result.tight[0]), tablefmt="simple",
-                              disable_numparse=True))
-        for p in result.tight:
-            lines.append(f"≈ {p.method} {p.strategy}/{p.engine}, AC {p.ac}, offload {p.offload}, mb {p.micro_batch}: " + "; ".join(p.why))
+        rows, headers = _rows(result.tight, False), _headers(result.tight[0])
+        # split into column groups, the rows are matched by their '#': number them
+        labels = ["≈"] * len(rows) if layout.fits(rows, headers, width) else [f"≈{i}" for i in range(1, len(rows) + 1)]
+        lines.append(layout.table([[label] + row[1:] for label, row in zip(labels, rows)], headers, width))
+        for label, p in zip(labels, result.tight):
+            lines.append(f"{label} {p.method} {p.strategy}/{p.engine}, AC {p.ac}, offload {p.offload}, mb {p.micro_batch}: "
+                         + "; ".join(p.why))
     if result.rejected:
         lines.append("")
         lines.append("Rejected strategy families (no micro-batch, AC or offload setting fits):")
@@ -84,7 +88,7 @@ def render_plan(result: PlanResult) -> str:
                                                 r.device_total_bytes))
             lines.append(f"  ✗ {method}: none of its {len(families)} families fits; closest {best.strategy}/{best.engine}: "
                          f"{best.reason}")
-    return "\n".join(lines)
+    return layout.join(lines, width)
 
 
 def plan_to_json(result: PlanResult) -> str:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterable
 
 from tabulate import tabulate
 
+from shardplan import layout
 from shardplan.fit import FitResult
 from shardplan.memory import BREAKDOWN_TERMS
 from shardplan.units import GiB
@@ -81,7 +83,9 @@ def tokens_line(t: dict) -> str:
             f"{t['tokens_per_s_high']:,.0f})")
 
 
-def breakdown_table(results: list[FitResult]) -> str:
+def breakdown_table(results: list[FitResult], width: int | None = None) -> str:
+    """Term by term, one column per strategy (and what each term is, for one strategy). Fitted to
+    ``width`` by :func:`layout.table`: the explanation wraps; many strategies split into groups."""
     headers = ["term (GiB per GPU)"] + [r.strategy for r in results] + ([] if len(results) > 1 else ["what it is"])
     rows = []
     for term in BREAKDOWN_TERMS:
@@ -111,7 +115,31 @@ def breakdown_table(results: list[FitResult]) -> str:
                 + (["forward (loss), backward, or optimizer step"] if len(results) == 1 else []))
     rows.append(["verdict"] + [r.verdict for r in results] + (["fits: peak + band <= capacity; tight: only the peak is"]
                                                                if len(results) == 1 else []))
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    return layout.table(rows, headers, width, wrap_columns=(len(headers) - 1,) if len(results) == 1 else ())
+
+
+_FLAGS = re.compile(r" \(--[^)]*\)")  # "(--ac full)": the options that make a change, spelled out in the legend
+
+
+def alternatives_lines(r: FitResult, width: int | None = None) -> list[str]:
+    """The alternatives table; when it is wider than ``width``, the 'limit' column becomes a
+    numbered legend under the table that also gives each change in full (with its options), and
+    the table shows the change without its options."""
+    wide = alternatives_table(r)
+    if width is None or layout.text_width(wide) <= width:
+        return [layout.Table(wide)]
+    mark = {"fits": "✓", "tight": "≈", "does_not_fit": "✗"}
+    rows = [[f"{mark[a.verdict]} {n}", _FLAGS.sub("", a.change), gib(a.peak_allocated_bytes),
+             gib(a.device_total_bytes), gib(a.band_bytes), gib(a.margin_bytes)]
+            for n, a in enumerate(r.alternatives, 1)]
+    headers = ["#", f"change (from {r.strategy})", "peak alloc GiB", "device total GiB", "± band GiB", "margin GiB"]
+    lines: list[str] = [layout.table(rows, headers, width, wrap_columns=(1,), key_columns=2),
+                        "", "legend (#: the change in full, then its limit):"]
+    for n, a in enumerate(r.alternatives, 1):
+        limit = a.limit or ("" if a.fits else "within the band")
+        entry = f"{n:>{len(str(len(r.alternatives)))}}. {a.change}" + (f": {limit}" if limit else "")
+        lines.append(layout.Table("\n".join(layout.wrap(entry, width, hang=len(str(len(r.alternatives))) + 2))))
+    return lines
 
 
 def alternatives_table(r: FitResult) -> str:
@@ -143,7 +171,8 @@ def _stack_knobs(cfg: dict) -> str:
     return " — " + ", ".join(on)
 
 
-def render_fit(results: list[FitResult]) -> str:
+def render_fit(results: list[FitResult], width: int | None = None) -> str:
+    """The fit answer as text, fitted to ``width`` columns (None: every line whole, ``--wide``)."""
     lines: list[str] = []
     first = results[0]
     for note in first.notes:
@@ -163,18 +192,18 @@ def render_fit(results: list[FitResult]) -> str:
             lines.append(f"    step {t['step_time_s']:.3f} s (compute {t['compute_s']:.3f} s, exposed comm "
                          f"{t['exposed_comm_s']:.3f} s), {tokens_line(t)}, MFU {t['mfu']:.1%}")
     lines.append("")
-    lines.append(breakdown_table(results))
+    lines.append(breakdown_table(results, width))
     failing = [r for r in results if not r.fits]
     if len(failing) == len(results):
         best = min(results, key=lambda r: r.per_gpu.device_total_bytes)
         lines.append("")
         why = "once its error band is counted" if any(r.verdict == "tight" for r in results) else "as asked"
         lines.append(f"Nothing fits {why}. Cheapest changes, tried on {best.strategy} (the smallest footprint):")
-        lines.append(alternatives_table(best))
+        lines += alternatives_lines(best, width)
     elif failing and len(results) == 1:
         lines.append("")
-        lines.append(alternatives_table(failing[0]))
-    return "\n".join(lines)
+        lines += alternatives_lines(failing[0], width)
+    return layout.join(lines, width)
 
 
 def to_json(results: Iterable[FitResult] | FitResult) -> str:
