@@ -82,7 +82,7 @@ def test_alternatives_keep_every_limit_and_full_change(capsys, monkeypatch):
 
 def test_plan_wide_header_is_one_line(capsys, monkeypatch):
     text = run(capsys, monkeypatch, ["plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--wide"])
-    header = re.compile(r"^#\s+strategy\s+engine\s+AC\s+offload\s+mb\s+accum\s+group\s+sync\s+reduce\s+"
+    header = re.compile(r"^#\s+method\s+strategy\s+engine\s+AC\s+offload\s+mb\s+accum\s+group\s+sync\s+reduce\s+"
                         r"tok/s/GPU \(band\)\s+tok/s\s+MFU\s+step s\s+exposed ms\s+peak GiB\s+± band GiB\s+margin GiB$")
     assert sum(bool(header.match(line)) for line in text.splitlines()) == 2  # ranked and tight tables
     narrow = run(capsys, monkeypatch, ["plan", "llama-3.1-8b", "--gpus", "8xh100-sxm"])

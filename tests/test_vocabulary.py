@@ -175,7 +175,7 @@ def test_plan_takes_the_query_and_searches_the_method(capsys):
     assert result["plans"] and result["methods"] == ["full", "lora", "qlora"]
     assert {p["method"] for p in result["plans"]} <= {"lora", "qlora"}
     assert all(p["config"]["method"] == p["method"] for p in result["plans"])
-    code, text, _ = run(capsys, "plan", "70B on 4x24GB")
+    code, text, _ = run(capsys, "plan", "70B on 4x24GB", "--wide")
     assert code == 0 and "qlora" in text and "methods searched: full, lora, qlora" in text
     fixed = _plan(capsys, "70B on 4x24GB", "--method", "full")
     assert fixed["plans"] == [] and fixed["methods"] == ["full"]
