@@ -46,7 +46,7 @@ def _new_temp(folder: Path, name: str) -> Path:
 
 
 def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    fd = os.open(path, os.O_RDWR | getattr(os, "O_BINARY", 0))  # Windows' fsync needs a writable handle
     try:
         os.fsync(fd)
     finally:

@@ -120,6 +120,12 @@ def test_fsdp_with_no_configuration_measured_exits_2(tmp_path, monkeypatch):
     errors = [l for l in res.stderr.splitlines() if not l.startswith("[1/1] ")]  # the progress line
     assert len(errors) == 1 and errors[0].startswith("shardplan: error: out=") and "none of the 1" in errors[0]
     assert [json.loads(l)["status"] for l in out.read_text().splitlines()] == ["error"]  # recorded for the record
+    argv = ("calibrate", "fsdp", "--out", out, "--world-size", "2", "--no-isolate", "--launch", "fake")
+    assert run_cli(*argv).exit_code == 2  # resumed: the failed configuration is skipped, still nothing measured
+    monkeypatch.undo()  # the real harness again
+    res = run_cli(*argv, "--retry-failed")
+    assert res.exit_code == 0, res.output
+    assert [json.loads(l)["status"] for l in out.read_text().splitlines()] == ["error", "ok"]
 
 
 def test_fsdp_bad_config_file_exits_2(tmp_path):

@@ -51,6 +51,8 @@ def fsdp_cmd(
     timeout: float = typer.Option(600.0, help="seconds per configuration before it is recorded as a timeout"),
     isolate: bool = typer.Option(True, help="run each configuration in a child process (survives OOM/hangs)"),
     resume: bool = typer.Option(True, help="skip configurations already in --out"),
+    retry_failed: bool = typer.Option(False, help="with --resume: run again the configurations --out records "
+                                                  "with a status other than ok (an OOM, a timeout, an error)"),
     csv: Optional[Path] = typer.Option(None, help="also write a flat CSV of all records in --out"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write all records as one JSON file"),
     compare_csv: Optional[Path] = typer.Option(None, help="write predicted vs measured per category (CSV)"),
@@ -93,7 +95,8 @@ def fsdp_cmd(
         raise
     except (ValueError, OSError) as err:  # the --config file: unreadable, not JSON, or not a RunConfig
         raise ShardplanError("config", str(config or grid or model), str(err).splitlines()[0]) from None
-    run_grid(configs, out, isolate=isolate, timeout_s=timeout, resume=resume, progress=_progress)
+    run_grid(configs, out, isolate=isolate, timeout_s=timeout, resume=resume, retry_failed=retry_failed,
+             progress=_progress)
     records = read_jsonl(out)
     rows = [flatten(r) for r in records]
     if csv:
@@ -106,7 +109,7 @@ def fsdp_cmd(
     if not any(r.get("status") == "ok" for r in mine):  # nothing measured: nothing to compare; a script must see it
         statuses = ", ".join(sorted({str(r.get("status")) for r in mine}))
         raise ShardplanError("out", str(out), f"none of the {len(asked)} configuration(s) was measured: recorded as "
-                                              f"{statuses} (see the error column; --no-resume runs them again)")
+                                              f"{statuses} (see the error column; --retry-failed runs them again)")
     _compare([out], compare_csv, compare_json, None)
 
 
