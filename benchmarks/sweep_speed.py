@@ -121,8 +121,9 @@ def main(argv=None) -> int:
         print(f"scalar  [{columns:7}] {s['sample']:>11,} configurations in {s['seconds']:6.2f} s = "
               f"{s['configs_per_s']:,.0f} configurations/s -> sweep is {ratio:,.0f}x faster", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        from shardplan.atomic_write import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps(results, indent=2))
     return 0
 
 

@@ -15,6 +15,7 @@ from shardplan.accuracy_bands import load_bands
 from shardplan.config import TrainingConfig
 from shardplan.calibrate.cli import calibrate_app
 from shardplan.errors import ShardplanError
+from shardplan.extras import require
 from shardplan.fit import fit as fit_strategies, step_timing
 from shardplan.hardware import (GPUProfile, LinkProfile, adapt_precision, cluster_notes, get_hardware, gpu_profiles,
                                 link_profiles, parse_gpus)
@@ -37,8 +38,28 @@ app.add_typer(profiles_app, name="profiles")
 app.add_typer(calibrate_app, name="calibrate", help="Measure real torch FSDP runs, collectives and matmuls; fit coefficients.")
 
 
+def _installed_version() -> str:
+    """The installed distribution's version; the package's own ``__version__`` when run from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardplan")
+    except PackageNotFoundError:
+        from shardplan import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"shardplan {_installed_version()}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _top(ctx: typer.Context):
+def _top(ctx: typer.Context,
+         version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="print 'shardplan X.Y.Z' and exit")):
     if ctx.invoked_subcommand is None:
         typer.echo(ctx.get_help())
 
@@ -105,6 +126,9 @@ def fit(
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
     export_to: Optional[str] = typer.Option(None, "--export", help="also export the first fitting result: "
                                             "FORMAT[=PATH], FORMAT one of fsdp2, fsdp1, accelerate, deepspeed, trainer, torchrun"),
+    check: bool = typer.Option(False, "--check", help="for scripts: exit 1 unless some strategy's verdict is 'fits' "
+                                                      "('tight' does not count: its error band crosses capacity); "
+                                                      "output unchanged"),
 ):
     """Will it fit? Per-GPU memory, term by term, for one strategy or all of them."""
     parsed = parse_query(query) if query else None
@@ -164,18 +188,21 @@ def fit(
         typer.echo(report.render_fit(results, None if wide else output_width()))
     if export_to:
         _export_results([r.model_dump(mode="json") for r in results], export_to, None)
+    if check and not any(r.fits for r in results):
+        raise typer.Exit(1)
 
 
 def _export_results(plans: list[dict], fmt_path: str, index: Optional[int], block_class: Optional[str] = None) -> None:
     """``--export FORMAT[=PATH]``: write the chosen plan's export atomically, or to stdout."""
-    from shardplan.export import choose_plan, export, export_option, plan_spec, write_atomic
+    from shardplan.atomic_write import write_text_atomic
+    from shardplan.export import choose_plan, export, export_option, plan_spec
 
     fmt, path = export_option(fmt_path)
     text = export(plan_spec(choose_plan(plans, index), block_class), fmt)
     if path is None:
         typer.echo(text, nl=False)
     else:
-        write_atomic(path, text)
+        write_text_atomic(path, text)
         typer.echo(f"wrote {fmt} export to {path}", err=True)
 
 
@@ -412,20 +439,16 @@ def sweep_command(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="stderr progress bar (default: on a terminal)"),
 ):
     """Evaluate the product of every listed value; one row per configuration, written atomically."""
-    import os
-    import tempfile
     import time
 
+    from shardplan.atomic_write import atomic_path
     from shardplan.sweep import sweep as run_sweep
 
     suffix = output.suffix.lower()
     if suffix not in (".csv", ".parquet"):
         raise ShardplanError("output", str(output), "use a .csv or .parquet file name")
-    if suffix == ".parquet":
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            raise ShardplanError("output", str(output), "Parquet needs pyarrow (pip install 'shardplan[notebooks]')") from None
+    if suffix == ".parquet":  # before the sweep runs
+        require("pyarrow", "parquet")
     t0 = time.perf_counter()
     df = run_sweep(
         models=_sweep_list(models, "models"), gpus=_sweep_list(gpus, "gpus"),
@@ -440,18 +463,11 @@ def sweep_command(
         progress=progress,
     )
     elapsed = time.perf_counter() - t0
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    os.close(fd)
-    try:
+    with atomic_path(output) as tmp:
         if suffix == ".csv":
             df.to_csv(tmp, index=False)
         else:
             df.to_parquet(tmp, index=False)
-        os.replace(tmp, output)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     for note in df.attrs.get("notes", []):
         typer.echo(f"note: {note} (rows marked valid=False)", err=True)
     typer.echo(f"wrote {len(df):,} rows x {len(df.columns)} columns to {output} "

@@ -2,7 +2,8 @@
 Hugging Face Trainer flags, torchrun/SLURM launch lines.
 
 ``plan_spec(obj)`` turns a ``FitResult`` / planner plan / dict (as written by ``--json``) into a
-``PlanSpec``; ``export(spec, fmt)`` renders one format as text; ``write_atomic`` writes it; and
+``PlanSpec``; ``export(spec, fmt)`` renders one format as text (written by
+``shardplan.atomic_write.write_text_atomic``); and
 ``read_back(fmt, text)`` parses an export back into the plan's knobs (the round-trip contract).
 No torch, accelerate or DeepSpeed import here: exports are plain text.
 """
@@ -10,8 +11,6 @@ No torch, accelerate or DeepSpeed import here: exports are plain text.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,7 +21,7 @@ from shardplan.exporters import hf as hf_export
 from shardplan.exporters import launch as launch_export
 from shardplan.exporters.spec import KNOBS, STACK_FIELDS, PlanSpec
 
-__all__ = ["FORMATS", "PlanSpec", "export", "load_plans", "plan_spec", "read_back", "write_atomic"]
+__all__ = ["FORMATS", "PlanSpec", "export", "load_plans", "plan_spec", "read_back"]
 
 EXPORTERS: dict[str, Callable[[PlanSpec], str]] = {
     "fsdp2": fsdp_export.fsdp2_snippet,
@@ -158,21 +157,6 @@ def read_back(fmt: str, text: str) -> dict[str, Any]:
     if fmt not in READERS:
         raise ShardplanError("to", fmt, f"unknown format; choose one of {', '.join(FORMATS)}")
     return READERS[fmt](text)
-
-
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write via a temp file in the same folder + ``os.replace``: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def export_option(value: str) -> tuple[str, Path | None]:

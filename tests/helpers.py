@@ -18,3 +18,25 @@ def columns(model="llama-2-7b", **overrides):
     values = {**model_values(get_model(model)), **DEFAULT_KNOBS}
     values.update(overrides)
     return Columns.build(**values)
+
+
+class CliResult:
+    """What ``shardplan ARGS`` did: exit code, stdout, stderr, and both together (``output``)."""
+
+    def __init__(self, exit_code: int, stdout: str, stderr: str):
+        self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
+        self.output = stdout + stderr
+
+
+def run_cli(*argv: str) -> CliResult:
+    """Run ``shardplan.cli.main`` in this process the way the ``shardplan`` script does (errors become
+    one stderr line and exit code 2), capturing what it prints."""
+    import contextlib
+    import io
+
+    from shardplan.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return CliResult(code, out.getvalue(), err.getvalue())

@@ -305,8 +305,10 @@ def test_cli_collectives_import(tmp_path):
                                              "--fits-json", str(tmp_path / "fits.json")])
     assert res.exit_code == 0, res.output
     assert "all_gather" in res.output and out.exists() and (tmp_path / "fits.json").exists()
-    res = CliRunner().invoke(calibrate_app, ["collectives", "--nccl-tests", str(tmp_path / "missing.txt")])
-    assert res.exit_code == 2
+    from tests.helpers import run_cli
+
+    res = run_cli("calibrate", "collectives", "--nccl-tests", tmp_path / "missing.txt")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "missing.txt" in res.stderr
 
 
 def test_cli_fsdp_fake_writes_tables(tmp_path):

@@ -21,11 +21,9 @@ AR_H100 = DATA / "nccl_tests_real_all_reduce_perf_h100_2x8.txt"
 
 
 def _invoke(args):
-    from typer.testing import CliRunner
+    from tests.helpers import run_cli
 
-    from shardplan.calibrate.cli import calibrate_app
-
-    return CliRunner().invoke(calibrate_app, args)
+    return run_cli("calibrate", *args)
 
 
 @pytest.fixture
@@ -42,7 +40,7 @@ def test_world_size_above_visible_gpus_is_refused_up_front(two_gpus, tmp_path):
         res = _invoke(["fsdp", "--out", str(out), "--world-size", "4", "--launch", launch])
         assert res.exit_code == 2, res.output
         lines = res.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: world_size=4: exceeds the 2 visible CUDA device")
+        assert len(lines) == 1 and lines[0].startswith("shardplan: error: world_size=4: exceeds the 2 visible CUDA device")
     assert not out.exists()  # nothing ran
     res = _invoke(["collectives", "--world-size", "4", "--out", str(tmp_path / "c.json")])
     assert res.exit_code == 2 and "2 visible CUDA device" in res.output and len(res.output.strip().splitlines()) == 1
@@ -290,7 +288,7 @@ def test_collective_child_exception_is_one_line(tmp_path):
                    "--iters", "1", "--warmup", "0", "--out", str(tmp_path / "c.json")])
     assert res.exit_code == 2
     lines = [ln for ln in res.output.strip().splitlines() if not ln.startswith("benchmarking")]  # progress
-    assert len(lines) == 1 and lines[0].startswith("error: collectives") and "rank 0" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("shardplan: error: collectives") and "rank 0" in lines[0]
     assert "RuntimeError" in lines[0] and "Traceback" not in res.output and not (tmp_path / "c.json").exists()
 
 

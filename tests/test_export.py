@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from shardplan.export import export, load_plans, plan_spec, read_back, write_atomic
+from shardplan.atomic_write import write_text_atomic as write_atomic
+from shardplan.export import export, load_plans, plan_spec, read_back
 from shardplan.exporters.spec import PlanSpec
 from shardplan.errors import ShardplanError
 
@@ -173,13 +174,6 @@ def test_fit_export_option(tmp_path, capsys):
     assert main(["fit", "-m", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--strategy", "full_shard",
                  "--export", f"accelerate={out}"]) == 0
     assert "fsdp_version: 2" in out.read_text()
-
-
-def test_write_atomic_replaces(tmp_path):
-    p = tmp_path / "x.txt"
-    write_atomic(p, "one")
-    write_atomic(p, "two")
-    assert p.read_text() == "two" and len(list(tmp_path.iterdir())) == 1
 
 
 # --- validation by the real libraries ------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from shardplan.atomic_write import write_text_atomic
 from shardplan.hf_config import spec_from_hf_config
 
 OUT = Path(__file__).resolve().parents[1] / "shardplan" / "data" / "model_profiles"
@@ -50,7 +51,7 @@ def main(path: str) -> None:
         spec = spec_from_hf_config(config, name=name, display_name=ref_name.replace("(gpt2-arch)", ""),
                                    aliases=tuple(aliases), source=entry["source"])
         data = spec.model_dump(mode="json", exclude_none=True)
-        (OUT / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+        write_text_atomic(OUT / f"{name}.json", json.dumps(data, indent=2) + "\n")
         print(f"{name}: {spec.total_params:,}")
 
 

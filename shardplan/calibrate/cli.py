@@ -1,6 +1,11 @@
 """``shardplan calibrate ...``: the typer app ``calibrate_app`` (mount with
 ``app.add_typer(calibrate_app, name="calibrate")``). Thin: parse, call the library, write files
-atomically, print a short table. torch is imported inside the commands only."""
+atomically, print a short table. torch is imported inside the commands only.
+
+Errors are raised as ``ShardplanError``, never printed here: ``shardplan.cli.main`` turns them
+into one stderr line and exit code 2 (a refused fit, a too-small sample, nothing to compare, no
+configuration measured). Run the commands through ``shardplan.cli.main`` (as the ``shardplan``
+script and ``python -m shardplan.calibrate.cli`` do), not by calling ``calibrate_app`` directly."""
 
 from __future__ import annotations
 
@@ -16,11 +21,6 @@ from shardplan.extras import require
 
 calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute coefficients.",
                             no_args_is_help=True, add_completion=False)
-
-
-def _fail(err: ShardplanError):
-    typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(2)
 
 
 def _progress(msg: str) -> None:
@@ -51,6 +51,8 @@ def fsdp_cmd(
     timeout: float = typer.Option(600.0, help="seconds per configuration before it is recorded as a timeout"),
     isolate: bool = typer.Option(True, help="run each configuration in a child process (survives OOM/hangs)"),
     resume: bool = typer.Option(True, help="skip configurations already in --out"),
+    retry_failed: bool = typer.Option(False, help="with --resume: run again the configurations --out records "
+                                                  "with a status other than ok (an OOM, a timeout, an error)"),
     csv: Optional[Path] = typer.Option(None, help="also write a flat CSV of all records in --out"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write all records as one JSON file"),
     compare_csv: Optional[Path] = typer.Option(None, help="write predicted vs measured per category (CSV)"),
@@ -89,17 +91,25 @@ def fsdp_cmd(
         for c in configs:  # before anything runs: more ranks than GPUs would hang inside NCCL
             RunConfig.model_validate(c.model_dump())
             check_world_size(c)
-    except ShardplanError as err:
-        _fail(err)
-    except Exception as err:  # pydantic validation of user input
-        _fail(ShardplanError("config", str(config or grid or model), str(err).splitlines()[0]))
-    run_grid(configs, out, isolate=isolate, timeout_s=timeout, resume=resume, progress=_progress)
-    rows = [flatten(r) for r in read_jsonl(out)]
+    except ShardplanError:
+        raise
+    except (ValueError, OSError) as err:  # the --config file: unreadable, not JSON, or not a RunConfig
+        raise ShardplanError("config", str(config or grid or model), str(err).splitlines()[0]) from None
+    run_grid(configs, out, isolate=isolate, timeout_s=timeout, resume=resume, retry_failed=retry_failed,
+             progress=_progress)
+    records = read_jsonl(out)
+    rows = [flatten(r) for r in records]
     if csv:
         write_csv_atomic(csv, rows)
     if json_out:
-        write_json_atomic(json_out, read_jsonl(out))
+        write_json_atomic(json_out, records)
     _print_rows(rows)
+    asked = {c.key() for c in configs}
+    mine = [r for r in records if r.get("key") in asked]
+    if not any(r.get("status") == "ok" for r in mine):  # nothing measured: nothing to compare; a script must see it
+        statuses = ", ".join(sorted({str(r.get("status")) for r in mine}))
+        raise ShardplanError("out", str(out), f"none of the {len(asked)} configuration(s) was measured: recorded as "
+                                              f"{statuses} (see the error column; --retry-failed runs them again)")
     _compare([out], compare_csv, compare_json, None)
 
 
@@ -107,6 +117,10 @@ def _compare(paths, csv_path, json_path, md_path, command: str = ""):
     from shardplan.calibrate.compare import compare_files, print_table, write_outputs
 
     table = compare_files(paths)
+    if not table:
+        raise ShardplanError("records", ", ".join(str(p) for p in paths),
+                             "nothing to compare: no FSDP harness record with status ok (real-HF-stack records "
+                             "are compared by benchmarks/calibrate_hf_stack.py)")
     print_table(table, echo=typer.echo)
     write_outputs(table, csv_path=csv_path, json_path=json_path, md_path=md_path, command=command)
 
@@ -160,40 +174,37 @@ def collectives_cmd(
     from shardplan.calibrate.overlay import write_calibration
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
-    try:
-        got = []
-        source = {}
-        if nccl_tests or samples:
-            ws = world_size[0] if world_size != [2] else None
-            for f in nccl_tests:
-                got += parse_nccl_tests_file(f, op=op, world_size=ws, tier=tier)
-            for f in samples:
-                got += load_samples(f)
-            source["imported"] = [str(f) for f in [*nccl_tests, *samples]]
-        else:
-            if tier == "inter_node":
-                raise ShardplanError("tier", tier, "locally spawned ranks share one node; run "
-                                                   "'torchrun ... -m shardplan.calibrate.collectives' across nodes")
-            torch = require("torch", "calibrate")
+    got = []
+    source = {}
+    if nccl_tests or samples:
+        ws = world_size[0] if world_size != [2] else None
+        for f in nccl_tests:
+            got += parse_nccl_tests_file(f, op=op, world_size=ws, tier=tier)
+        for f in samples:
+            got += load_samples(f)
+        source["imported"] = [str(f) for f in [*nccl_tests, *samples]]
+    else:
+        if tier == "inter_node":
+            raise ShardplanError("tier", tier, "locally spawned ranks share one node; run "
+                                               "'torchrun ... -m shardplan.calibrate.collectives' across nodes")
+        torch = require("torch", "calibrate")
 
-            cuda = torch.cuda.is_available()
-            for w in world_size:
-                check_devices(w)
-            sizes = default_sizes(min_bytes, max_bytes, factor, cuda=cuda)
-            for w in world_size:
-                _progress(f"benchmarking all_gather / reduce_scatter / all_reduce on {w} local ranks, "
-                          f"{len(sizes)} sizes up to {sizes[-1]:,} B, {iters} iterations each ...")
-                got += benchmark_spawn(w, sizes=sizes, iters=iters, warmup=warmup, dtype=dtype, tier="intra_node")
-            source.update(_env())
-        if samples_csv:  # written before fitting, so a refused fit can still be inspected
-            write_csv_atomic(samples_csv, [dict(asdict(s), algbw_bytes_per_s=s.algbw_bytes_per_s,
-                                                busbw_bytes_per_s=s.busbw_bytes_per_s) for s in got])
-        fits = fit_all(got, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
-        if fits_json:
-            write_json_atomic(fits_json, [f.to_dict() for f in fits])
-        write_calibration(out, links=fits, source=source)
-    except ShardplanError as err:
-        _fail(err)
+        cuda = torch.cuda.is_available()
+        for w in world_size:
+            check_devices(w)
+        sizes = default_sizes(min_bytes, max_bytes, factor, cuda=cuda)
+        for w in world_size:
+            _progress(f"benchmarking all_gather / reduce_scatter / all_reduce on {w} local ranks, "
+                      f"{len(sizes)} sizes up to {sizes[-1]:,} B, {iters} iterations each ...")
+            got += benchmark_spawn(w, sizes=sizes, iters=iters, warmup=warmup, dtype=dtype, tier="intra_node")
+        source.update(_env())
+    if samples_csv:  # written before fitting, so a refused fit can still be inspected
+        write_csv_atomic(samples_csv, [dict(asdict(s), algbw_bytes_per_s=s.algbw_bytes_per_s,
+                                            busbw_bytes_per_s=s.busbw_bytes_per_s) for s in got])
+    fits = fit_all(got, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
+    if fits_json:
+        write_json_atomic(fits_json, [f.to_dict() for f in fits])
+    write_calibration(out, links=fits, source=source)
     typer.echo("op              n  tier         segment             alpha_us   B_GB/s   R2_log  max_rel_err")
     for f in fits:
         for s in f.segments:
@@ -232,19 +243,16 @@ def compute_cmd(
     torch.set_num_threads(threads)
     cuda = torch.cuda.is_available()
     sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count if cuda else None
-    try:
-        samples = measure_matmul(dtypes=tuple(dtype) or None, sizes=tuple(size) or None, iters=iters, warmup=warmup,
-                                 progress=_progress)
-        if samples_csv:  # written before fitting, so a refused fit can still be inspected
-            write_csv_atomic(samples_csv, [dict(asdict(s), flops_per_s=s.flops_per_s) for s in samples])
-        dtypes = list(dict.fromkeys(s.dtype for s in samples))
-        fits = [fit_efficiency([s for s in samples if s.dtype == d], min_saturation=min_saturation, sm_count=sm_count,
-                               peak_flops_per_s=peak_tflops * 1e12 if peak_tflops else None) for d in dtypes]
-        bw = measure_bandwidth(sizes_bytes=tuple(bandwidth_bytes) or None, iters=iters, warmup=warmup,
-                               progress=_progress) if bandwidth else []
-        write_calibration(out, compute=fits, bandwidth=bandwidth_entries(bw), source=_env())
-    except ShardplanError as err:
-        _fail(err)
+    samples = measure_matmul(dtypes=tuple(dtype) or None, sizes=tuple(size) or None, iters=iters, warmup=warmup,
+                             progress=_progress)
+    if samples_csv:  # written before fitting, so a refused fit can still be inspected
+        write_csv_atomic(samples_csv, [dict(asdict(s), flops_per_s=s.flops_per_s) for s in samples])
+    dtypes = list(dict.fromkeys(s.dtype for s in samples))
+    fits = [fit_efficiency([s for s in samples if s.dtype == d], min_saturation=min_saturation, sm_count=sm_count,
+                           peak_flops_per_s=peak_tflops * 1e12 if peak_tflops else None) for d in dtypes]
+    bw = measure_bandwidth(sizes_bytes=tuple(bandwidth_bytes) or None, iters=iters, warmup=warmup,
+                           progress=_progress) if bandwidth else []
+    write_calibration(out, compute=fits, bandwidth=bandwidth_entries(bw), source=_env())
     for f in fits:
         typer.echo(f"{f.dtype:14s} {f.device}: F_max {f.f_max_flops_per_s / 1e12:.4f} TFLOP/s, m_half {f.m_half:.0f}, "
                    f"p {f.p:.1f}, max rel err {f.max_rel_err:.3f}")
@@ -272,8 +280,10 @@ def _env() -> dict:
     return env
 
 
-def main() -> None:  # standalone: python -m shardplan.calibrate.cli
-    calibrate_app()
+def main(argv: list[str] | None = None) -> int:  # standalone: python -m shardplan.calibrate.cli
+    from shardplan.cli import main as shardplan_main
+
+    return shardplan_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardplan.atomic_write import write_text_atomic
 from shardplan.calibrate.timing import seconds_per_call
 from shardplan.errors import ShardplanError
 
@@ -406,12 +407,12 @@ def _bench_worker(rank: int, world: int, port: int, kw: dict, outdir: str) -> No
         try:
             samples = benchmark_rank(**kw)
             if rank == 0:
-                Path(outdir, "samples.json").write_text(json.dumps([asdict(s) for s in samples]))
+                write_text_atomic(Path(outdir, "samples.json"), json.dumps([asdict(s) for s in samples]))
         finally:
             dist.destroy_process_group()
     except BaseException as exc:  # the parent turns the first line into a one-line error
-        Path(outdir, f"rank{rank}.err").write_text(f"{type(exc).__name__}: {exc}".splitlines()[0] + "\n"
-                                                   + traceback.format_exc())
+        write_text_atomic(Path(outdir, f"rank{rank}.err"),
+                          f"{type(exc).__name__}: {exc}".splitlines()[0] + "\n" + traceback.format_exc())
         raise
 
 
@@ -487,7 +488,6 @@ def torchrun_main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from shardplan.calibrate.results import write_text_atomic
 
     ap = argparse.ArgumentParser(prog="python -m shardplan.calibrate.collectives")
     ap.add_argument("--out", required=True)

@@ -46,6 +46,7 @@ from shardplan.model import ModelSpec
 from shardplan.model_states import model_states
 from shardplan.activations import compute_dtype_bytes
 from shardplan.buffers import fsdp_units
+from shardplan.errors import ShardplanError
 from shardplan.models import resolve_model
 
 CATEGORIES = ("params_sharded", "grads_sharded", "optimizer", "all_gather_buffers", "reduce_scatter_buffers",
@@ -328,6 +329,8 @@ def compare_files(paths: Iterable[str | Path]) -> list[dict]:
 
     rows = []
     for path in paths:
+        if not Path(path).is_file():
+            raise ShardplanError("records", str(path), "no such file")
         rows += compare_records(read_jsonl(path), source=Path(path).name)
     return rows
 
@@ -376,7 +379,8 @@ def print_table(rows: list[dict], echo=print) -> None:
 
 
 def write_outputs(rows: list[dict], csv_path=None, json_path=None, md_path=None, command: str = "") -> None:
-    from shardplan.calibrate.results import write_csv_atomic, write_json_atomic, write_text_atomic
+    from shardplan.atomic_write import write_text_atomic
+    from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
     if csv_path:
         columns = ["source", "key", "configuration", "engine", "fake_tensors", "category", "predicted_bytes",

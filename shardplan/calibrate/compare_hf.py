@@ -166,7 +166,8 @@ def summary_markdown(rows: list[dict], command: str = "") -> str:
 
 
 def write_outputs(rows: list[dict], csv_path=None, md_path=None, command: str = "") -> None:
-    from shardplan.calibrate.results import write_csv_atomic, write_text_atomic
+    from shardplan.atomic_write import write_text_atomic
+    from shardplan.calibrate.results import write_csv_atomic
 
     if csv_path:
         write_csv_atomic(csv_path, rows, columns=["key", "configuration", "family", "method", "wrapper", "category",

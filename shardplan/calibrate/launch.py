@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from shardplan.atomic_write import write_text_atomic
 from shardplan.calibrate.config import RunConfig
 from shardplan.calibrate.results import append_jsonl, done_keys
 
@@ -147,7 +148,7 @@ def _spawn_worker(rank: int, cfg_json: str, port: int, outdir: str, backend: str
                       WORLD_SIZE=str(cfg.world_size), LOCAL_RANK=str(rank))
     if cfg.launch == "fake":  # an isolated fake-PG run: one child process
         rec = run_fake(cfg)
-        Path(outdir, "rank0.json").write_text(json.dumps(rec))
+        write_text_atomic(Path(outdir, "rank0.json"), json.dumps(rec))
         return
     kwargs = {}
     if backend == "nccl":  # one GPU per rank (``check_world_size`` refused more ranks than GPUs)
@@ -156,9 +157,9 @@ def _spawn_worker(rank: int, cfg_json: str, port: int, outdir: str, backend: str
     dist.init_process_group(backend, rank=rank, world_size=cfg.world_size, **kwargs)
     try:
         rec = measure(cfg)
-        Path(outdir, f"rank{rank}.json").write_text(json.dumps(rec))
+        write_text_atomic(Path(outdir, f"rank{rank}.json"), json.dumps(rec))
     except BaseException as exc:  # recorded, then re-raised so the parent sees the failure
-        Path(outdir, f"rank{rank}.err").write_text(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        write_text_atomic(Path(outdir, f"rank{rank}.err"), f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         raise
     finally:
         dist.destroy_process_group()

@@ -1,8 +1,8 @@
 """Atomic result files: JSONL (one record per configuration, resumable), CSV and JSON.
 
-Every write goes to a temporary file in the destination directory and is moved into place with
-``os.replace``, so a reader (or an interrupted calibration) sees either the old file or the new
-one, never a torn line. No torch import here.
+Every write goes through ``shardplan.atomic_write`` (temporary file in the destination folder,
+fsync, ``os.replace``, the user's umask), so a reader (or an interrupted calibration) sees either
+the old file or the new one, never a torn line. No torch import here.
 """
 
 from __future__ import annotations
@@ -10,30 +10,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+from shardplan.atomic_write import write_text_atomic
+from shardplan.errors import ShardplanError
 
 
 def write_json_atomic(path, data) -> Path:
@@ -45,10 +26,13 @@ def read_jsonl(path) -> list[dict]:
     if not path.exists():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = line.strip()
         if line:
-            records.append(json.loads(line))
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ShardplanError("records", f"{path}:{number}", f"not a JSON record ({err.msg})") from None
     return records
 
 
