@@ -195,10 +195,12 @@ def fit(
 def _export_results(plans: list[dict], fmt_path: str, index: Optional[int], block_class: Optional[str] = None) -> None:
     """``--export FORMAT[=PATH]``: write the chosen plan's export atomically, or to stdout."""
     from shardplan.atomic_write import write_text_atomic
-    from shardplan.export import choose_plan, export, export_option, plan_spec
+    from shardplan.export import export_chosen, export_option
 
     fmt, path = export_option(fmt_path)
-    text = export(plan_spec(choose_plan(plans, index), block_class), fmt)
+    text, _, note = export_chosen(plans, fmt, index, block_class)
+    if note:
+        typer.echo(f"note: {note}", err=True)
     if path is None:
         typer.echo(text, nl=False)
     else:

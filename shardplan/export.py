@@ -146,6 +146,32 @@ def choose_plan(plans: list[dict[str, Any]], index: int | None = None) -> dict[s
     raise ShardplanError("plan", f"{len(plans)} plan(s)", f"{why}; export one anyway with `shardplan export FILE --index N`")
 
 
+def export_chosen(plans: list[dict[str, Any]], fmt: str, index: int | None = None,
+                  block_class: str | None = None) -> tuple[str, int, str | None]:
+    """(text, plan index, note): plan ``index`` when given; else the first fitting plan that ``fmt``
+    can express — a plan list ranks DeepSpeed-only ZeRO-1/2 beside FSDP plans, and
+    ``--to fsdp2`` should export the best FSDP one rather than refuse. The note says when a
+    plan other than the first fitting one was taken, and why."""
+    first = choose_plan(plans, index)
+    if index is not None:
+        return export(plan_spec(first, block_class), fmt), index, None
+    fitting = [i for i, p in enumerate(plans) if p.get("fits", True)]
+    refusal: ShardplanError | None = None
+    for i in fitting:
+        try:
+            text = export(plan_spec(plans[i], block_class), fmt)
+        except ShardplanError as err:
+            if err.field in ("to",):  # an unknown format: no plan will do
+                raise
+            refusal = refusal or err
+            continue
+        note = None if i == fitting[0] else (f"exported plan {i} (0-based), the first fitting plan {fmt} can express; "
+                                             f"plan {fitting[0]}: {refusal}")
+        return text, i, note
+    assert refusal is not None
+    raise refusal
+
+
 def export(spec: PlanSpec, fmt: str) -> str:
     if fmt not in EXPORTERS:
         raise ShardplanError("to", fmt, f"unknown format; choose one of {', '.join(FORMATS)}")

@@ -427,3 +427,25 @@ def test_single_gpu_plan_exports_the_bare_module(engine):
     assert "--fsdp" not in export(s, "trainer")
     with pytest.raises(ValueError, match="one GPU"):  # ShardplanError inside pydantic's ValidationError
         spec(engine=engine, strategy="single")  # 16 GPUs
+
+
+def test_export_of_a_plan_list_takes_the_first_plan_the_format_can_express(tmp_path):
+    # plan ranks DeepSpeed-only ZeRO-1/2 beside FSDP plans (planner.py); --to fsdp2 exports the best
+    # FSDP-expressible one and says so, while --index forces one and the exporter refuses it
+    from tests.helpers import run_cli
+
+    planned = run_cli("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--json")
+    assert planned.exit_code == 0
+    path = tmp_path / "plan.json"
+    path.write_text(planned.stdout)
+    plans = load_plans(str(path))
+    fsdp_ok = [i for i, p in enumerate(plans) if p.get("fits", True) and p["strategy"] not in ("zero1", "zero2")]
+    assert fsdp_ok, "the 8B plan on 8 H100 has FSDP plans that fit"
+    result = run_cli("export", str(path), "--to", "fsdp2")
+    assert result.exit_code == 0
+    assert result.stdout == export(plan_spec(plans[fsdp_ok[0]]), "fsdp2")
+    first = next(i for i, p in enumerate(plans) if p.get("fits", True))
+    assert ("note: exported plan" in result.stderr) == (first != fsdp_ok[0])
+    if first != fsdp_ok[0]:
+        forced = run_cli("export", str(path), "--to", "fsdp2", "--index", str(first))
+        assert forced.exit_code == 2 and "exists only in DeepSpeed" in forced.stderr
