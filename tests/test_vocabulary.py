@@ -248,3 +248,18 @@ def test_a_stack_word_must_be_a_dependent_word_naming_a_precision(tmp_path):
                          ({"precision": {"fp8": {"value": "bf16-mixed", "source": "s"}}}, "fp8")):
         with pytest.raises(ShardplanError, match=named):
             _check(StackProfile.model_validate({**base, "words": words}), tmp_path / "hf.json")
+
+
+@pytest.mark.parametrize("query, label, gpu", [
+    ("8b on 8 h100", "8xh100-sxm", "h100-sxm"),        # a family name: the SXM variant, noted
+    ("70B on 4x24 GB", "4x24GB", "rtx4090"),           # a capacity with a space: the 24 GB stand-in
+    ("llama 3.1 8b on 1 x a10g lora", "1xa10g", "a10g"),
+    ("meta-llama/Meta-Llama-3.1-8B-Instruct on 8×H100 zero3", "8xh100-sxm", "h100-sxm"),
+    ("Llama-3.1-70B-Instruct on 2x8xh100 qlora", "2x8xh100-sxm", "h100-sxm"),
+])
+def test_the_names_users_type_reach_a_cluster_end_to_end(capsys, query, label, gpu):
+    # the query split (this module) + parse_gpus' forms (hardware.py) + model names (model_names.py)
+    code, out, err = run(capsys, "fit", query, "--strategy", "full_shard", "--json")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert answer["cluster"]["label"] == label and answer["gpu"]["name"] == gpu
