@@ -270,7 +270,7 @@ def _why(i: int, r: dict, c: Columns, order: np.ndarray, pos: int) -> list[str]:
     if int(c.ac[i]) == st.AC_NONE:
         reasons.append("no activation recomputation")
     else:
-        reasons.append(f"AC {st.AC_MODES[int(c.ac[i])]} recomputes {100 * (float(r['hfu'][i]) / max(float(r['mfu'][i]), 1e-12) - 1):.0f} % extra FLOPs")
+        reasons.append(f"AC {st.AC_MODES[int(c.ac[i])]} recomputes {100 * float(r['recompute_extra'][i]):.0f} % extra FLOPs")
     if int(c.offload[i]) != st.OFFLOAD_NONE:
         reasons.append(f"CPU offload costs {float(r['offload_transfer_s'][i]) + float(r['optimizer_s'][i]):,.2f} s per step")
     reasons.append(f"micro-batch {int(c.micro_batch[i])} → GEMM efficiency {float(r['gemm_efficiency'][i]):.2f}")

@@ -401,6 +401,9 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=T
         tokens_per_s=tokens_step * c.world_size / step,
         mfu=model_flops_per_token(c) * tokens_step / (step * peak),
         hfu=hw_flops / (step * peak),
+        # recomputed FLOPs over those the step runs without them (hfu/mfu is not this: under LoRA the
+        # model-FLOPs convention 6N exceeds what the frozen base computes, 4N)
+        recompute_extra=f["recompute"] * tokens_step / np.maximum(hw_flops - f["recompute"] * tokens_step, 1e-12),
         gemm_efficiency=gemm_efficiency(c, rates),
     )
     return out

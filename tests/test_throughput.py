@@ -44,6 +44,20 @@ def test_full_ac_adds_a_forward_and_lora_skips_weight_grads():
     assert mm(cl) / mm(c0) == pytest.approx(4 / 6, rel=0.02)       # ≈ 4Ψ + adapters
 
 
+
+def test_recompute_extra_counts_hardware_flops_not_the_mfu_convention():
+    # full AC re-runs each block's forward (2Ψ_blocks per token): on top of full fine-tuning's
+    # 6Ψ that is ~1/3; under LoRA the frozen base skips weight gradients (4Ψ), so ~1/2 — the
+    # planner's "recomputes N % extra FLOPs" read 0 % for LoRA while it used hfu/mfu
+    head = SPEC.vocab_size * SPEC.hidden_size
+    blocks = SPEC.matmul_params_per_token - head
+    _, full = run(ac="full", seq_len=1024)
+    _, lora = run(ac="full", seq_len=1024, method="lora")
+    _, none = run(ac="none", seq_len=1024)
+    assert float(none["recompute_extra"]) == 0.0
+    assert float(full["recompute_extra"]) == pytest.approx(2 * blocks / (6 * (blocks + head)), rel=0.05)
+    assert float(lora["recompute_extra"]) == pytest.approx(2 * blocks / (4 * (blocks + head)), rel=0.05)
+
 @settings(max_examples=30, deadline=None)
 @given(strategy=hs.sampled_from(["ddp", "full_shard", "shard_grad_op", "hybrid_shard"]),
        ac=hs.sampled_from(["none", "selective", "full"]), mb=hs.integers(1, 4), accum=hs.integers(1, 4),
