@@ -118,8 +118,10 @@ def lora_adapter_dtype_bytes(c, a):
     ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``; ``tuners/lora/bnb.py``
     ``Linear4bit.forward`` likewise). Under FSDP's mixed precision the adapters are all-gathered in
     the param dtype, so nothing is cast (measured: FSDP2 LoRA runs, hf_stack_cpu.jsonl).
-    ASSUMPTION: unwrapped / DDP runs keep PEFT's fp32 adapters without autocast."""
-    unwrapped = (c.strategy == st.SINGLE) | (c.strategy == st.DDP)
+    ASSUMPTION: unwrapped / torch-DDP runs keep PEFT's fp32 adapters without autocast. DeepSpeed
+    (every stage, its "ddp" = stage 0 included) casts the whole module to the 16-bit dtype
+    (``engine._configure_distributed_model``: ``module.bfloat16()``/``half()``), adapters too."""
+    unwrapped = ((c.strategy == st.SINGLE) | (c.strategy == st.DDP)) & (c.engine != st.DEEPSPEED)
     cast = unwrapped & (a < 4)
     return np.where(cast, 4, a), cast
 

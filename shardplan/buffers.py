@@ -119,7 +119,8 @@ def engine_buffers(c):
                                c.total_params * 2, 0)
     ds_stage3 = ds & ((c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD))
     gathered = np.where(ds_stage3, 4 * c.largest_module_params, 0)
-    ds_bucket = np.where(ds & ~ds_stage3 & ~ddp, 2 * np.minimum(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, c.total_params * trainable), 0)
+    # DeepSpeed's "ddp" and no_shard are both stage 0: the same engine, the same reduce bucket
+    ds_bucket = np.where(ds & ~ds_stage3, 2 * np.minimum(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, c.total_params * trainable), 0)
     qlora_dequant = np.where(c.method == st.QLORA, 2 * c.hidden_size * c.mlp_width, 0)
 
     terms = {

@@ -320,7 +320,7 @@ def comm_volume(c, sync_every_micro_batch=True):
         "ag_fwd": ("all_gather", ag_fwd_S, np.where(gather, units * k, 0), np.where(gather, n_p, 1)),
         "ag_bwd": ("all_gather", ag_bwd_S, np.where(reshard, (units - np.where(ds, 0, 1)) * k, 0), np.where(reshard, n_p, 1)),
         "rs_grad": ("reduce_scatter", rs_S, np.where(rs, np.where(ds, ddp_calls, units) * syncs, 0), np.where(rs, np.where(hybrid, g, n), 1)),
-        "ar_grad": ("all_reduce", ar_S, np.where(ar, np.where(s == st.DDP, ddp_calls, units) * syncs, 0), np.where(ar, n, 1)),
+        "ar_grad": ("all_reduce", ar_S, np.where(ar, np.where((s == st.DDP) | ds, ddp_calls, units) * syncs, 0), np.where(ar, n, 1)),
         "ar_replica": ("all_reduce", ar_rep_S, np.where(ar_rep_S > 0, units * syncs, 0), np.where(ar_rep_S > 0, replicas, 1)),
         "ag_post_step": ("all_gather", post_S, np.where(post_S > 0, ddp_calls, 0), np.where(post_S > 0, n, 1)),
     }

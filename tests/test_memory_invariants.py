@@ -134,3 +134,23 @@ def test_vectorized_equals_scalar_loop_on_1000_random_configurations():
         scalar = estimate_memory(Columns.build(**{k: v[i] for k, v in values.items()}))
         for key in keys:
             assert scalar[key] == vector[key][i], (i, key)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model_dims(), hs.sampled_from([0, 1, 2]), hs.sampled_from([st.BF16_MIXED, st.FP16_MIXED, st.BF16_PURE, st.FP32]),
+       hs.sampled_from([2, 8, 64]))
+def test_deepspeed_ddp_and_no_shard_are_one_engine_stage_0(dims, method, precision, world):
+    # strategy.FRAMEWORK_NAMES: DeepSpeed runs both as stage 0, so every byte and every collective agree
+    # (they did not: PEFT's fp32 input casts and no reduce bucket were charged to 'ddp' as if torch DDP)
+    from shardplan.comm import comm_volume
+
+    ddp = build(dims, strategy=st.STRATEGIES.index("ddp"), engine=st.ENGINES.index("deepspeed"), method=method,
+                precision=precision, world_size=world)
+    no_shard = build(dims, strategy=st.STRATEGIES.index("no_shard"), engine=st.ENGINES.index("deepspeed"),
+                     method=method, precision=precision, world_size=world)
+    m_ddp, m_ns = estimate_memory(ddp), estimate_memory(no_shard)
+    for term in (*BREAKDOWN_TERMS, "peak_allocated_bytes"):
+        assert int(m_ddp[term]) == int(m_ns[term]), term
+    v_ddp, v_ns = comm_volume(ddp), comm_volume(no_shard)
+    for key in v_ddp:
+        assert np.array_equal(np.asarray(v_ddp[key]), np.asarray(v_ns[key])), key
