@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from shardplan.errors import ShardplanError
-from shardplan.names import normalize, suggest
+from shardplan.names import did_you_mean, normalize
 from shardplan.profiles import find_by_name, load_all
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
@@ -363,9 +363,7 @@ def get_hardware(name: str) -> GPUProfile | LinkProfile:
             return profile
     gpus, links = gpu_profiles(), link_profiles()
     owner = {n: p.name for p in (*gpus, *links) for n in (p.name, *p.aliases)}
-    close = list(dict.fromkeys(owner[n] for n in suggest(name, owner)))  # aliases -> their profile, once
-    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-    raise ShardplanError("hardware", name, f"unknown{hint}; GPUs: "
+    raise ShardplanError("hardware", name, f"unknown{did_you_mean(name, owner)}; GPUs: "
                                            f"{', '.join(sorted(g.name for g in gpus))}; links: "
                                            f"{', '.join(sorted(l.name for l in links))}")
 

@@ -17,7 +17,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from shardplan.errors import ShardplanError
-from shardplan.names import normalize, suggest
+from shardplan.names import did_you_mean, normalize
 
 DATA_DIR = Path(__file__).parent / "data"
 PROFILE_PATH_ENV = "SHARDPLAN_PROFILE_PATH"
@@ -108,6 +108,5 @@ def find_by_name(profiles: tuple[T, ...], name: str, field: str) -> T:
         if any(normalize_name(n) == key for n in names):
             return profile
     owner = {n: p.name for p in profiles for n in (p.name, *getattr(p, "aliases", ()))}
-    close = list(dict.fromkeys(owner[n] for n in suggest(name, owner)))
-    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-    raise ShardplanError(field, name, f"unknown{hint}; known: {', '.join(sorted(p.name for p in profiles))}")
+    raise ShardplanError(field, name, f"unknown{did_you_mean(name, owner)}; "
+                                      f"known: {', '.join(sorted(p.name for p in profiles))}")
