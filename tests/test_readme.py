@@ -55,7 +55,7 @@ def test_listed_command_runs(tmp_path, block, command):
 # without a library are tests/test_plain_install.py's)
 PLAIN = [("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm"), ("models",), ("hardware",),
          ("profiles", "validate", str(ROOT / "model_profiles")), ("sweep", "-o", "s.csv", "--gpu-counts", "1-2"),
-         ("calibrate", "compare", str(ROOT / "data" / "calibration" / "hf_stack_cpu.jsonl")),
+         ("calibrate", "compare", str(ROOT / "data" / "calibration" / "grid_cpu.jsonl")),
          ("calibrate", "collectives", "--nccl-tests", str(DATA / "nccl_tests_sample_all_gather_perf.txt"), "--out", "c.json")]
 
 
