@@ -17,6 +17,7 @@ COMMANDS = [
     ("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm"),          # 18 columns, tight plans
     ("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--seq-len", "8192", "--global-batch-tokens", "1M",
      "--train-tokens", "1T", "--price-per-gpu-hour", "2"),   # + time, GPU-hours, cost
+    ("plan", "70B on 4x24GB"),                                 # the query form: method column, rejected methods
     ("models",),
     ("models", "show", "gpt3-175b"),                          # a 230-character source note
     ("hardware",),
@@ -42,7 +43,7 @@ def words(text):
     return {w.strip(":;,()") for w in text.split() if w.strip("-")}
 
 
-@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c[:2]) for c in COMMANDS])
+@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
 def test_output_fits_the_width_and_loses_nothing(capsys, monkeypatch, argv):
     wide = run(capsys, monkeypatch, [*argv, "--wide"], columns=60)
     assert run(capsys, monkeypatch, [*argv, "--wide"]) == wide  # --wide ignores COLUMNS
