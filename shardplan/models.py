@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardplan.errors import ShardplanError
-from shardplan.hf_config import spec_from_hf_config_file
+from shardplan.hf_config import how_read, spec_from_hf_config_file
 from shardplan.model import ModelSpec
 from shardplan.profiles import find_by_name, load_all, load_profile, read_json
 
@@ -58,7 +58,8 @@ def resolve_model(text: str) -> ResolvedModel:
             raise ShardplanError("model", text, "no such file")
         data = read_json(path, field="model")
         if "model_type" in data:
-            return ResolvedModel(spec_from_hf_config_file(path), f"Hugging Face config {path}")
+            spec = spec_from_hf_config_file(path)
+            return ResolvedModel(spec, how_read(spec, path))
         return ResolvedModel(load_profile(path, ModelSpec), f"model profile {path}")
     size = _BARE_SIZE.match(text)
     if size:
