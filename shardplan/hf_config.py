@@ -209,7 +209,9 @@ def _deepseek(r: _Reader, family: str, block_class: str, q_lora_default: int | N
         max_position_embeddings=r.int("max_position_embeddings", max_positions),
         mlp=r.activation("hidden_act", default="silu"), norm="rmsnorm",
         tie_word_embeddings=bool(r.get("tie_word_embeddings", False)),
-        mla=MLASpec(kv_lora_rank=r.int("kv_lora_rank", 512), q_lora_rank=r.int("q_lora_rank", q_lora_default),
+        # an explicit null q_lora_rank means a plain q_proj (DeepSeek-V2-Lite), not the class default
+        mla=MLASpec(kv_lora_rank=r.int("kv_lora_rank", 512),
+                    q_lora_rank=r.int("q_lora_rank", None if "q_lora_rank" in r.config else q_lora_default),
                     qk_rope_head_dim=r.int("qk_rope_head_dim", 64), qk_nope_head_dim=r.int("qk_nope_head_dim", 128),
                     v_head_dim=r.int("v_head_dim", 128)),
     )
@@ -328,7 +330,9 @@ STANDARD_DECODER_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_head
 def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
     """``config`` with its class's defaults filled in by transformers when it is installed, and
     where the defaults come from. transformers' ``AutoConfig.for_model`` builds the class locally
-    (no network) and ``to_dict`` lists every attribute."""
+    (no network) and ``to_dict`` lists every attribute under its canonical name; the class's
+    ``attribute_map`` aliases (Qwen3-MoE ``num_experts`` -> ``num_local_experts``) are added back
+    so the family readers find the names config.json files use."""
     fallback = "shardplan's copy of the transformers 5.23 default; transformers is not installed"
     try:
         import transformers
@@ -344,7 +348,12 @@ def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any]
     except Exception as err:  # transformers validates configs; report its reason on one line
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ShardplanError(f"{origin}: model_type", model_type, f"transformers rejects this config: {reason}") from None
-    return completed.to_dict(), f"transformers {transformers.__version__} {type(completed).__name__} default"
+    full = completed.to_dict()
+    for alias, canonical in getattr(completed, "attribute_map", {}).items():
+        if canonical in full:
+            full[alias] = full[canonical]
+    full["_attribute_map"] = dict(getattr(completed, "attribute_map", {}))
+    return full, f"transformers {transformers.__version__} {type(completed).__name__} default"
 
 
 def _decoder_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], list[str]]:
@@ -375,6 +384,9 @@ def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config
                      "gated MLP, two RMSNorms per block)")
     provided = set(config)
     completed, provenance = complete_config(config, origin) if layout == model_type else (config, "shardplan's default")
+    for alias, canonical in completed.get("_attribute_map", {}).items():  # a key given under either name
+        if alias in provided or canonical in provided:
+            provided |= {alias, canonical}
     reader = _Reader(completed, origin, provided, class_keys=set(completed) if completed is not config else None)
     fields = FAMILIES[layout](reader)
     assumed = tuple(notes) + tuple(f"{k}={v!r} ({provenance})" for k, v in sorted(reader.defaulted.items()))
