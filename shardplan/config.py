@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from shardplan import strategy as st
 from shardplan.hardware import Cluster
 from shardplan.model import (ModelSpec, block_linear_bias_params, block_linear_params, lora_adapted_inputs,
-                             lora_params_per_block, lora_root_params)
+                             lora_blocks_params, lora_root_params)
 from shardplan.model_states import nf4_quant_state_bytes
 from shardplan.overheads import nccl_bytes_for_link
 
@@ -314,7 +314,7 @@ def model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-
         kv_width=spec.kv_width if not spec.mla else spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim,
         attn_out_width=spec.attn_out_width, num_heads=spec.num_heads, mlp_width=mlp_width,
         gated_mlp=spec.gated_mlp, layernorm=spec.norm == "layernorm", tied_embeddings=spec.tie_word_embeddings,
-        lora_params=(spec.num_layers * lora_params_per_block(spec, lora_rank, lora_targets)
+        lora_params=(lora_blocks_params(spec, lora_rank, lora_targets)
                      + lora_root_params(spec, lora_rank, lora_targets)),
         **lora_adapted_inputs(spec, lora_targets, lora_rank),
         quantized_tensors=spec.num_layers * sum(len(t) == 2 for t in spec.block_parameter_shapes()),

@@ -400,7 +400,8 @@ def lora_target_code(targets: str) -> int:
     return st.LORA_TARGETS.index(key)
 
 
-def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
+def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear",
+                          moe_block: bool | None = None) -> int:
     """Adapter parameters one block gains: rank·(in + out) per targeted Linear (Hu et al. 2021, §4).
 
     Targets (``strategy.LORA_TARGETS``): "qv" — q_proj and v_proj (PEFT's default
@@ -410,18 +411,42 @@ def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear
     Linear of the blocks (PEFT ``target_modules="all-linear"``, which excludes the output layer:
     ``peft/tuners/tuners_utils.py`` ``_maybe_include_all_linear_layers``);
     "all-linear+embeddings" — the same per block, plus the root's adapters (``lora_root_params``).
-    Unknown names are a one-line error.
+    A fused projection is one Linear, so one adapter: Phi-3's ``qkv_proj`` is rank·(h + q + 2·kv)
+    (and is what "qv" adapts there: the model has no separate q/v), its ``gate_up_proj``
+    rank·(h + 2·I). ``moe_block`` picks the MLP of a MoE block (its shared experts) or of a dense
+    one (default: whichever the model has, for callers that treat blocks alike; totals use
+    ``lora_blocks_params``). Unknown names are a one-line error.
 
-    ASSUMPTION: MoE expert banks are not adapted (PEFT targets named Linear modules; fused expert
-    banks are parameters, not Linears); MLA's low-rank projections are adapted like q/k/v/o.
+    ASSUMPTION: MoE expert banks and routers are not adapted. Known gap: PEFT 0.21 with
+    transformers 5 does adapt them under "all-linear" (expert banks through parameter wrappers,
+    routers such as Llama 4's ``nn.Linear`` router and Qwen3-MoE's gate): measured on small
+    Qwen3-MoE / Llama 4 / DeepSeek-V3 configs, PEFT counts more adapter parameters than this
+    (tests/test_hf_families.py pins the dense and fused families exactly). MLA's low-rank
+    projections are adapted like q/k/v/o.
     """
     code = lora_target_code(targets)
     h = spec.hidden_size
-    attention = {"q": h + spec.q_width, "k": h + spec.kv_width, "v": h + spec.kv_width, "o": spec.attn_out_width + h}
-    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if spec.moe else spec.intermediate_size
-    mlp = (3 if spec.gated_mlp else 2) * (h + mlp_width) if mlp_width else 0
-    dims = [attention["q"] + attention["v"], sum(attention.values())][code] if code < 2 else sum(attention.values()) + mlp
+    if spec.fused_qkv:
+        qkv = h + spec.q_width + 2 * spec.kv_width
+        qv, attention = qkv, qkv + spec.attn_out_width + h
+    else:
+        qv = 2 * h + spec.q_width + spec.kv_width
+        attention = qv + h + spec.kv_width + spec.attn_out_width + h
+    moe = spec.moe is not None if moe_block is None else moe_block and spec.moe is not None
+    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if moe else spec.intermediate_size
+    if not mlp_width:
+        mlp = 0
+    elif spec.gated_mlp:
+        mlp = (h + 2 * mlp_width if spec.fused_gate_up else 2 * (h + mlp_width)) + (h + mlp_width)
+    else:
+        mlp = 2 * (h + mlp_width)
+    dims = [qv, attention][code] if code < 2 else attention + mlp
     return rank * dims
+
+
+def lora_blocks_params(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
+    """Adapters of all blocks: dense and MoE blocks differ in their MLP (``lora_params_per_block``)."""
+    return sum(lora_params_per_block(spec, rank, targets, moe_block=m) for m in spec.moe_layer_mask)
 
 
 def lora_root_params(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
@@ -453,9 +478,13 @@ def lora_adapted_inputs(spec: ModelSpec, targets: str = "all-linear", rank: int 
     width = {"q": h, "k": h, "v": h, "o": spec.attn_out_width, "gate": h, "up": h, "down": mlp_width}
     unique = (h if {"q", "k", "v"} & set(names) else 0) + (h if {"gate", "up"} & set(names) else 0) \
         + (mlp_width if "down" in names else 0)
-    return {"lora_adapted_in": sum(width[n] for n in names), "lora_unique_in": unique,
-            "lora_adapted_linears": len(names), "lora_rank_out": rank * len(names),
-            "lora_qkv_adapted": sum(n in ("q", "k", "v") for n in names),
+    # a fused Linear (Phi-3 qkv_proj, gate_up_proj) is one adapted layer with one input copy
+    linears = [n for n in names
+               if not (spec.fused_qkv and n in ("k", "v") and "q" in names)
+               and not (spec.fused_gate_up and n == "up")]
+    return {"lora_adapted_in": sum(width[n] for n in linears), "lora_unique_in": unique,
+            "lora_adapted_linears": len(linears), "lora_rank_out": rank * len(linears),
+            "lora_qkv_adapted": sum(n in ("q", "k", "v") for n in linears),
             "lora_mlp_adapted": int("down" in names)}
 
 

@@ -167,3 +167,25 @@ def test_fit_plan_export_end_to_end_for_a_new_family(capsys, tmp_path):
 def test_bare_size_answers_unchanged_by_new_profiles():
     assert resolve_model("8B").spec.name == "llama-3.1-8b"
     assert math.isclose(get_model("qwen3-30b-a3b").active_params_per_token, 3_353_032_704)
+
+
+@pytest.mark.parametrize("variant", ["qwen3-tied", "gemma3-nested", "gemma3_text", "phi3-gqa", "olmo2-gqa", "granite-bias"])
+@pytest.mark.parametrize("targets", ["all-linear", "attention"])
+def test_lora_adapters_equal_peft(variant, targets):
+    """PEFT on the transformers model: a fused qkv_proj / gate_up_proj is one adapted Linear."""
+    pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    import torch
+    import transformers
+
+    from shardplan.model import lora_blocks_params
+
+    raw = dict(VARIANTS[variant])
+    config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw).get_text_config()
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    modules = "all-linear" if targets == "all-linear" else (
+        ["qkv_proj", "o_proj"] if variant.startswith("phi3") else ["q_proj", "k_proj", "v_proj", "o_proj"])
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=modules))
+    expected = sum(p.numel() for n, p in wrapped.named_parameters() if "lora_" in n)
+    assert lora_blocks_params(spec_from_hf_config(VARIANTS[variant], name="x"), 4, targets) == expected
