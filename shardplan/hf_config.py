@@ -333,7 +333,7 @@ def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any]
     (no network) and ``to_dict`` lists every attribute under its canonical name; the class's
     ``attribute_map`` aliases (Qwen3-MoE ``num_experts`` -> ``num_local_experts``) are added back
     so the family readers find the names config.json files use."""
-    fallback = "shardplan's copy of the transformers 5.23 default; transformers is not installed"
+    fallback = "shardplan's copy of the transformers 5.23 defaults; transformers is not installed"
     try:
         import transformers
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -341,7 +341,7 @@ def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any]
         return config, fallback
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
-        return config, f"shardplan's default (transformers {transformers.__version__} does not know {model_type!r})"
+        return config, f"shardplan's defaults; transformers {transformers.__version__} does not know {model_type!r}"
     kwargs = {k: v for k, v in config.items() if k != "model_type"}
     try:
         completed = transformers.AutoConfig.for_model(model_type, **kwargs)
@@ -353,7 +353,7 @@ def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any]
         if canonical in full:
             full[alias] = full[canonical]
     full["_attribute_map"] = dict(getattr(completed, "attribute_map", {}))
-    return full, f"transformers {transformers.__version__} {type(completed).__name__} default"
+    return full, f"transformers {transformers.__version__} {type(completed).__name__}"
 
 
 def _decoder_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], list[str]]:
@@ -369,8 +369,9 @@ def _decoder_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any]
 def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config.json", **extra: Any) -> ModelSpec:
     """Map one HF config dict to a ModelSpec; ``extra`` adds name-level fields (aliases, source).
 
-    ``ModelSpec.assumed`` lists the keys the file did not give, each with the value it took and
-    where that value came from (transformers' class default, or shardplan's copy of it)."""
+    ``ModelSpec.assumed`` says what the file did not: notes (text decoder only, Llama layout for an
+    unknown model_type) and one entry naming where defaults came from (transformers' class, or
+    shardplan's copy of it) with each key the file left out and the value it took."""
     config, notes = _decoder_config(config, origin)
     model_type = config.get("model_type")
     layout = model_type
@@ -383,13 +384,14 @@ def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config
         notes.append(f"layout=llama (model_type {model_type!r} is not a family shardplan knows: separate q/k/v/o, "
                      "gated MLP, two RMSNorms per block)")
     provided = set(config)
-    completed, provenance = complete_config(config, origin) if layout == model_type else (config, "shardplan's default")
+    completed, provenance = complete_config(config, origin) if layout == model_type else (config, "shardplan's defaults")
     for alias, canonical in completed.get("_attribute_map", {}).items():  # a key given under either name
         if alias in provided or canonical in provided:
             provided |= {alias, canonical}
     reader = _Reader(completed, origin, provided, class_keys=set(completed) if completed is not config else None)
     fields = FAMILIES[layout](reader)
-    assumed = tuple(notes) + tuple(f"{k}={v!r} ({provenance})" for k, v in sorted(reader.defaulted.items()))
+    defaults = ", ".join(f"{k}={v!r}" for k, v in sorted(reader.defaulted.items()))
+    assumed = tuple(notes) + ((f"defaults ({provenance}): {defaults}",) if defaults else ())
     try:
         return ModelSpec(name=name, display_name=extra.pop("display_name", name), assumed=assumed, **fields, **extra)
     except ValidationError as err:
