@@ -127,6 +127,7 @@ def _gemma2(r: _Reader) -> dict[str, Any]:
     spec = _llama_like(r, "gemma2", "Gemma2DecoderLayer", tie_default=True,
                        activation_keys=("hidden_activation", "hidden_act"), activation="gelu_pytorch_tanh")
     spec["head_dim"] = r.int("head_dim", 256)
+    spec["norm_multiply_fp32"] = True  # Gemma2RMSNorm: x.float() normalized, times (1 + weight.float())
     spec["norms_per_block"] = 4  # input, post-attention, pre- and post-feedforward RMSNorms
     return spec
 
@@ -303,7 +304,7 @@ def _olmo2(r: _Reader) -> dict[str, Any]:
     """OLMo 2: no input norm; ``post_attention_layernorm`` and ``post_feedforward_layernorm`` per block,
     and ``q_norm``/``k_norm`` RMSNorms over the whole q and k projections (``Olmo2Attention``)."""
     spec = _llama_like(r, "olmo2", "Olmo2DecoderLayer", window_key=None)
-    spec["qk_norm"] = "width"
+    spec.update(qk_norm="width", norm_multiply_fp32=True)  # Olmo2RMSNorm: (weight * x_fp32).to(dtype)
     return spec
 
 

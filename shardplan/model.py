@@ -74,6 +74,9 @@ class ModelSpec(BaseModel):
     qk_norm: Literal["none", "head", "width"] = Field(
         "none", description="RMSNorm on queries and keys: 'head' one weight of head_dim each (Qwen3, Gemma 3), "
                             "'width' over the whole q and k projections (OLMo 2)")
+    norm_multiply_fp32: bool = Field(
+        False, description="RMSNorm multiplies its weight in fp32 and casts after (Gemma's (1 + w)·x, OLMo 2's w·x), "
+                           "so it saves the normalized tensor in fp32 (Llama's casts first and saves it 16-bit)")
     fused_qkv: bool = Field(False, description="one Linear makes q, k and v (GPT-2 c_attn, Falcon, Phi-3 qkv_proj)")
     fused_gate_up: bool = Field(False, description="one Linear makes gate and up (Phi-3 gate_up_proj)")
     qkv_bias: bool = False
@@ -190,6 +193,22 @@ class ModelSpec(BaseModel):
             return (self.mla.q_lora_rank or 0) + self.mla.kv_lora_rank
         widths = {"none": 0, "head": 2 * self.resolved_head_dim, "width": self.q_width + self.kv_width}
         return widths[self.qk_norm]
+
+    @property
+    def attention_norm_width(self) -> int:
+        """Elements per token the norms inside the attention normalize: q and k (q/k norms act on the
+        whole tensors whether their weight is per head or per width), or MLA's q and kv latents."""
+        if self.mla:
+            return (self.mla.q_lora_rank or 0) + self.mla.kv_lora_rank
+        return 0 if self.qk_norm == "none" else self.q_width + self.kv_width
+
+    @property
+    def attention_norm_rows(self) -> int:
+        """Normalized rows per token (one fp32 rstd each): per head for head-wise q/k norms, one per
+        tensor for width-wise ones and MLA's latent norms."""
+        if self.mla:
+            return (1 if self.mla.q_lora_rank else 0) + 1
+        return {"none": 0, "head": self.num_heads + self.num_kv_heads, "width": 2}[self.qk_norm]
 
     @property
     def block_norm_params(self) -> int:

@@ -190,3 +190,66 @@ def test_lora_adapters_equal_peft(variant, targets):
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=modules))
     expected = sum(p.numel() for n, p in wrapped.named_parameters() if "lora_" in n)
     assert lora_blocks_params(spec_from_hf_config(VARIANTS[variant], name="x"), 4, targets) == expected
+
+
+# --- activations: what a block saves for backward, measured with saved-tensor hooks -----------------
+BLOCK = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=8,
+             num_key_value_heads=2, head_dim=32, max_position_embeddings=256, tie_word_embeddings=False,
+             pad_token_id=0, eos_token_id=1, bos_token_id=2)
+
+
+def _saved_bytes_per_token(model_type, frozen, tokens=128):
+    """Distinct storages autograd saves inside block 0 of a bf16 HF model (SDPA), per token:
+    parameters, RoPE's cos/sin (shared by all blocks, ``activations.rope_bytes``) and int64/bool
+    index tensors (``position_ids_bytes``) left out."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type, **BLOCK)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    for p in model.parameters():
+        p.requires_grad_(not frozen)
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    model.model.rotary_emb.register_forward_hook(
+        lambda mod, args, out: excluded.update(t.untyped_storage().data_ptr() for t in out))
+    inside = [False]
+    model.model.layers[0].register_forward_pre_hook(lambda *args: inside.__setitem__(0, True))
+    model.model.layers[0].register_forward_hook(lambda *args: inside.__setitem__(0, False))
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if inside[0] and storage.data_ptr() not in excluded and t.dtype not in (torch.int64, torch.bool):
+            seen[storage.data_ptr()] = (storage.nbytes(), t.dim())
+        return t
+
+    x = torch.randn(1, tokens, BLOCK["hidden_size"], dtype=torch.bfloat16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(inputs_embeds=x)
+    # Gemma's (1 + weight.float()) keeps an fp32 copy of each norm weight (1-D, per layer, not per token)
+    return sum(n for n, dim in seen.values() if dim > 1) / tokens
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "olmo2", "gemma3_text", "phi3", "granite"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_block_activations_equal_autograd_saves(model_type, method):
+    """layer_bytes_per_token per family against what autograd saves (bf16, SDPA, CPU). Expected
+    extras over Llama at h=256, q=256, kv=64, heads 8/2: Qwen3 q/k norms +(4+2)·320 + 4·10 = 1960
+    (frozen 4·320 + 40 = 1320); OLMo 2 fp32-normalized norms and width-wise q/k norms; Gemma 3 two
+    more norms; Phi-3 the o_proj input copy (+2·256)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from shardplan import strategy as st
+    from shardplan.activations import layer_bytes_per_token
+    from shardplan.config import Columns, model_values
+    from tests.helpers import DEFAULT_KNOBS
+
+    frozen = method == "lora"
+    spec = spec_from_hf_config({"model_type": model_type, **BLOCK}, name="x")
+    values = {**model_values(spec), **DEFAULT_KNOBS, "method": st.LORA if frozen else st.FULL}
+    # adapters off: the frozen base alone (the LoRA path has its own measured terms)
+    values.update(lora_adapted_in=0, lora_unique_in=0, lora_adapted_linears=0, lora_rank_out=0)
+    predicted = float(layer_bytes_per_token(Columns.build(**values), 2))
+    assert predicted == _saved_bytes_per_token(model_type, frozen)
