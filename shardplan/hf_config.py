@@ -41,6 +41,11 @@ class _Reader:
         self.class_keys = class_keys
         self.defaulted: dict[str, Any] = {}
 
+    def class_defaults(self, **values: Any) -> None:
+        """Defaults of this family's configuration class that differ from the generic reader's
+        (used when transformers is absent; its completed config already has every key)."""
+        self.config = {**{k: v for k, v in values.items() if k not in self.config}, **self.config}
+
     def _note(self, key: str, value: Any) -> None:
         if key in self.provided or value is ... or value is None:
             return
@@ -230,19 +235,19 @@ def _deepseek_v2(r: _Reader) -> dict[str, Any]:
 
 def _deepseek_v3(r: _Reader) -> dict[str, Any]:
     """DeepseekV3Config defaults are DeepSeek-V3's own (61 layers, 256 experts, q_lora_rank 1536)."""
-    for key, value in dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-                           num_hidden_layers=61, num_attention_heads=128, n_routed_experts=256,
-                           num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3).items():
-        if r.config.get(key) is None:
-            r.config = {**r.config, key: value}
+    r.class_defaults(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                     num_hidden_layers=61, num_attention_heads=128, n_routed_experts=256, num_experts_per_tok=8,
+                     n_shared_experts=1, first_k_dense_replace=3)
     return _deepseek(r, "deepseek_v3", "DeepseekV3DecoderLayer", q_lora_default=1536, max_positions=4096)
 
 
 def _qwen3(r: _Reader) -> dict[str, Any]:
     """Qwen3: Llama layout without biases (``attention_bias``) plus ``q_norm``/``k_norm`` RMSNorms of
     head_dim (transformers ``Qwen3Attention``); Qwen3Config's head_dim defaults to 128, not h/heads."""
+    r.class_defaults(vocab_size=151936, intermediate_size=22016, num_attention_heads=32, num_key_value_heads=32,
+                     head_dim=128, max_position_embeddings=32768)
     spec = _llama_like(r, "qwen3", "Qwen3DecoderLayer", window_key=None)
-    spec.update(qk_norm="head", head_dim=r.int("head_dim", 128), num_kv_heads=r.int("num_key_value_heads", 32))
+    spec["qk_norm"] = "head"
     if r.get("use_sliding_window", False) and r.get("sliding_window"):
         spec["sliding_window"] = r.int("sliding_window")
     return spec
@@ -252,8 +257,10 @@ def _qwen3_moe(r: _Reader) -> dict[str, Any]:
     """Qwen3-MoE: Qwen3 attention; block i holds 128 experts + a router unless it is in
     ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step != 0`` (``Qwen3MoeDecoderLayer``); no
     shared expert. head_dim defaults to h/heads (``Qwen3MoeAttention``)."""
+    r.class_defaults(vocab_size=151936, intermediate_size=6144, num_attention_heads=32, num_key_value_heads=4,
+                     max_position_embeddings=32768)
     spec = _llama_like(r, "qwen3_moe", "Qwen3MoeDecoderLayer", window_key=None)
-    spec.update(qk_norm="head", num_kv_heads=r.int("num_key_value_heads", 4))
+    spec["qk_norm"] = "head"
     if r.get("num_experts", 128):
         spec["moe"] = MoESpec(num_experts=r.int("num_experts", 128), experts_per_token=r.int("num_experts_per_tok", 8),
                               intermediate_size=r.int("moe_intermediate_size", 768),
@@ -266,10 +273,8 @@ def _gemma3_text(r: _Reader) -> dict[str, Any]:
     """Gemma 3 text decoder: Gemma 2's four RMSNorms per block plus ``q_norm``/``k_norm`` of head_dim
     (``Gemma3Attention``); Gemma3TextConfig defaults (transformers 5.23): vocab 262208, 8 heads,
     4 kv heads, head_dim 256, tied embeddings."""
-    for key, value in dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                           num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=131072).items():
-        if r.config.get(key) is None:
-            r.config = {**r.config, key: value}
+    r.class_defaults(vocab_size=262208, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
+                     max_position_embeddings=131072)
     spec = _gemma2(r)
     spec.update(family="gemma3_text", block_class="Gemma3DecoderLayer", qk_norm="head")
     return spec
@@ -288,9 +293,11 @@ def _llama4_text(r: _Reader) -> dict[str, Any]:
     hold ``num_local_experts`` experts of ``intermediate_size``, a bias-free router and one shared
     expert of the same width; the other blocks a dense MLP of ``intermediate_size_mlp``
     (``Llama4TextDecoderLayer``). Its q/k norm is a weightless L2 norm."""
+    r.class_defaults(vocab_size=202048, intermediate_size=8192, num_attention_heads=40, num_key_value_heads=8,
+                     head_dim=128, max_position_embeddings=131072)
     spec = _llama_like(r, "llama4_text", "Llama4TextDecoderLayer", window_key=None)
-    expert_width = r.int("intermediate_size", 8192)
-    spec.update(head_dim=r.int("head_dim", 128), intermediate_size=r.int("intermediate_size_mlp", 16384))
+    expert_width = spec["intermediate_size"]
+    spec["intermediate_size"] = r.int("intermediate_size_mlp", 16384)
     layers, step = spec["num_layers"], r.int("interleave_moe_layer_step", 1)
     # transformers derives moe_layers from the step; only a file's own list overrides it
     moe_layers = (r.get("moe_layers") if "moe_layers" in r.provided else None) or list(range(step - 1, layers, step))
@@ -324,13 +331,18 @@ FAMILIES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
 # Multimodal wrappers whose ``text_config`` is the decoder (its model_type when the file omits it).
 TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
 
+# A file must state its own size; every other key may take its class default.
+SIZE_KEYS = {"gpt2": ("n_embd", "n_layer")}
+SIZE_KEYS_DEFAULT = ("hidden_size", "num_hidden_layers")
+
 # An unknown model_type is read with the Llama layout when it has these keys.
 STANDARD_DECODER_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
     """``config`` with its class's defaults filled in by transformers when it is installed, and
-    where the defaults come from. transformers' ``AutoConfig.for_model`` builds the class locally
+    where the defaults come from (shardplan's copy when transformers is absent or rejects the file,
+    so shardplan's own one-line errors name the bad field). transformers' ``AutoConfig.for_model`` builds the class locally
     (no network) and ``to_dict`` lists every attribute under its canonical name; the class's
     ``attribute_map`` aliases (Qwen3-MoE ``num_experts`` -> ``num_local_experts``) are added back
     so the family readers find the names config.json files use."""
@@ -346,9 +358,10 @@ def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any]
     kwargs = {k: v for k, v in config.items() if k != "model_type"}
     try:
         completed = transformers.AutoConfig.for_model(model_type, **kwargs)
-    except Exception as err:  # transformers validates configs; report its reason on one line
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ShardplanError(f"{origin}: model_type", model_type, f"transformers rejects this config: {reason}") from None
+    except Exception as err:  # its validators reject the file: shardplan's checks name the field below
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = lines[-1] if lines else type(err).__name__
+        return config, f"shardplan's copy of the transformers 5.23 defaults; transformers rejected the config: {reason}"
     full = completed.to_dict()
     for alias, canonical in getattr(completed, "attribute_map", {}).items():
         if canonical in full:
@@ -384,6 +397,9 @@ def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config
         layout = "llama"
         notes.append(f"layout=llama (model_type {model_type!r} is not a family shardplan knows: separate q/k/v/o, "
                      "gated MLP, two RMSNorms per block)")
+    for key in SIZE_KEYS.get(layout, SIZE_KEYS_DEFAULT):
+        if config.get(key) is None:
+            raise ShardplanError(f"{origin}: {key}", None, "missing from config.json (the model's size is not assumed)")
     provided = set(config)
     completed, provenance = complete_config(config, origin) if layout == model_type else (config, "shardplan's defaults")
     for alias, canonical in completed.get("_attribute_map", {}).items():  # a key given under either name
