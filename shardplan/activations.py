@@ -50,9 +50,29 @@ def norm_stats_bytes_per_token(c):
     return np.where(c.layernorm, LAYERNORM_STATS_BYTES, RMSNORM_STATS_BYTES)
 
 
+def rmsnorm_normalized_bytes(c, a):
+    """Bytes per element of the normalized tensor an RMSNorm saves for its weight's gradient: the
+    compute dtype when it casts before the weight multiply (Llama, Qwen, Mistral, DeepSeek:
+    ``weight * x.to(input_dtype)``), fp32 when it multiplies first (Gemma ``(1 + weight.float()) * x``,
+    OLMo 2 ``(weight * x).to(input_dtype)``). Measured: saved-tensor hooks on tiny HF OLMo 2 / Qwen3
+    / Llama blocks in bf16 (tests/test_activations.py)."""
+    return np.where(c.norm_fp32, 4, a)
+
+
 def norm_saved_bytes_per_token(c, a):
     """What one norm saves of its input, plus its per-token statistics (see module docstring)."""
-    return np.where(c.layernorm, a * c.hidden_size, (4 + a) * c.hidden_size) + norm_stats_bytes_per_token(c)
+    return (np.where(c.layernorm, a * c.hidden_size, (4 + rmsnorm_normalized_bytes(c, a)) * c.hidden_size)
+            + norm_stats_bytes_per_token(c))
+
+
+def attention_norm_bytes_per_token(c, a, frozen=False):
+    """Norms inside the attention (Qwen3 / Gemma 3 / OLMo 2 q/k norms, DeepSeek MLA's latent norms):
+    like a block RMSNorm over ``attn_norm_width`` elements with one fp32 rstd per normalized row —
+    the fp32 upcast, the rstd, and (trainable weight) the normalized tensor. Their output is what
+    RoPE and the attention kernel use, already counted there (RoPE's multiply saves cos/sin only).
+    Measured: tiny HF Qwen3 vs Llama block, bf16: +(4 + 2)·(q + kv) + 4·(heads + kv_heads) B/token."""
+    normalized = np.where(frozen, 0, rmsnorm_normalized_bytes(c, a))
+    return (4 + normalized) * c.attn_norm_width + RMSNORM_STATS_BYTES * c.attn_norm_rows
 
 
 def sdpa_math_fallback(c, a):
@@ -77,6 +97,17 @@ def attention_saved_bytes_per_token(c, a):
     return np.where(c.attention == st.SDPA, sdpa, eager)
 
 
+def fused_qkv_output_copy_bytes(c, a):
+    """With a fused qkv projection (Phi-3 ``qkv_proj``, GPT-2, Falcon) q, k, v reach SDPA as strided
+    slices of one tensor, and the kernel's output is not already in the (b, s, heads, d) layout,
+    so ``transpose(1, 2).contiguous()`` copies it and a trainable o_proj saves that copy besides
+    the O SDPA keeps: + a·(heads·head_dim). Measured: saved-tensor hooks on a tiny HF Phi-3 block
+    in bf16 on CPU (tests/test_hf_families.py), +512 B/token at heads·d = 256; a frozen o_proj saves
+    nothing (LoRA/QLoRA: 0). ASSUMPTION: CUDA's flash / memory-efficient kernels return the same
+    layout for strided inputs as the CPU flash kernel."""
+    return np.where(c.fused_qkv & (c.attention == st.SDPA) & ~sdpa_math_fallback(c, a), a * c.attn_out_width, 0)
+
+
 def attention_quadratic_bytes_per_token(c, a):
     """Eager attention's softmax output (+ dropout mask and output): per token, grows with s; and
     the softmax output SDPA's math backend keeps (a·heads·s)."""
@@ -95,9 +126,13 @@ def dropout_mask_bytes_per_token(c):
 
 def layer_bytes_per_token(c, a):
     """One layer without checkpointing: two norms with their outputs, attention, MLP, masks
-    (LoRA/QLoRA: ``frozen_layer_bytes_per_token``)."""
-    norms = 2 * (norm_saved_bytes_per_token(c, a) + a * c.hidden_size)
-    full = (norms + attention_saved_bytes_per_token(c, a) + attention_quadratic_bytes_per_token(c, a)
+    (LoRA/QLoRA: ``frozen_layer_bytes_per_token``); Gemma's extra post-attention/post-MLP norms
+    save their input and statistics (their output goes to the residual add, which saves nothing);
+    q/k norms as ``attention_norm_bytes_per_token``."""
+    norms = (2 * (norm_saved_bytes_per_token(c, a) + a * c.hidden_size) + c.extra_norms * norm_saved_bytes_per_token(c, a)
+             + attention_norm_bytes_per_token(c, a))
+    full = (norms + attention_saved_bytes_per_token(c, a) + fused_qkv_output_copy_bytes(c, a)
+            + attention_quadratic_bytes_per_token(c, a)
             + mlp_saved_bytes_per_token(c, a) + dropout_mask_bytes_per_token(c))
     return np.where(c.method == st.FULL, full, frozen_layer_bytes_per_token(c, a))
 
@@ -159,7 +194,8 @@ def frozen_layer_bytes_per_token(c, a):
     backward needs (gated: gate output, activation output, up output = 3·a·i; the product is saved
     only by a trainable down projection), dropout masks, and the LoRA path."""
     mlp = np.where(c.gated_mlp, 3, 1) * a * c.mlp_width
-    return (2 * frozen_norm_bytes_per_token(c, a) + attention_saved_bytes_per_token(c, a)
+    norms = (2 + c.extra_norms) * frozen_norm_bytes_per_token(c, a) + attention_norm_bytes_per_token(c, a, frozen=True)
+    return (norms + attention_saved_bytes_per_token(c, a)
             + attention_quadratic_bytes_per_token(c, a) + mlp + dropout_mask_bytes_per_token(c)
             + lora_saved_bytes_per_token(c, a))
 

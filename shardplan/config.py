@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 from shardplan import strategy as st
 from shardplan.hardware import Cluster
 from shardplan.model import (ModelSpec, block_linear_bias_params, block_linear_params, lora_adapted_inputs,
-                             lora_params_per_block, lora_root_params)
+                             lora_blocks_params, lora_root_params)
 from shardplan.model_states import nf4_quant_state_bytes
 from shardplan.overheads import nccl_bytes_for_link
 
@@ -87,7 +87,8 @@ MODEL_FIELDS = (
     "vocab_size", "q_width", "kv_width", "attn_out_width", "num_heads", "mlp_width", "gated_mlp",
     "layernorm", "tied_embeddings", "lora_params", "quantizable_params", "param_tensors", "rope_dim",
     "quantized_tensors", "quant_state_bytes", "quantized_bias_params", "lora_adapted_in", "lora_unique_in", "lora_adapted_linears",
-    "lora_rank_out", "lora_qkv_adapted", "lora_mlp_adapted",
+    "lora_rank_out", "lora_qkv_adapted", "lora_mlp_adapted", "extra_norms", "norm_fp32", "attn_norm_width",
+    "attn_norm_rows", "fused_qkv",
 ) + tuple(f"pad_{what}_{k}" for what in ("dim0", "model", "root", "block") for k in range(6))
 
 # Per-tensor padding (FSDP2 pads each tensor's dim 0 to a multiple of the shard count) needs the
@@ -131,6 +132,11 @@ class Columns:
     lora_rank_out: np.ndarray        # per block: rank x adapted Linears (lora_A outputs)
     lora_qkv_adapted: np.ndarray     # per block: adapted Linears among q, k, v
     lora_mlp_adapted: np.ndarray     # per block: 1 when the MLP projections are adapted
+    extra_norms: np.ndarray          # per block: h-wide norms beyond two (Gemma's post-attention/post-MLP norms)
+    norm_fp32: np.ndarray            # RMSNorm saves its normalized tensor in fp32 (Gemma, OLMo 2)
+    attn_norm_width: np.ndarray      # per token: elements the q/k (or MLA latent) norms normalize
+    attn_norm_rows: np.ndarray       # per token: rows those norms normalize (one fp32 rstd each)
+    fused_qkv: np.ndarray            # one Linear makes q, k, v (Phi-3, GPT-2, Falcon): SDPA gets strided views
     # padding groups (see PAD_GROUPS): dim-0 sizes and elements per row for model / root / largest block
     pad_dim0_0: np.ndarray
     pad_dim0_1: np.ndarray
@@ -268,7 +274,8 @@ def _shape_defaults(values: dict[str, Any]) -> dict[str, Any]:
                quantized_tensors=7 * np.asarray(values.get("num_layers", 1)),
                quant_state_bytes=nf4_quant_state_bytes(np.asarray(values.get("quantizable_params", 0)),
                                                        7 * np.asarray(values.get("num_layers", 1))),
-               quantized_bias_params=0, lora_adapted_in=0, lora_unique_in=0, lora_adapted_linears=0, lora_rank_out=0, lora_qkv_adapted=0, lora_mlp_adapted=0,
+               quantized_bias_params=0, extra_norms=0, norm_fp32=False, attn_norm_width=0, attn_norm_rows=0, fused_qkv=False,
+               lora_adapted_in=0, lora_unique_in=0, lora_adapted_linears=0, lora_rank_out=0, lora_qkv_adapted=0, lora_mlp_adapted=0,
                rope_dim=np.asarray(values.get("q_width", 0)) // np.maximum(np.asarray(values.get("num_heads", 1)), 1)).items()})
     if "pad_dim0_0" in values:
         out = {k: v for k, v in out.items() if not k.startswith("pad_")}
@@ -330,12 +337,14 @@ def model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-
         kv_width=spec.kv_width if not spec.mla else spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim,
         attn_out_width=spec.attn_out_width, num_heads=spec.num_heads, mlp_width=mlp_width,
         gated_mlp=spec.gated_mlp, layernorm=spec.norm == "layernorm", tied_embeddings=spec.tie_word_embeddings,
-        lora_params=(spec.num_layers * lora_params_per_block(spec, lora_rank, lora_targets)
+        lora_params=(lora_blocks_params(spec, lora_rank, lora_targets)
                      + lora_root_params(spec, lora_rank, lora_targets)),
         **lora_adapted_inputs(spec, lora_targets, lora_rank),
         quantized_tensors=spec.num_layers * sum(len(t) == 2 for t in spec.block_parameter_shapes()),
         quant_state_bytes=spec_quant_state_bytes(spec), quantized_bias_params=block_linear_bias_params(spec),
         quantizable_params=block_linear_params(spec),
+        extra_norms=max(spec.norms_per_block - 2, 0), norm_fp32=spec.norm_multiply_fp32,
+        attn_norm_width=spec.attention_norm_width, attn_norm_rows=spec.attention_norm_rows, fused_qkv=spec.fused_qkv,
         rope_dim=0 if spec.learned_position_embeddings else (spec.mla.qk_rope_head_dim if spec.mla else spec.resolved_head_dim),
         **padding_groups(spec),
     )

@@ -22,6 +22,18 @@ class MoESpec(BaseModel):
     intermediate_size: PositiveInt
     shared_experts: int = Field(0, ge=0, description="always-active experts of the same width")
     first_dense_layers: int = Field(0, ge=0, description="leading blocks with a dense MLP instead")
+    layer_step: PositiveInt = Field(
+        1, description="every k-th block is MoE: block i when (i + 1) % k == 0 (Qwen3-MoE decoder_sparse_step, "
+                       "Llama 4 interleave_moe_layer_step)")
+    dense_layers: tuple[int, ...] = Field((), description="blocks forced dense (Qwen3-MoE mlp_only_layers)")
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Block ``index`` holds experts: the union of transformers' rules, DeepSeek
+        (``layer_idx >= first_k_dense_replace``), Qwen3-MoE (``layer_idx not in mlp_only_layers and
+        (layer_idx + 1) % decoder_sparse_step == 0``) and Llama 4 (``moe_layers`` =
+        ``range(step - 1, L, step)``)."""
+        return (index >= self.first_dense_layers and (index + 1) % self.layer_step == 0
+                and index not in self.dense_layers)
 
 
 class MLASpec(BaseModel):
@@ -43,7 +55,8 @@ class ModelSpec(BaseModel):
     display_name: str = ""
     aliases: tuple[str, ...] = ()
     source: str = ""
-    family: Literal["llama", "mistral", "mixtral", "qwen2", "gemma2", "gpt2", "opt", "falcon", "deepseek_v2"]
+    family: Literal["llama", "mistral", "mixtral", "qwen2", "gemma2", "gpt2", "opt", "falcon", "deepseek_v2",
+                    "qwen3", "qwen3_moe", "gemma3_text", "phi3", "llama4_text", "olmo2", "granite", "deepseek_v3"]
     block_class: str = Field("", description="the transformers class FSDP wraps, e.g. LlamaDecoderLayer")
 
     vocab_size: PositiveInt
@@ -58,6 +71,14 @@ class ModelSpec(BaseModel):
     mlp: Literal["swiglu", "geglu", "gelu", "relu"]
     norm: Literal["rmsnorm", "layernorm"]
     norms_per_block: PositiveInt = 2
+    qk_norm: Literal["none", "head", "width"] = Field(
+        "none", description="RMSNorm on queries and keys: 'head' one weight of head_dim each (Qwen3, Gemma 3), "
+                            "'width' over the whole q and k projections (OLMo 2)")
+    norm_multiply_fp32: bool = Field(
+        False, description="RMSNorm multiplies its weight in fp32 and casts after (Gemma's (1 + w)·x, OLMo 2's w·x), "
+                           "so it saves the normalized tensor in fp32 (Llama's casts first and saves it 16-bit)")
+    fused_qkv: bool = Field(False, description="one Linear makes q, k and v (GPT-2 c_attn, Falcon, Phi-3 qkv_proj)")
+    fused_gate_up: bool = Field(False, description="one Linear makes gate and up (Phi-3 gate_up_proj)")
     qkv_bias: bool = False
     out_proj_bias: bool = False
     mlp_bias: bool = False
@@ -67,6 +88,8 @@ class ModelSpec(BaseModel):
     sliding_window: PositiveInt | None = None
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    assumed: tuple[str, ...] = Field(
+        (), description="what the source config did not say and the value taken for it (hf_config.spec_from_hf_config)")
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -117,11 +140,8 @@ class ModelSpec(BaseModel):
         h = self.hidden_size
         if self.mla:
             m = self.mla
-            if m.q_lora_rank:
-                q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.q_width
-            else:
-                q = h * self.q_width
-            kv_a = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank  # + kv_a_layernorm
+            q = h * m.q_lora_rank + m.q_lora_rank * self.q_width if m.q_lora_rank else h * self.q_width
+            kv_a = h * (m.kv_lora_rank + m.qk_rope_head_dim)
             kv_b = m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
             return q + kv_a + kv_b + self.attn_out_width * h
         qkv = h * (self.q_width + 2 * self.kv_width)
@@ -157,12 +177,43 @@ class ModelSpec(BaseModel):
         return self.routed_experts_params_per_block + shared + router
 
     @property
+    def moe_layer_mask(self) -> tuple[bool, ...]:
+        """For each block, whether it holds experts (``MoESpec.is_moe_layer``)."""
+        return tuple(bool(self.moe and self.moe.is_moe_layer(i)) for i in range(self.num_layers))
+
+    @property
     def num_moe_blocks(self) -> int:
-        return self.num_layers - self.moe.first_dense_layers if self.moe else 0
+        return sum(self.moe_layer_mask)
+
+    @property
+    def attention_norm_params(self) -> int:
+        """Norms inside the attention: q/k norms (Qwen3 and Gemma 3 ``q_norm``/``k_norm`` of head_dim,
+        OLMo 2's of the full q and k widths) and MLA's ``q_a_layernorm``/``kv_a_layernorm``."""
+        if self.mla:
+            return (self.mla.q_lora_rank or 0) + self.mla.kv_lora_rank
+        widths = {"none": 0, "head": 2 * self.resolved_head_dim, "width": self.q_width + self.kv_width}
+        return widths[self.qk_norm]
+
+    @property
+    def attention_norm_width(self) -> int:
+        """Elements per token the norms inside the attention normalize: q and k (q/k norms act on the
+        whole tensors whether their weight is per head or per width), or MLA's q and kv latents."""
+        if self.mla:
+            return (self.mla.q_lora_rank or 0) + self.mla.kv_lora_rank
+        return 0 if self.qk_norm == "none" else self.q_width + self.kv_width
+
+    @property
+    def attention_norm_rows(self) -> int:
+        """Normalized rows per token (one fp32 rstd each): per head for head-wise q/k norms, one per
+        tensor for width-wise ones and MLA's latent norms."""
+        if self.mla:
+            return (1 if self.mla.q_lora_rank else 0) + 1
+        return {"none": 0, "head": self.num_heads + self.num_kv_heads, "width": 2}[self.qk_norm]
 
     @property
     def block_norm_params(self) -> int:
-        return self.norms_per_block * self.norm_params
+        """Every norm weight of one block (the 1-D tensors that are not Linear biases)."""
+        return self.norms_per_block * self.norm_params + self.attention_norm_params
 
     @property
     def dense_block_params(self) -> int:
@@ -175,8 +226,7 @@ class ModelSpec(BaseModel):
     @property
     def block_params(self) -> tuple[int, ...]:
         """Parameters of each decoder block, in order (blocks differ only for partly-MoE models)."""
-        dense = self.num_layers - self.num_moe_blocks
-        return (self.dense_block_params,) * dense + (self.moe_block_params,) * self.num_moe_blocks
+        return tuple(self.moe_block_params if moe else self.dense_block_params for moe in self.moe_layer_mask)
 
     @property
     def largest_block_params(self) -> int:
@@ -226,15 +276,16 @@ class ModelSpec(BaseModel):
     def largest_module_params(self) -> int:
         """Largest module that owns its parameters directly (DeepSpeed ZeRO-3's gathered unit).
 
-        Candidates: token embedding, an untied lm_head, one MLP projection, a fused QKV projection
-        (GPT-2, Falcon), and a fused MoE expert bank (transformers >= 5 keeps it as one module).
+        Candidates: token embedding, an untied lm_head, one MLP projection (Phi-3's fused gate_up),
+        a fused QKV projection (GPT-2, Falcon, Phi-3), and a fused MoE expert bank (transformers >= 5 keeps it as one module).
         """
         h = self.hidden_size
-        mlp_proj = h * self.intermediate_size + (self.intermediate_size if self.mlp_bias else 0)
+        ups = 2 if self.fused_gate_up else 1
+        mlp_proj = ups * (h * self.intermediate_size + (self.intermediate_size if self.mlp_bias else 0))
         candidates = [self.embedding_params, mlp_proj, self.routed_experts_params_per_block]
         if not self.tie_word_embeddings:
             candidates.append(self.lm_head_params)
-        if self.family in ("gpt2", "falcon"):
+        if self.fused_qkv:
             width = self.q_width + 2 * self.kv_width
             candidates.append(h * width + (width if self.qkv_bias else 0))
         return max(candidates)
@@ -245,8 +296,12 @@ class ModelSpec(BaseModel):
 
         FSDP2 shards every tensor on dim 0 and pads dim 0 up to a multiple of the shard count, and
         optimizers keep per-tensor state (Adam's ``step``): both need the tensors, not the counts.
-        ASSUMPTION: GPT-2's ``Conv1D`` (in, out) layout is not mirrored (the calibration harness and
-        most ports use ``nn.Linear``); MoE expert banks are one (E, out, in) tensor per projection.
+        Fused projections are one tensor (Phi-3 ``qkv_proj`` and ``gate_up_proj``, GPT-2/Falcon's
+        QKV); a MoE expert bank is two (E, 2·I, h) ``gate_up_proj`` and (E, h, I) ``down_proj``
+        parameters (transformers 5 ``MixtralExperts``, ``Qwen3MoeExperts``, ``DeepseekV3NaiveMoe``).
+        ASSUMPTION: GPT-2's ``Conv1D`` (in, out) and Llama 4's (E, h, 2·I) bank layouts are not
+        mirrored (dim 0 is what FSDP pads: the expert count either way, and the calibration harness
+        uses ``nn.Linear``).
         """
         h, q, kv, o = self.hidden_size, self.q_width, self.kv_width, self.attn_out_width
         shapes: list[tuple[int, ...]] = []
@@ -259,7 +314,7 @@ class ModelSpec(BaseModel):
                 shapes.append((q, h))
             shapes += [(m.kv_lora_rank + m.qk_rope_head_dim, h), (m.kv_lora_rank,),
                        (self.num_heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), (h, o)]
-        elif self.family in ("gpt2", "falcon"):
+        elif self.fused_qkv:
             shapes.append((q + 2 * kv, h))
             if self.qkv_bias:
                 shapes.append((q + 2 * kv,))
@@ -271,19 +326,21 @@ class ModelSpec(BaseModel):
             shapes.append((h, o))
         if self.out_proj_bias:
             shapes.append((h,))
+        shapes += {"none": [], "head": [(self.resolved_head_dim,)] * 2, "width": [(q,), (kv,)]}[self.qk_norm]
 
-        def mlp(width: int, banks: int | None = None) -> list[tuple[int, ...]]:
-            lead = (banks,) if banks else ()
+        def mlp(width: int) -> list[tuple[int, ...]]:
             ups = 2 if self.gated_mlp else 1
-            out = [lead + (width, h)] * ups + [lead + (h, width)]
+            fused = self.fused_gate_up and self.gated_mlp
+            out = [(2 * width, h)] if fused else [(width, h)] * ups
+            out.append((h, width))
             if self.mlp_bias:
-                out += [lead + (width,)] * ups + [lead + (h,)]
+                out += ([(2 * width,)] if fused else [(width,)] * ups) + [(h,)]
             return out
 
         if moe_block and self.moe:
-            moe = self.moe
-            shapes.append((moe.num_experts, h))  # router
-            shapes += mlp(moe.intermediate_size, moe.num_experts)
+            moe, e = self.moe, self.moe.num_experts
+            ups = 2 if self.gated_mlp else 1
+            shapes += [(e, h), (e, ups * moe.intermediate_size, h), (e, h, moe.intermediate_size)]  # router, bank
             if moe.shared_experts:
                 shapes += mlp(moe.shared_experts * moe.intermediate_size)
         else:
@@ -304,10 +361,9 @@ class ModelSpec(BaseModel):
 
     def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], ...]]:
         """Parameter tensor shapes per FSDP unit: ``root`` and ``block0`` ... ``block{L-1}``."""
-        dense = self.num_layers - self.num_moe_blocks
         out = {"root": self.root_parameter_shapes()}
-        for i in range(self.num_layers):
-            out[f"block{i}"] = self.block_parameter_shapes(moe_block=i >= dense)
+        for i, moe in enumerate(self.moe_layer_mask):
+            out[f"block{i}"] = self.block_parameter_shapes(moe_block=moe)
         return out
 
     # --- MoE ------------------------------------------------------------------------------------
@@ -356,7 +412,8 @@ def lora_target_code(targets: str) -> int:
     return st.code(st.LORA_TARGETS, targets, "lora_targets")
 
 
-def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
+def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear",
+                          moe_block: bool | None = None) -> int:
     """Adapter parameters one block gains: rank·(in + out) per targeted Linear (Hu et al. 2021, §4).
 
     Targets (``strategy.LORA_TARGETS``): "qv" — q_proj and v_proj (PEFT's default
@@ -366,18 +423,42 @@ def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear
     Linear of the blocks (PEFT ``target_modules="all-linear"``, which excludes the output layer:
     ``peft/tuners/tuners_utils.py`` ``_maybe_include_all_linear_layers``);
     "all-linear+embeddings" — the same per block, plus the root's adapters (``lora_root_params``).
-    Unknown names are a one-line error.
+    A fused projection is one Linear, so one adapter: Phi-3's ``qkv_proj`` is rank·(h + q + 2·kv)
+    (and is what "qv" adapts there: the model has no separate q/v), its ``gate_up_proj``
+    rank·(h + 2·I). ``moe_block`` picks the MLP of a MoE block (its shared experts) or of a dense
+    one (default: whichever the model has, for callers that treat blocks alike; totals use
+    ``lora_blocks_params``). Unknown names are a one-line error.
 
-    ASSUMPTION: MoE expert banks are not adapted (PEFT targets named Linear modules; fused expert
-    banks are parameters, not Linears); MLA's low-rank projections are adapted like q/k/v/o.
+    ASSUMPTION: MoE expert banks and routers are not adapted. Known gap: PEFT 0.21 with
+    transformers 5 does adapt them under "all-linear" (expert banks through parameter wrappers,
+    routers such as Llama 4's ``nn.Linear`` router and Qwen3-MoE's gate): measured on small
+    Qwen3-MoE / Llama 4 / DeepSeek-V3 configs, PEFT counts more adapter parameters than this
+    (tests/test_hf_families.py pins the dense and fused families exactly). MLA's low-rank
+    projections are adapted like q/k/v/o.
     """
     code = lora_target_code(targets)
     h = spec.hidden_size
-    attention = {"q": h + spec.q_width, "k": h + spec.kv_width, "v": h + spec.kv_width, "o": spec.attn_out_width + h}
-    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if spec.moe else spec.intermediate_size
-    mlp = (3 if spec.gated_mlp else 2) * (h + mlp_width) if mlp_width else 0
-    dims = [attention["q"] + attention["v"], sum(attention.values())][code] if code < 2 else sum(attention.values()) + mlp
+    if spec.fused_qkv:
+        qkv = h + spec.q_width + 2 * spec.kv_width
+        qv, attention = qkv, qkv + spec.attn_out_width + h
+    else:
+        qv = 2 * h + spec.q_width + spec.kv_width
+        attention = qv + h + spec.kv_width + spec.attn_out_width + h
+    moe = spec.moe is not None if moe_block is None else moe_block and spec.moe is not None
+    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if moe else spec.intermediate_size
+    if not mlp_width:
+        mlp = 0
+    elif spec.gated_mlp:
+        mlp = (h + 2 * mlp_width if spec.fused_gate_up else 2 * (h + mlp_width)) + (h + mlp_width)
+    else:
+        mlp = 2 * (h + mlp_width)
+    dims = [qv, attention][code] if code < 2 else attention + mlp
     return rank * dims
+
+
+def lora_blocks_params(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
+    """Adapters of all blocks: dense and MoE blocks differ in their MLP (``lora_params_per_block``)."""
+    return sum(lora_params_per_block(spec, rank, targets, moe_block=m) for m in spec.moe_layer_mask)
 
 
 def lora_root_params(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
@@ -409,9 +490,13 @@ def lora_adapted_inputs(spec: ModelSpec, targets: str = "all-linear", rank: int 
     width = {"q": h, "k": h, "v": h, "o": spec.attn_out_width, "gate": h, "up": h, "down": mlp_width}
     unique = (h if {"q", "k", "v"} & set(names) else 0) + (h if {"gate", "up"} & set(names) else 0) \
         + (mlp_width if "down" in names else 0)
-    return {"lora_adapted_in": sum(width[n] for n in names), "lora_unique_in": unique,
-            "lora_adapted_linears": len(names), "lora_rank_out": rank * len(names),
-            "lora_qkv_adapted": sum(n in ("q", "k", "v") for n in names),
+    # a fused Linear (Phi-3 qkv_proj, gate_up_proj) is one adapted layer with one input copy
+    linears = [n for n in names
+               if not (spec.fused_qkv and n in ("k", "v") and "q" in names)
+               and not (spec.fused_gate_up and n == "up")]
+    return {"lora_adapted_in": sum(width[n] for n in linears), "lora_unique_in": unique,
+            "lora_adapted_linears": len(linears), "lora_rank_out": rank * len(linears),
+            "lora_qkv_adapted": sum(n in ("q", "k", "v") for n in linears),
             "lora_mlp_adapted": int("down" in names)}
 
 

@@ -1,6 +1,6 @@
 """The model catalogue: resolve ``--model`` to a ModelSpec.
 
-Accepted (docs/models.md has the table of forms and what each resolves to):
+Accepted (docs/model-names.md has the table of forms and what each resolves to):
 - a built-in profile name or alias, spelled under the one name rule (names.normalize):
   "llama-3.1-8b", "Llama 3.1 8B", "meta-llama/Llama-3.1-8B";
 - a Hugging Face id of a fine-tune of a built-in, with the publisher and fine-tune words dropped
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardplan.errors import ShardplanError
-from shardplan.hf_config import spec_from_hf_config_file
+from shardplan.hf_config import how_read, spec_from_hf_config_file
 from shardplan.model import ModelSpec
 from shardplan.model_names import base_name, name_forms
 from shardplan.names import did_you_mean, normalize
@@ -137,7 +137,8 @@ def _local_config(text: str) -> ResolvedModel | None:
             raise ShardplanError("model", text, "no such file")
         data = read_json(path, field="model")
         if "model_type" in data:
-            return ResolvedModel(spec_from_hf_config_file(path), f"Hugging Face config {path}")
+            spec = spec_from_hf_config_file(path)
+            return ResolvedModel(spec, how_read(spec, path))
         return ResolvedModel(load_profile(path, ModelSpec), f"model profile {path}")
     if text.startswith(("/", "~", "./", "../", ".\\", "..\\")) or text.count("/") > 1:
         raise ShardplanError("model", text, "no such file or folder")

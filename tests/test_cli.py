@@ -122,7 +122,7 @@ def test_bad_config_files(tmp_path, capsys):
         "unknown.json": (json.dumps({"model_type": "t5", "d_model": 512}), "t5"),
         "negative.json": (json.dumps({"model_type": "llama", "hidden_size": -4096, "num_attention_heads": 32,
                                       "intermediate_size": 64, "num_hidden_layers": 2, "vocab_size": 10}), "-4096"),
-        "missing.json": (json.dumps({"model_type": "llama", "hidden_size": 4096}), "num_attention_heads"),
+        "missing.json": (json.dumps({"model_type": "llama", "hidden_size": 4096}), "num_hidden_layers"),
         "list.json": ("[1, 2]", "JSON object"),
     }
     for name, (text, named) in cases.items():

@@ -207,14 +207,14 @@ def test_a_size_no_reference_covers_uses_any_dense_profile_longest_context_first
 
 
 def test_docs_size_table_is_what_resolve_model_answers():
-    """docs/models.md's bare-size table, row by row: profile, and the signed offset to 0.1 % (as printed)."""
+    """docs/model-names.md's bare-size table, row by row: profile, and the signed offset to 0.1 % (as printed)."""
     import re
     from pathlib import Path
 
     from shardplan.errors import ShardplanError
     from shardplan.models import resolve_model
 
-    doc = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
+    doc = (Path(__file__).parent.parent / "docs" / "model-names.md").read_text()
     rows = re.findall(r"^\| `([\d.]+[MBT])` \| (\S+) \| [\d.]+[MB] \| ([+−-][\d.]+) % \|$", doc, re.MULTILINE)
     assert len(rows) >= 10
     for size, profile, off in rows:

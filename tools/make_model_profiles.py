@@ -1,7 +1,10 @@
 """Regenerate model_profiles/*.json from the published HF configs (run once; output is committed).
 
-Usage: python tools/make_model_profiles.py PATH/TO/hf_configs.json
-The configs are the kwargs of each model's published config.json (see tests/data/README.md).
+Usage: python tools/make_model_profiles.py PATH/TO/hf_configs.json [MODEL ...]
+Two layouts (see tests/data/README.md): tests/data/hf_configs.json holds each model's config
+kwargs with its ``config_class``; tests/data/hf_configs_new.json holds each model's config.json
+(``model_type`` included, multimodal ones with their ``text_config``). Naming models writes only
+those profiles. Run it with transformers installed so defaults come from transformers' classes.
 """
 
 import json
@@ -40,15 +43,54 @@ NAMES = {
     "Gemma-2-9B": ("gemma-2-9b", ["google/gemma-2-9b"]),
     "DeepSeek-V2-Lite": ("deepseek-v2-lite", ["deepseek-ai/DeepSeek-V2-Lite"]),
     "GPT-3-175B(gpt2-arch)": ("gpt3-175b", ["gpt-3-175b", "gpt3"]),
+    # tests/data/hf_configs_new.json
+    "Meta-Llama-3-8B": ("llama-3-8b", ["meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct"]),
+    "Meta-Llama-3-70B": ("llama-3-70b", ["meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct"]),
+    "Llama-3.2-1B": ("llama-3.2-1b", ["meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"]),
+    "Llama-3.2-3B": ("llama-3.2-3b", ["meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-3B-Instruct"]),
+    "Llama-3.3-70B": ("llama-3.3-70b", ["meta-llama/Llama-3.3-70B-Instruct"]),
+    "Qwen3-0.6B": ("qwen3-0.6b", ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B-Base"]),
+    "Qwen3-1.7B": ("qwen3-1.7b", ["Qwen/Qwen3-1.7B", "Qwen/Qwen3-1.7B-Base"]),
+    "Qwen3-4B": ("qwen3-4b", ["Qwen/Qwen3-4B", "Qwen/Qwen3-4B-Base"]),
+    "Qwen3-8B": ("qwen3-8b", ["Qwen/Qwen3-8B", "Qwen/Qwen3-8B-Base"]),
+    "Qwen3-14B": ("qwen3-14b", ["Qwen/Qwen3-14B", "Qwen/Qwen3-14B-Base"]),
+    "Qwen3-32B": ("qwen3-32b", ["Qwen/Qwen3-32B"]),
+    "Qwen3-30B-A3B": ("qwen3-30b-a3b", ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Base"]),
+    "Gemma-3-1B": ("gemma-3-1b", ["google/gemma-3-1b-pt", "google/gemma-3-1b-it"]),
+    "Gemma-3-4B": ("gemma-3-4b", ["google/gemma-3-4b-pt", "google/gemma-3-4b-it"]),
+    "Gemma-3-12B": ("gemma-3-12b", ["google/gemma-3-12b-pt", "google/gemma-3-12b-it"]),
+    "Gemma-3-27B": ("gemma-3-27b", ["google/gemma-3-27b-pt", "google/gemma-3-27b-it"]),
+    "Phi-3-mini-4k": ("phi-3-mini", ["microsoft/Phi-3-mini-4k-instruct", "phi-3-mini-4k"]),
+    "Phi-3-medium-4k": ("phi-3-medium", ["microsoft/Phi-3-medium-4k-instruct", "phi-3-medium-4k"]),
+    "Phi-4": ("phi-4", ["microsoft/phi-4"]),
+    "Mistral-Nemo-12B": ("mistral-nemo-12b", ["mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Instruct-2407",
+                                              "mistral-nemo"]),
+    "Mistral-Small-24B-2501": ("mistral-small-24b", ["mistralai/Mistral-Small-24B-Base-2501",
+                                                     "mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-24b-2501"]),
+    "Llama-4-Scout-17B-16E": ("llama-4-scout", ["meta-llama/Llama-4-Scout-17B-16E",
+                                                "meta-llama/Llama-4-Scout-17B-16E-Instruct"]),
+    "Llama-4-Maverick-17B-128E": ("llama-4-maverick", ["meta-llama/Llama-4-Maverick-17B-128E",
+                                                       "meta-llama/Llama-4-Maverick-17B-128E-Instruct"]),
+    "OLMo-2-7B": ("olmo-2-7b", ["allenai/OLMo-2-1124-7B", "olmo-2-1124-7b"]),
+    "Granite-3.1-8B": ("granite-3.1-8b", ["ibm-granite/granite-3.1-8b-base", "ibm-granite/granite-3.1-8b-instruct"]),
+    "DeepSeek-V3": ("deepseek-v3", ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base"]),
 }
 
 
-def main(path: str) -> None:
+def hf_config(entry: dict) -> dict:
+    """One entry of either layout -> a config.json dict (with ``model_type``)."""
+    if "config" in entry:
+        return entry["config"]
+    return {"model_type": MODEL_TYPES[entry["config_class"]], **entry["kwargs"]}
+
+
+def main(path: str, *only: str) -> None:
     models = json.loads(Path(path).read_text())["models"]
     for ref_name, entry in models.items():
         name, aliases = NAMES[ref_name]
-        config = {"model_type": MODEL_TYPES[entry["config_class"]], **entry["kwargs"]}
-        spec = spec_from_hf_config(config, name=name, display_name=ref_name.replace("(gpt2-arch)", ""),
+        if only and name not in only:
+            continue
+        spec = spec_from_hf_config(hf_config(entry), name=name, display_name=ref_name.replace("(gpt2-arch)", ""),
                                    aliases=tuple(aliases), source=entry["source"])
         data = spec.model_dump(mode="json", exclude_none=True)
         write_text_atomic(OUT / f"{name}.json", json.dumps(data, indent=2) + "\n")
@@ -56,4 +98,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -40,6 +40,8 @@ from shardplan.model import ModelSpec
 def block_style(spec: ModelSpec) -> str:
     if spec.moe is not None or spec.mla is not None:
         raise ShardplanError("model", spec.name, "the calibration harness builds dense blocks only (no MoE/MLA)")
+    if spec.qk_norm != "none":
+        raise ShardplanError("model", spec.name, "the calibration harness builds blocks without q/k norms")
     return "llama" if spec.norm == "rmsnorm" else "gpt"
 
 
