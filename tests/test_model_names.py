@@ -48,6 +48,11 @@ FORMS = [
     ("Qwen/Qwen2.5-72B-Instruct", "qwen2.5-72b",
      "'Qwen/Qwen2.5-72B-Instruct' -> Qwen2.5-72B (instruct variant: same architecture)"),
     ("unsloth/Llama-3.1-8B", "llama-3.1-8b", "'unsloth/Llama-3.1-8B' -> Llama-3.1-8B"),
+    ("Llama-3-70B-Instruct", "llama-3-70b",
+     "'Llama-3-70B-Instruct' -> Meta-Llama-3-70B (instruct variant: same architecture)"),
+    ("llama 3 70b", "llama-3-70b", "Meta-Llama-3-70B"),
+    ("google/gemma-3-12b-it", "gemma-3-12b", "Gemma-3-12B"),   # the hub id is the profile's alias
+    ("Qwen/Qwen3-8B-Base", "qwen3-8b", "Qwen3-8B"),
 ]
 
 
@@ -168,7 +173,7 @@ def test_a_bare_size_close_to_a_built_in_answers_for_it(capsys, size, profile):
 
 @pytest.mark.parametrize("size,nearest", [
     # nearest two dense built-ins by log-size, counts from hf_model_counts.csv (printed to 2 decimals)
-    ("20B", ("opt-30b 29.97B", "llama-2-13b 13.02B")),
+    ("20B", ("mistral-small-24b 23.57B", "gemma-3-27b 27.01B")),
     ("50B", ("llama-2-70b 68.98B", "llama-3.1-70b 70.55B")),  # sizes no planned profile comes within 10 % of
     ("1T", ("llama-3.1-405b 405.85B", "gpt3-175b 174.60B")),
 ])
