@@ -116,7 +116,7 @@ def _mistral(r: _Reader) -> dict[str, Any]:
 def _mixtral(r: _Reader) -> dict[str, Any]:
     spec = _llama_like(r, "mixtral", "MixtralDecoderLayer")
     spec["moe"] = MoESpec(num_experts=r.int("num_local_experts", 8), experts_per_token=r.int("num_experts_per_tok", 2),
-                          intermediate_size=spec["intermediate_size"])
+                          intermediate_size=spec["intermediate_size"], lora_adapts_experts=True)
     return spec
 
 
@@ -225,7 +225,7 @@ def _deepseek(r: _Reader, family: str, block_class: str, q_lora_default: int | N
         spec["moe"] = MoESpec(num_experts=r.int("n_routed_experts"), experts_per_token=r.int("num_experts_per_tok"),
                               intermediate_size=r.int("moe_intermediate_size"),
                               shared_experts=r.get("n_shared_experts", 0) or 0,
-                              first_dense_layers=r.get("first_k_dense_replace", 0) or 0)
+                              first_dense_layers=r.get("first_k_dense_replace", 0) or 0, lora_adapts_experts=True)
     return spec
 
 
@@ -265,7 +265,7 @@ def _qwen3_moe(r: _Reader) -> dict[str, Any]:
         spec["moe"] = MoESpec(num_experts=r.int("num_experts", 128), experts_per_token=r.int("num_experts_per_tok", 8),
                               intermediate_size=r.int("moe_intermediate_size", 768),
                               layer_step=r.int("decoder_sparse_step", 1),
-                              dense_layers=tuple(r.get("mlp_only_layers", []) or []))
+                              dense_layers=tuple(r.get("mlp_only_layers", []) or []), lora_adapts_experts=True)
     return spec
 
 

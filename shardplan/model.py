@@ -26,6 +26,9 @@ class MoESpec(BaseModel):
         1, description="every k-th block is MoE: block i when (i + 1) % k == 0 (Qwen3-MoE decoder_sparse_step, "
                        "Llama 4 interleave_moe_layer_step)")
     dense_layers: tuple[int, ...] = Field((), description="blocks forced dense (Qwen3-MoE mlp_only_layers)")
+    lora_adapts_experts: bool = Field(
+        False, description="PEFT's all-linear adapts the expert banks: families whose experts transformers 5 fused "
+                           "(Mixtral, Qwen3-MoE, DeepSeek-V2/V3; not Llama 4, fused already in transformers 4)")
 
     def is_moe_layer(self, index: int) -> bool:
         """Block ``index`` holds experts: the union of transformers' rules, DeepSeek
@@ -429,12 +432,21 @@ def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear
     one (default: whichever the model has, for callers that treat blocks alike; totals use
     ``lora_blocks_params``). Unknown names are a one-line error.
 
-    ASSUMPTION: MoE expert banks and routers are not adapted. Known gap: PEFT 0.21 with
-    transformers 5 does adapt them under "all-linear" (expert banks through parameter wrappers,
-    routers such as Llama 4's ``nn.Linear`` router and Qwen3-MoE's gate): measured on small
-    Qwen3-MoE / Llama 4 / DeepSeek-V3 configs, PEFT counts more adapter parameters than this
-    (tests/test_hf_families.py pins the dense and fused families exactly). MLA's low-rank
-    projections are adapted like q/k/v/o.
+    MoE blocks under "all-linear": the router (Llama 4's ``nn.Linear``, the others' (E, h)
+    parameter through PEFT's ``ParamWrapper``) gains rank·(h + E); with
+    ``MoESpec.lora_adapts_experts`` PEFT (0.21, ``utils/transformers_weight_conversion.py``
+    ``_convert_peft_config_moe``) turns the per-expert targets into ``target_parameters`` on the
+    fused banks, rank 2r on ``gate_up_proj`` (w1 + w3 fused) and r on ``down_proj``, each a
+    ``ParamWrapper`` with ``lora_A`` = Linear(in, rank·E) and ``lora_B`` = Linear(rank·E, out):
+    2r·E·(h + 2·I) + r·E·(I + h). That conversion matches targets by the per-expert names
+    (``gate_proj``/``up_proj``/``down_proj``, ``w1``/``w2``/``w3``), so the Linears of the dense
+    blocks' MLPs and of the shared experts, which carry the same names, lose their adapters.
+    Pinned to PEFT on meta-device Qwen3-MoE, Mixtral, DeepSeek-V2/V3 and Llama 4 models
+    (tests/test_hf_families.py).
+
+    MLA under "all-linear": each of its Linears (``q_a_proj`` + ``q_b_proj`` or ``q_proj``,
+    ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``o_proj``) gains rank·(in + out).
+    ASSUMPTION: for "qv" and "attention", MLA's projections are counted like q/k/v/o widths.
     """
     code = lora_target_code(targets)
     h = spec.hidden_size
@@ -446,13 +458,25 @@ def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear
         attention = qv + h + spec.kv_width + spec.attn_out_width + h
     moe = spec.moe is not None if moe_block is None else moe_block and spec.moe is not None
     mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if moe else spec.intermediate_size
+    if spec.moe is not None and spec.moe.lora_adapts_experts:
+        mlp_width = 0  # PEFT's MoE conversion took the MLP names over (see above)
     if not mlp_width:
         mlp = 0
     elif spec.gated_mlp:
         mlp = (h + 2 * mlp_width if spec.fused_gate_up else 2 * (h + mlp_width)) + (h + mlp_width)
     else:
         mlp = 2 * (h + mlp_width)
-    dims = [qv, attention][code] if code < 2 else attention + mlp
+    if spec.mla:
+        m = spec.mla
+        q = (h + 2 * m.q_lora_rank + spec.q_width) if m.q_lora_rank else h + spec.q_width
+        kv = (h + m.kv_lora_rank + m.qk_rope_head_dim) + (m.kv_lora_rank + spec.num_heads * (m.qk_nope_head_dim + m.v_head_dim))
+        mla_all = q + kv + spec.attn_out_width + h
+    dims = [qv, attention][code] if code < 2 else (mla_all if spec.mla else attention) + mlp
+    if moe and code >= 2:
+        e, width = spec.moe.num_experts, spec.moe.intermediate_size
+        dims += h + e  # router
+        if spec.moe.lora_adapts_experts:
+            dims += 2 * e * (h + 2 * width) + e * (width + h)
     return rank * dims
 
 
@@ -485,6 +509,8 @@ def lora_adapted_inputs(spec: ModelSpec, targets: str = "all-linear", rank: int 
     Targets as ``lora_params_per_block``: q,v; attention (q,k,v,o); all-linear (+ the MLP)."""
     h = spec.hidden_size
     mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if spec.moe else spec.intermediate_size
+    if spec.moe is not None and spec.moe.lora_adapts_experts:
+        mlp_width = 0  # PEFT's MoE conversion leaves no adapter on MLP Linears (lora_params_per_block)
     names = {"qv": ["q", "v"], "attention": ["q", "k", "v", "o"]}.get(
         targets, ["q", "k", "v", "o"] + ((["gate", "up", "down"] if spec.gated_mlp else ["up", "down"]) if mlp_width else []))
     width = {"q": h, "k": h, "v": h, "o": spec.attn_out_width, "gate": h, "up": h, "down": mlp_width}
