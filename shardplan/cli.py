@@ -274,6 +274,10 @@ def plan_command(
     from shardplan.plan_report import plan_to_json, render_plan
     from shardplan import strategy as st
 
+    from shardplan.limits import checked_float, checked_int
+    top = checked_int("top", top)
+    global_batch = None if global_batch is None else checked_int("global_batch", global_batch)
+    price_per_gpu_hour = None if price_per_gpu_hour is None else checked_float("price_per_gpu_hour", price_per_gpu_hour)
     parsed = parse_query(query) if " on " in f" {query.strip()} ".lower() else None
     q = parsed.options if parsed else {}
     gpus_text = gpus or (parsed.gpus if parsed else None)
@@ -301,8 +305,6 @@ def plan_command(
     if calibration is not None:
         from shardplan.calibrate.overlay import load_calibration
         overlay = load_calibration(calibration)
-    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
-        raise ShardplanError("price_per_gpu_hour", price_per_gpu_hour, "must not be negative")
     methods = None if "method" in base.model_fields_set else st.METHODS
     base, precision_notes = adapt_precision(base, cluster)  # bf16 on a GPU without it: the stack's fp16
     result = run_plan(resolved.spec, cluster, base, workload, top=top,
@@ -407,13 +409,17 @@ def _sweep_list(text: Optional[str], field: str, integers: bool = False):
         raise ShardplanError(field, text, "empty list")
     if not integers:
         return items
+    from shardplan.limits import MAX_LIST_VALUES, checked_int
+
     values: list[int] = []
     for item in items:
         lo, sep, hi = item.partition("-")
-        try:
-            values += list(range(int(lo), int(hi) + 1)) if sep else [int(item)]
-        except ValueError:
-            raise ShardplanError(field, item, "expected integers like '1,2,8' or a range '1-8'") from None
+        if not (lo.strip().isdigit() and (not sep or hi.strip().isdigit())):
+            raise ShardplanError(field, item, "expected integers like '1,2,8' or a range '1-8'")
+        first, last = (checked_int(field, lo), checked_int(field, hi)) if sep else (checked_int(field, item),) * 2
+        if last - first + 1 > MAX_LIST_VALUES:
+            raise ShardplanError(field, item, f"a range of more than {MAX_LIST_VALUES:,} values")
+        values += list(range(first, last + 1))
     return values
 
 

@@ -137,17 +137,11 @@ class _Axis:
         return len(self.labels)
 
 
-def _positive_ints(name: str, values: Iterable) -> list[int]:
-    out = []
-    for v in values:
-        try:
-            iv = int(v)
-        except (TypeError, ValueError):
-            raise ShardplanError(name, v, "expected a positive integer") from None
-        if iv != v or iv < 1:
-            raise ShardplanError(name, v, "expected a positive integer")
-        out.append(iv)
-    return _dedupe(out)
+def _checked_ints(name: str, values: Iterable) -> list[int]:
+    """Each value a whole number within ``limits.INT_RANGES[name]`` (the one table)."""
+    from shardplan.limits import checked_int
+
+    return _dedupe(checked_int(name, v) for v in values)
 
 
 def _knob_axis(arg: str, values: Any, context: dict[str, Any] | None = None) -> _Axis:
@@ -159,7 +153,7 @@ def _knob_axis(arg: str, values: Any, context: dict[str, Any] | None = None) -> 
     if arg == "dropout":
         flags = _dedupe(bool(v) for v in _as_list(values))
         return _Axis(arg, tuple(flags), np.asarray(flags, dtype=bool))
-    ints = _positive_ints(arg, _as_list(values))
+    ints = _checked_ints(arg, _as_list(values))
     if not ints:
         raise ShardplanError(arg, values, "needs at least one value")
     return _Axis(arg, tuple(ints), np.asarray(ints, dtype=np.int64))
@@ -227,9 +221,9 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
     axes["models"] = _Axis("models", tuple(s.name for s in specs), np.arange(len(specs)))
     gpu_texts = _dedupe(str(g).strip() for g in _as_list(args["gpus"]))
     axes["gpus"] = _Axis("gpus", tuple(gpu_texts), np.arange(len(gpu_texts)))
-    nodes = [None] if args["nodes"] is None else _positive_ints("nodes", _as_list(args["nodes"]))
+    nodes = [None] if args["nodes"] is None else _checked_ints("nodes", _as_list(args["nodes"]))
     axes["nodes"] = _Axis("nodes", tuple(nodes), np.arange(len(nodes)))
-    counts = _positive_ints("gpu_counts", _as_list(args["gpu_counts"]))
+    counts = _checked_ints("gpu_counts", _as_list(args["gpu_counts"]))
     axes["gpu_counts"] = _Axis("gpu_counts", tuple(counts), np.asarray(counts, dtype=np.int64))
     for arg in CATEGORICAL_KNOBS:
         if arg == "strategies" and args[arg] is None:  # all; ``single`` only where a count is one GPU
@@ -255,9 +249,7 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
             codes = _dedupe(st.code(_STACK_KNOB_NAMES[arg], v, arg) for v in _as_list(raw))
             axes[arg] = _Axis(arg, tuple(_STACK_KNOB_NAMES[arg][i] for i in codes), np.asarray(codes, dtype=np.int64))
         elif arg == "ce_chunks":
-            vals = _dedupe(int(v) for v in _as_list(raw))
-            if any(v < 0 for v in vals):
-                raise ShardplanError(arg, raw, "expected integers >= 0")
+            vals = _checked_ints(arg, _as_list(raw))  # 0 (off) is in ce_chunks' range
             axes[arg] = _Axis(arg, tuple(vals), np.asarray(vals, dtype=np.int64))
         elif arg == "lora_dropout":
             vals = _dedupe(float(v) for v in _as_list(raw))
@@ -271,7 +263,7 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
     if groups is None:
         axes["shard_group_size"] = _Axis("shard_group_size", (None,), np.asarray([0]))
     else:
-        g = _positive_ints("shard_group_size", _as_list(groups))
+        g = _checked_ints("shard_group_size", _as_list(groups))
         axes["shard_group_size"] = _Axis("shard_group_size", tuple(g), np.asarray(g, dtype=np.int64))
 
     ranks = axes["lora_rank"].labels
