@@ -43,6 +43,7 @@ from shardplan.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
 from shardplan.verdict import DOES_NOT_FIT, FITS, VERDICTS, bounded_verdict, judge, throughput_band
 from shardplan.models import resolve_model
+from shardplan.overflow import OVERFLOW_NOTE, bad_results, quiet_numpy
 from shardplan.units import parse_capacity_bytes
 
 DEFAULT_CHUNK_ROWS = 1 << 20
@@ -175,6 +176,7 @@ RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter
 COMPUTE_FIELDS = ("gemm_efficiency", "gemm_m_half", "gemm_p", "attention_efficiency", "hbm_bytes_per_s",
                   "host_link_bytes_per_s", "cpu_optimizer_bytes_per_s_per_node", "nccl_sm_fraction")
 PEAK_FIELD = "peak_flops_by_precision"
+OVERFLOW_KEY = "_overflow"  # evaluate_columns' per-row overflow mask (popped by sweep; counted in a note)
 
 
 def _cluster_for(gpu: str, count: int, nodes: int | None, **link_options) -> tuple[Cluster | None, str]:
@@ -425,10 +427,13 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     """
     judged = want is None or bool(want & (set(VERDICT_COLUMNS) | {"fits"}))
     exact = want is None or bool(want & (set(VERDICT_COLUMNS) - {"verdict"}))
-    out = dict(estimate_memory(c, breakdown=exact or bool(want & set(BREAKDOWN_TERMS))))
+    with quiet_numpy():  # overflowed rows are marked by the guard below, never shown as warnings
+        out = dict(estimate_memory(c, breakdown=exact or bool(want & set(BREAKDOWN_TERMS))))
+    overflow = bad_results(c, out)  # results past int64 are not answers (overflow.py)
+    out[OVERFLOW_KEY] = overflow
     # a row is runnable when its cluster is and its precision exists on the GPU (no bf16 on V100/T4)
     bf16 = (np.asarray(c.precision) == st.BF16_MIXED) | (np.asarray(c.precision) == st.BF16_PURE)
-    usable = extra["cluster_ok"] & (extra.get("has_bf16", True) | ~bf16)
+    usable = extra["cluster_ok"] & (extra.get("has_bf16", True) | ~bf16) & ~overflow
     out["valid"] = out["valid"] & usable
     if judged and exact:
         v = judge(out, c, bands, per_class=False, with_advice=False)
@@ -451,7 +456,8 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
         return out
     links = comm.LinkRates(**{f: extra[f] for f in RATE_FIELDS})
     rates = throughput.ComputeRates(**{f: extra[f] for f in COMPUTE_FIELDS + (PEAK_FIELD,)})
-    out.update(throughput.step_time(c, links, rates, volume=volume))
+    with quiet_numpy():
+        out.update(throughput.step_time(c, links, rates, volume=volume))
     out["tokens_per_s_low"], out["tokens_per_s_high"] = throughput_band(out["tokens_per_s"], bands)
     return out
 
@@ -466,7 +472,8 @@ def _bounded_verdict(c: Columns, out: dict[str, Any], bands: AccuracyBands | Non
     if rows.size:
         index = np.unravel_index(rows, shape)
         sub = Columns(**{f.name: _take(getattr(c, f.name), index, shape) for f in fields(Columns)})
-        m = estimate_memory(sub)
+        with quiet_numpy():
+            m = estimate_memory(sub)
         m["valid"] = _take(out["valid"], index, shape)
         verdict.reshape(-1)[rows] = judge(m, sub, bands, per_class=False, with_advice=False)["verdict"]
     return verdict
@@ -609,12 +616,14 @@ def sweep(
     names: list[str] | None = None
     want: set[str] | None = None
     keep_lists = valid_only
+    overflow_rows = 0
 
     for start, index, grid in _chunks(plan.shape, int(chunk_size)):
         ix, grid = _axis_index(index, plan)
         n = math.prod(grid)
         c, extra = _chunk_columns(plan, ix)
         out = evaluate_columns(c, extra, want, bands)
+        overflow_rows += int(np.count_nonzero(np.broadcast_to(out.pop(OVERFLOW_KEY), grid)))
         if names is None:
             available = ["gpus_per_node", "nodes"] + [k for k in out if k not in ("gpus_per_node", "nodes", "world_size")]
             names = _column_names(columns, available)
@@ -665,7 +674,7 @@ def sweep(
         else:
             frame[name] = values
     df = pd.DataFrame(frame, copy=False)
-    df.attrs["notes"] = plan.cluster_notes
+    df.attrs["notes"] = plan.cluster_notes + ([f"{overflow_rows:,} rows: {OVERFLOW_NOTE}"] if overflow_rows else [])
     return df
 
 
