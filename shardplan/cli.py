@@ -131,6 +131,9 @@ def fit(
                                                       "output unchanged"),
 ):
     """Will it fit? Per-GPU memory, term by term, for one strategy or all of them."""
+    if export_to:  # FORMAT[=PATH] checked before any evaluation, not after the report
+        from shardplan.export import export_option
+        export_option(export_to)
     parsed = parse_query(query) if query else None
     q = parsed.options if parsed else {}
     model_text = model or (parsed.model if parsed else None)
