@@ -301,6 +301,10 @@ def plan_command(
                    grad_accum=q.get("grad_accum"), ac_every_k=q.get("ac_every_k"))
     given = {name: value if value is not None else q.get(name) for name, value in options.items()}
     base = TrainingConfig(**{name: value for name, value in given.items() if value is not None})
+    from shardplan import contradictions
+    from shardplan.planner import SEARCHED_KNOBS
+    rule_notes = contradictions.check(base, cluster, resolved.spec,  # what the search varies, its validity decides
+                                      searched={k for k in (*SEARCHED_KNOBS, "method") if k not in base.model_fields_set})
     workload = resolve_workload(base.seq_len, cluster.world_size,
                                 parse_count(global_batch_tokens, "global_batch_tokens") if global_batch_tokens else None,
                                 global_batch, context=resolved.spec.max_position_embeddings)
@@ -313,7 +317,7 @@ def plan_command(
     result = run_plan(resolved.spec, cluster, base, workload, top=top,
                       train_tokens=parse_count(train_tokens, "train_tokens") if train_tokens else None,
                       price_per_gpu_hour=price_per_gpu_hour, calibration=overlay,
-                      notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes],
+                      notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes, *rule_notes],
                       bands=load_bands().with_overlay(overlay.accuracy if overlay else None), methods=methods)
     result = result.model_copy(update={"model": resolved.record(result.model)})
     typer.echo(plan_to_json(result) if as_json else render_plan(result, None if wide else output_width()))

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from shardplan import strategy as st
+from shardplan import contradictions, strategy as st
 from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.errors import ShardplanError
 from shardplan.hardware import Cluster, check_precision
@@ -288,6 +288,7 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
     GPU that is ``single``: no wrapper, as a one-GPU run is launched); alternatives for every one
     that is not ``fits`` (``tight`` included). ``allocator``: an ``allocator.AllocatorModel`` (a
     calibration overlay's), else the measured defaults; ``bands``: the verdict's band data."""
+    searched = ("strategy",) if strategies is None else ()  # fit over every strategy lists invalid ones as such
     if strategies is None and cluster.world_size == 1:
         strategies = ["single"]
     elif strategies is None:
@@ -300,7 +301,8 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
     for name in strategies:
         cfg = _with(config, strategy=canonical("strategy", name))  # model_copy does not validate: resolve aliases here
         check_config(spec, cluster, cfg)
-        result = evaluate(spec, cluster, cfg, notes, allocator=allocator, bands=bands)
+        rule_notes = contradictions.check(cfg, cluster, spec, searched=searched)  # errors raise here
+        result = evaluate(spec, cluster, cfg, [*(notes or []), *rule_notes], allocator=allocator, bands=bands)
         if not result.fits:
             result = result.model_copy(update={"alternatives": alternatives(spec, cluster, cfg, allocator=allocator,
                                                                             bands=bands)})
