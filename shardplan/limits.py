@@ -34,6 +34,7 @@ MAX_BYTES = 2**60               # capacities, host RAM, message sizes (1 EiB)
 MAX_DIGITS = 24                 # longer digit strings are refused before int() (Python's 4300-digit limit)
 MAX_TOP = 10_000                # plans a report lists; the planner's whole search is ~10^3-10^4 candidates
 MAX_LIST_VALUES = 100_000       # values one sweep list or 'lo-hi' range expands to (before the product is formed)
+MAX_ITERS = 100_000             # timed / warm-up iterations per size (nccl-tests defaults: 20 / 5)
 MAX_PRICE_PER_GPU_HOUR = 1e6    # $ per GPU-hour; cloud list prices are ~$1-$100
 
 # The range of every whole-number value a user states, by the field name errors use. One table:
@@ -54,9 +55,20 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "train_tokens": (1, MAX_TOKENS),
     "host_ram": (1, MAX_BYTES),
     "top": (1, MAX_TOP),
+    # calibrate's options
+    "world_size": (1, MAX_GPUS),
+    "iters": (1, MAX_ITERS),
+    "warmup": (0, MAX_ITERS),
+    "threads": (1, 4096),                   # torch.set_num_threads; the largest hosts have ~10^3 cores
 }
 FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "price_per_gpu_hour": (0.0, MAX_PRICE_PER_GPU_HOUR),
+    # calibrate's quality thresholds: a NaN would switch the check off (every comparison is False)
+    "min_r2_log": (0.0, 1.0),               # R² of the fit in log space
+    "max_rel_err": (0.0, 100.0),            # relative error, a fraction
+    "min_saturation": (0.0, 1.0),           # fraction of F_max the largest size must reach
+    "peak_tflops": (1e-6, 1e9),             # nameplate TFLOP/s; the largest GPUs are ~10^4 (sparse fp4)
+    "timeout": (1e-3, 1e7),                 # seconds per configuration (~4 months)
 }
 
 _INTEGER_TEXT = re.compile(r"^\s*[+]?\d+\s*$")
