@@ -490,11 +490,13 @@ def sweep_command(
 
 
 def _one_line_validation(err: ValidationError) -> ShardplanError:
-    first = err.errors()[0]
-    if isinstance((first.get("ctx") or {}).get("error"), ShardplanError):  # a validator's own one-line error
-        return first["ctx"]["error"]
-    field = ".".join(str(p) for p in first["loc"]) or err.title
-    return ShardplanError(field, first.get("input"), first["msg"])
+    from shardplan.errors import from_validation_error
+    return from_validation_error(err)
+
+
+# Exit code of an exception no handler expects: a bug in shardplan, never a user error (2). The
+# fuzz test treats it as a failure; SHARDPLAN_TRACEBACK=1 shows the traceback for a report.
+BUG_EXIT = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -518,7 +520,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         # click's usage errors (typer vendors its own click, so match by shape, not by class)
         if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):
-            raise
+            import os
+            if os.environ.get("SHARDPLAN_TRACEBACK"):
+                raise
+            try:
+                first = (str(err).splitlines() or [""])[0][:200]
+            except Exception:  # a message that cannot be formatted (e.g. a 5,000-digit int)
+                first = ""
+            typer.echo(f"shardplan: internal error (a bug; please report it with the command; "
+                       f"SHARDPLAN_TRACEBACK=1 shows where): {type(err).__name__}: {first}", err=True)
+            return BUG_EXIT
         message = err.format_message()
         negative = "No such option: -" in message and "No such option: --" not in message
         hint = " (put '--' before a query that starts with '-')" if negative else ""
