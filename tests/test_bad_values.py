@@ -77,3 +77,30 @@ def test_ranges_in_range_still_accepted():
     lo_hi = {name: INT_RANGES[name] for name in ("seq_len", "micro_batch", "grad_accum", "lora_rank", "ce_chunks")}
     assert TrainingConfig(**{k: hi for k, (lo, hi) in lo_hi.items()}).seq_len == INT_RANGES["seq_len"][1]
     assert TrainingConfig(seq_len="2048").seq_len == 2048  # digit strings, as pydantic accepted before
+
+
+def test_docs_errors_lists_every_range_as_limits_states_it():
+    """docs/errors.md's range tables agree with limits.INT_RANGES / FLOAT_RANGES, row by row."""
+    from shardplan.limits import FLOAT_RANGES
+
+    text = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|$", text, re.M)}
+    assert set(INT_RANGES) | set(FLOAT_RANGES) <= set(rows), sorted(set(INT_RANGES) | set(FLOAT_RANGES) - set(rows))
+
+    def number(text):
+        text = text.strip().replace(",", "")
+        powers = re.fullmatch(r"(\d+)\^(\d+)", text)
+        return int(powers.group(1)) ** int(powers.group(2)) if powers else float(text)
+
+    for name, (lo, hi) in {**INT_RANGES, **FLOAT_RANGES}.items():
+        lo_text, hi_text = re.match(r"\s*(\S+) – (\S+)", rows[name]).groups()
+        assert (number(lo_text), number(hi_text)) == (lo, hi), (name, rows[name])
+
+
+def test_docs_errors_lists_every_contradiction_rule():
+    from shardplan.contradictions import RULES
+
+    text = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| `") and ("| error |" in line or "| note |" in line)]
+    # the offload rule's three cases are three rows; every (field, kind) of the table is a rule and back
+    assert {(line.split("`")[1], line.split("|")[2].strip()) for line in table} == {(r.field, r.kind) for r in RULES}
