@@ -599,11 +599,12 @@ def sweep(
                 lora_dropout=lora_dropout, reentrant_checkpointing=reentrant_checkpointing,
                 quant_state_sharded=quant_state_sharded, quant_format=quant_format, load_mode=load_mode,
                 checkpoint_wrapper=checkpoint_wrapper)
+    from shardplan.limits import bounded_int, checked_int
+
     link_options = dict(intra_link=intra_link, inter_link=inter_link,
-                        host_ram_bytes_per_node=(parse_capacity_bytes(host_ram, "host_ram")
-                                                 if isinstance(host_ram, str) else host_ram))
-    if int(chunk_size) < 1:
-        raise ShardplanError("chunk_size", chunk_size, "must be at least 1")
+                        host_ram_bytes_per_node=(parse_capacity_bytes(host_ram, "host_ram") if isinstance(host_ram, str)
+                                                 else None if host_ram is None else checked_int("host_ram", host_ram)))
+    chunk_size = bounded_int(chunk_size, "chunk_size", 1, 2**31)
     plan = _plan(args, link_options)
     total = plan.rows
     show = (sys.stderr.isatty() and total >= 2 * DEFAULT_CHUNK_ROWS) if progress is None else bool(progress)

@@ -36,12 +36,12 @@ def parse_capacity_bytes(text: str, field: str = "capacity", hi: int = MAX_BYTES
     if not match:
         raise ShardplanError(field, _shown(text), "expected a size such as '24GB' or '512MiB'")
     if _too_long(match.group(1)):
-        raise ShardplanError(field, _shown(text), f"out of range (at most {hi:,} bytes)")
+        raise ShardplanError(field, _shown(text), f"out of range [1, {hi:,}] bytes")
     value = float(match.group(1)) * _BINARY[match.group(2).lower()]
     if value <= 0:
         raise ShardplanError(field, text, "must be positive")
-    if value > hi:
-        raise ShardplanError(field, _shown(text), f"out of range (at most {hi:,} bytes)")
+    if value > hi or round(value) < 1:
+        raise ShardplanError(field, _shown(text), f"out of range [1, {hi:,}] bytes")
     return int(round(value))
 
 

@@ -104,3 +104,13 @@ def test_docs_errors_lists_every_contradiction_rule():
     table = [line for line in text.splitlines() if line.startswith("| `") and ("| error |" in line or "| note |" in line)]
     # the offload rule's three cases are three rows; every (field, kind) of the table is a rule and back
     assert {(line.split("`")[1], line.split("|")[2].strip()) for line in table} == {(r.field, r.kind) for r in RULES}
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(host_ram=2**80), "host_ram"), (dict(chunk_size=float("nan")), "chunk_size"),
+                                           (dict(seq_len=[2**70]), "seq_len"), (dict(ce_chunks=[-1]), "ce_chunks"),
+                                           (dict(host_ram="0.0000000001GB"), "host_ram")])
+def test_python_sweep_refuses_out_of_range_with_the_one_error_type(kwargs, field):
+    import shardplan
+
+    with pytest.raises(ShardplanError, match=re.escape(field + "=")):
+        shardplan.sweep(**kwargs)
