@@ -168,7 +168,13 @@ def fit(
         if workload.sequences_per_gpu % config.micro_batch:
             raise ShardplanError("micro_batch", config.micro_batch,
                                  f"must divide the {workload.sequences_per_gpu} sequences per GPU of the global batch")
-        config = config.model_copy(update={"grad_accum": workload.sequences_per_gpu // config.micro_batch})
+        from shardplan.limits import INT_RANGES
+        accum, most = workload.sequences_per_gpu // config.micro_batch, INT_RANGES["grad_accum"][1]
+        if accum > most:  # the accumulation the batch implies is in grad_accum's range, or the batch is refused
+            raise ShardplanError("global_batch_tokens", global_batch_tokens,
+                                 f"needs {accum:,} accumulation steps at micro-batch {config.micro_batch}; "
+                                 f"at most {most:,} (raise --micro-batch)")
+        config = config.model_copy(update={"grad_accum": accum})
         notes += workload.notes
     overlay = None
     if calibration is not None:

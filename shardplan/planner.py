@@ -145,6 +145,13 @@ def resolve_workload(seq_len: int, world_size: int, global_batch_tokens: int | N
         requested = global_batch_tokens
     per_gpu_exact = requested / (seq_len * world_size)
     per_gpu = max(1, int(round(per_gpu_exact)))
+    from shardplan.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH
+    if per_gpu > MAX_MICRO_BATCH * MAX_GRAD_ACCUM:  # no micro-batch x accumulation within their ranges makes it
+        field = "global_batch" if global_batch_sequences is not None else "global_batch_tokens"
+        raise ShardplanError(field, global_batch_sequences if global_batch_sequences is not None else requested,
+                             f"{per_gpu:,} sequences per GPU of {seq_len:,} tokens; at most "
+                             f"{MAX_MICRO_BATCH * MAX_GRAD_ACCUM:,} (micro-batch {MAX_MICRO_BATCH:,} x "
+                             f"{MAX_GRAD_ACCUM:,} accumulation steps)")
     tokens = per_gpu * world_size * seq_len
     if tokens != requested:
         notes.append(f"global batch adjusted from {requested:,} to {tokens:,} tokens = {per_gpu} sequence(s) per GPU "

@@ -114,3 +114,12 @@ def test_python_sweep_refuses_out_of_range_with_the_one_error_type(kwargs, field
 
     with pytest.raises(ShardplanError, match=re.escape(field + "=")):
         shardplan.sweep(**kwargs)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (("fit", Q, *("--strategy", "full_shard", "--seq-len", "1", "--global-batch-tokens", "10000000000")),
+     ("global_batch_tokens=", "accumulation steps")),  # grad_accum=1,250,000,000 named a field the user never gave
+    (("plan", Q, "--seq-len", "1", "--global-batch-tokens", "1000000000000000000"), ("global_batch_tokens=", "per GPU")),
+])
+def test_a_batch_no_accumulation_can_reach_is_refused_by_its_own_name(argv, named):
+    one_line_error(run_cli(*argv), *named)
