@@ -71,6 +71,16 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, stated, cl, sp: "shard_group_size" in stated and cfg.strategy not in HYBRID_EQUIVALENT,
          lambda cfg, *_: f"a shard group is HSDP's (FSDP HYBRID_SHARD / fully_shard on a 2-D mesh); strategy "
                          f"{cfg.strategy} has none: use --strategy hybrid_shard", involves=("strategy",)),
+    Rule("optimizer_in_backward", "error", lambda cfg, stated, cl, sp: bool(cfg.optimizer_in_backward) and cfg.grad_accum > 1,
+         lambda cfg, stated, *_: f"the optimizer step fused into backward "
+                                 f"({'stated' if 'optimizer_in_backward' in stated else 'the ' + cfg.stack + ' stack default'})"
+                                 f" cannot accumulate gradients: torchtune raises 'Gradient accumulation is not "
+                                 f"supported with optimizer in bwd' (grad_accum {cfg.grad_accum}); pass "
+                                 f"--no-optimizer-in-backward or grad_accum 1"),
+    Rule("optimizer_in_backward", "error", lambda cfg, stated, cl, sp: bool(cfg.optimizer_in_backward) and cfg.offload != "none",
+         lambda cfg, *_: "the optimizer step fused into backward keeps no gradients to offload (torchtune's "
+                         "register_optim_in_bwd_hooks steps on the GPU); pass --no-optimizer-in-backward or "
+                         "--offload none", involves=("offload",)),
     Rule("strategy", "note",
          lambda cfg, stated, cl, sp: cfg.strategy in HYBRID_EQUIVALENT
          and (cfg.shard_group_size or cl.gpus_per_node) >= cl.world_size,
@@ -92,7 +102,10 @@ def check(config, cluster, spec=None, *, searched=()) -> list[str]:
     ``model_fields_set`` tells which knobs were stated, before a stack fills the rest);
     ``searched``: knobs the caller varies itself (plan's search, fit over every strategy), whose
     rules the search's own validity handles."""
+    from shardplan.stacks import resolve_stack
+
     stated = set(config.model_fields_set)
+    config = resolve_stack(config, cluster.world_size)  # the values the run would have (stack defaults too)
     notes = []
     for rule in RULES:
         if rule.kind == "error" and (set(rule.involves) & set(searched) or rule.field in searched):

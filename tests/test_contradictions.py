@@ -21,6 +21,9 @@ FS = ("--strategy", "full_shard")
     (("fit", Q, *FS, "--shard-group-size", "4"), ("shard_group_size=4", "hybrid_shard")),
     (("fit", Q, *FS, "--quant-format", "gptq"), ("quant_format=", "qlora")),
     (("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--method", "full", "--lora-rank", "64"), ("lora_rank=64",)),
+    (("fit", "llama-3.1-8b on 1xh100-sxm", "--stack", "torchtune", "--grad-accum", "4"),  # its single-GPU default
+     ("optimizer_in_backward=True", "Gradient accumulation is not supported")),
+    (("fit", Q, *FS, "--optimizer-in-backward", "--offload", "all"), ("optimizer_in_backward=True", "offload")),
 ])
 def test_contradictions_are_one_line_errors(argv, named):
     one_line_error(run_cli(*argv), *named)
@@ -41,6 +44,7 @@ def test_framework_consequences_are_notes(argv, note):
     ("fit", Q, "--offload", "all"),                              # fit over every strategy: ddp's row is shown invalid
     ("fit", Q, *FS, "--ac", "every-k", "--ac-every-k", "3"),
     ("fit", Q + " nf4", *FS),                                     # nf4 implies qlora
+    ("fit", "llama-3.1-8b on 1xh100-sxm", "--stack", "torchtune", "--grad-accum", "4", "--no-optimizer-in-backward"),
     ("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--lora-rank", "64"),  # methods searched: the rank is for LoRA rows
 ])
 def test_consistent_settings_still_run(argv):
