@@ -8,8 +8,9 @@ where they leave the engine (fit.evaluate, fit.minimum_gpus, the planner's and t
 evaluators), not inside each formula:
 
 1. ``input_scale_bytes``: a float64 upper bound of the largest product any memory formula forms,
-   from the inputs alone. ASSUMPTION (stated, checked by tests/test_bad_values.py over a grid of
-   models and knobs): every term is at most tokens × (layers × width + 4 × vocab) × 16 bytes +
+   from the inputs alone. ASSUMPTION (stated, checked by tests/test_overflow_guard.py over every
+   built-in model × method × strategy × AC × attention × precision × offload × sizes; worst
+   term/bound 0.55): every term is at most tokens × (layers × width + 4 × vocab) × 16 bytes +
    params × 64 bytes, where tokens = micro_batch × seq_len and width = hidden + q + 2·kv + 3·mlp
    + heads × seq_len (attention scores, with eager attention or fp32's math backend) — a saved element is at most 16 bytes (fp32 with
    a copy, a mask and a gradient) and model states at most 64 bytes per parameter (fp32 params,
@@ -80,9 +81,9 @@ def check_one(c, m: dict, config) -> None:
     if bool(np.any(bad_results(c, m))):
         raise ShardplanError(
             "seq_len", config.seq_len,
-            f"with micro-batch {config.micro_batch} this configuration's memory terms pass int64 "
-            f"(above {SCREEN_BYTES:.2e} bytes per GPU by the input bound); not a run shardplan can evaluate "
-            f"(shorten the sequence or the micro-batch)")
+            f"with micro-batch {config.micro_batch} this configuration's results pass int64 (memory above "
+            f"{SCREEN_BYTES:.2e} bytes per GPU by the input bound, or a byte count or time that wrapped); not a "
+            f"run shardplan can evaluate (shorten the sequence or the micro-batch)")
 
 
 OVERFLOW_NOTE = "results beyond int64 (sizes too large to evaluate; docs/errors.md)"

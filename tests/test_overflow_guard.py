@@ -64,3 +64,33 @@ def test_no_guarded_result_is_negative_or_past_int64_in_range_extremes():
             v = np.broadcast_to(m[term], ok.shape)[ok]
             assert (v >= 0).all() and (v <= INT64_SAFE).all(), (model, term)
         assert ok.any() and not ok.all(), model  # the screen neither refuses everything nor nothing
+
+
+def test_the_input_bound_covers_every_term():
+    """overflow.input_scale_bytes's ASSUMPTION: no memory term exceeds it, over every built-in model
+    and method and a grid of strategies, AC, attention, precision, offload and sizes (measured worst
+    term/bound 0.55; host RAM per node sums a node's GPUs and is left to the result check)."""
+    import numpy as np
+
+    from shardplan import strategy as st
+    from shardplan.config import Columns, model_values
+    from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
+    from shardplan.models import model_profiles
+    from shardplan.overflow import GUARDED_BYTES, input_scale_bytes, quiet_numpy
+    from tests.helpers import DEFAULT_KNOBS
+
+    terms = [t for t in BREAKDOWN_TERMS + GUARDED_BYTES if t != "host_bytes_per_node"]
+    worst = 0.0
+    for spec in model_profiles():
+        g = np.ix_(np.arange(len(st.STRATEGIES)), np.arange(len(st.AC_MODES)), np.arange(len(st.ATTENTIONS)),
+                   np.array([1, 64]), np.array([1, 32768]), np.arange(len(st.PRECISIONS)), np.arange(len(st.OFFLOADS)),
+                   np.arange(len(st.METHODS)))
+        vals = {**model_values(spec, 64), **DEFAULT_KNOBS}
+        vals.update(strategy=g[0], ac=g[1], attention=g[2], micro_batch=g[3], seq_len=g[4], precision=g[5],
+                    offload=g[6], method=g[7])
+        c = Columns.build(**vals)
+        with quiet_numpy():
+            m = estimate_memory(c)
+        bound = input_scale_bytes(c)
+        worst = max(worst, max(float(np.max(np.asarray(m[t], dtype=float) / bound)) for t in terms))
+    assert worst < 1.0, worst
