@@ -6,7 +6,6 @@ import pytest
 
 import tests.test_bad_values as values
 import tests.test_contradictions as contradictions
-import tests.test_export_target as export_target
 from tests.helpers import run_cli
 
 

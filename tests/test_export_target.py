@@ -3,7 +3,7 @@
 import pytest
 
 from tests.helpers import run_cli
-from tests.test_bad_values import INT_RANGES, Q, one_line_error
+from tests.test_bad_values import Q, one_line_error
 
 
 # --- fit --export FORMAT[=PATH] is checked before the report ------------------------------------------

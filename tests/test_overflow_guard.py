@@ -1,9 +1,8 @@
-"""Issue 12, int64 overflow: a result past int64 is an error for one query and an invalid row in a sweep, never a verdict; numpy warnings never reach the user (docs/errors.md)."""
-
-import pytest
+"""Issue 12, int64 overflow: a result past int64 is an error for one query and an invalid row in a
+sweep, never a verdict; numpy warnings never reach the user (docs/errors.md)."""
 
 from tests.helpers import run_cli
-from tests.test_bad_values import INT_RANGES, Q, one_line_error
+from tests.test_bad_values import INT_RANGES, one_line_error
 
 
 # --- int64 overflow: an error for one query, an invalid row in a sweep, never a verdict -----------------
@@ -40,8 +39,6 @@ def test_overflowing_sweep_rows_are_invalid_with_a_note(tmp_path):
 
 def test_no_guarded_result_is_negative_or_past_int64_in_range_extremes():
     """Every in-range extreme either evaluates to non-negative byte counts below INT64_SAFE or is refused."""
-    import itertools
-
     import numpy as np
 
     from shardplan.config import Columns, model_values
