@@ -91,7 +91,8 @@ def parse_query(text: str) -> ParsedQuery:
         key = normalize(word)
         if key in numbers:
             name = numbers[key]
-            options[name] = parse_count(_value_after(rest, i, word, "a number"), field=name, hi=INT_RANGES[name][1])
+            lo, hi = INT_RANGES[name]
+            options[name] = parse_count(_value_after(rest, i, word, "a number"), field=name, hi=hi, lo=lo)
             i += 2
         elif key in keys:
             knob = vocab.knob(keys[key])

@@ -45,23 +45,23 @@ def parse_capacity_bytes(text: str, field: str = "capacity", hi: int = MAX_BYTES
     return int(round(value))
 
 
-def parse_count(text: str | int | float, field: str = "count", hi: int = MAX_TOKENS) -> int:
-    """'1M' -> 1_000_000, '1.3B' -> 1_300_000_000, '4096' -> 4096 (decimal multiples), in [1, hi]
-    (default limits.MAX_TOKENS); NaN, infinities and over-long digit strings are refused."""
+def parse_count(text: str | int | float, field: str = "count", hi: int = MAX_TOKENS, lo: int = 1) -> int:
+    """'1M' -> 1_000_000, '1.3B' -> 1_300_000_000, '4096' -> 4096 (decimal multiples), in [lo, hi]
+    (default [1, limits.MAX_TOKENS]); NaN, infinities and over-long digit strings are refused."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         if isinstance(text, int) and text > hi:
-            raise ShardplanError(field, _shown(text), f"out of range [1, {hi:,}]")
+            raise ShardplanError(field, _shown(text), f"out of range [{lo:,}, {hi:,}]")
         value = float(text)
     else:
         match = _COUNT.match(str(text))
         if not match:
             raise ShardplanError(field, _shown(text), "expected a number such as 4096, '1M' or '1.3B'")
         if _too_long(match.group(1)):
-            raise ShardplanError(field, _shown(text), f"out of range [1, {hi:,}]")
+            raise ShardplanError(field, _shown(text), f"out of range [{lo:,}, {hi:,}]")
         value = float(match.group(1)) * _DECIMAL[match.group(2).lower()]
-    if value != value or value <= 0 or value in (float("inf"),) or value != int(value):
+    if value != value or value in (float("inf"),) or value != int(value) or (value <= 0 and lo >= 1):
         raise ShardplanError(field, _shown(text), "must be a positive whole number")
-    if value > hi:
-        raise ShardplanError(field, _shown(text), f"out of range [1, {hi:,}]")
+    if not lo <= value <= hi:
+        raise ShardplanError(field, _shown(text), f"out of range [{lo:,}, {hi:,}]")
     return int(value)
 

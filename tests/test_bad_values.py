@@ -123,3 +123,13 @@ def test_python_sweep_refuses_out_of_range_with_the_one_error_type(kwargs, field
 ])
 def test_a_batch_no_accumulation_can_reach_is_refused_by_its_own_name(argv, named):
     one_line_error(run_cli(*argv), *named)
+
+
+def test_query_numbers_take_their_fields_range():
+    from shardplan.query import parse_query
+
+    assert parse_query("8B on 8xh100-sxm ce-chunks 0").options["ce_chunks"] == 0  # 0 = off, as --ce-chunks 0
+    with pytest.raises(ShardplanError, match="seq_len='0'"):
+        parse_query("8B on 8xh100-sxm seq 0")
+    with pytest.raises(ShardplanError, match=re.escape("out of range [1, 65,536]")):
+        parse_query("8B on 8xh100-sxm rank 100k")
