@@ -131,6 +131,9 @@ def fit(
                                                       "output unchanged"),
 ):
     """Will it fit? Per-GPU memory, term by term, for one strategy or all of them."""
+    if export_to:  # FORMAT[=PATH] checked before any evaluation, not after the report
+        from shardplan.export import export_option
+        export_option(export_to)
     parsed = parse_query(query) if query else None
     q = parsed.options if parsed else {}
     model_text = model or (parsed.model if parsed else None)
@@ -165,7 +168,13 @@ def fit(
         if workload.sequences_per_gpu % config.micro_batch:
             raise ShardplanError("micro_batch", config.micro_batch,
                                  f"must divide the {workload.sequences_per_gpu} sequences per GPU of the global batch")
-        config = config.model_copy(update={"grad_accum": workload.sequences_per_gpu // config.micro_batch})
+        from shardplan.limits import INT_RANGES
+        accum, most = workload.sequences_per_gpu // config.micro_batch, INT_RANGES["grad_accum"][1]
+        if accum > most:  # the accumulation the batch implies is in grad_accum's range, or the batch is refused
+            raise ShardplanError("global_batch_tokens", global_batch_tokens,
+                                 f"needs {accum:,} accumulation steps at micro-batch {config.micro_batch}; "
+                                 f"at most {most:,} (raise --micro-batch)")
+        config = config.model_copy(update={"grad_accum": accum})
         notes += workload.notes
     overlay = None
     if calibration is not None:
@@ -274,6 +283,10 @@ def plan_command(
     from shardplan.plan_report import plan_to_json, render_plan
     from shardplan import strategy as st
 
+    from shardplan.limits import checked_float, checked_int
+    top = checked_int("top", top)
+    global_batch = None if global_batch is None else checked_int("global_batch", global_batch)
+    price_per_gpu_hour = None if price_per_gpu_hour is None else checked_float("price_per_gpu_hour", price_per_gpu_hour)
     parsed = parse_query(query) if " on " in f" {query.strip()} ".lower() else None
     q = parsed.options if parsed else {}
     gpus_text = gpus or (parsed.gpus if parsed else None)
@@ -294,6 +307,10 @@ def plan_command(
                    grad_accum=q.get("grad_accum"), ac_every_k=q.get("ac_every_k"))
     given = {name: value if value is not None else q.get(name) for name, value in options.items()}
     base = TrainingConfig(**{name: value for name, value in given.items() if value is not None})
+    from shardplan import contradictions
+    from shardplan.planner import SEARCHED_KNOBS
+    rule_notes = contradictions.check(base, cluster, resolved.spec,  # what the search varies, its validity decides
+                                      searched={k for k in (*SEARCHED_KNOBS, "method") if k not in base.model_fields_set})
     workload = resolve_workload(base.seq_len, cluster.world_size,
                                 parse_count(global_batch_tokens, "global_batch_tokens") if global_batch_tokens else None,
                                 global_batch, context=resolved.spec.max_position_embeddings)
@@ -301,14 +318,12 @@ def plan_command(
     if calibration is not None:
         from shardplan.calibrate.overlay import load_calibration
         overlay = load_calibration(calibration)
-    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
-        raise ShardplanError("price_per_gpu_hour", price_per_gpu_hour, "must not be negative")
     methods = None if "method" in base.model_fields_set else st.METHODS
     base, precision_notes = adapt_precision(base, cluster)  # bf16 on a GPU without it: the stack's fp16
     result = run_plan(resolved.spec, cluster, base, workload, top=top,
                       train_tokens=parse_count(train_tokens, "train_tokens") if train_tokens else None,
                       price_per_gpu_hour=price_per_gpu_hour, calibration=overlay,
-                      notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes],
+                      notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes, *rule_notes],
                       bands=load_bands().with_overlay(overlay.accuracy if overlay else None), methods=methods)
     result = result.model_copy(update={"model": resolved.record(result.model)})
     typer.echo(plan_to_json(result) if as_json else render_plan(result, None if wide else output_width()))
@@ -407,13 +422,17 @@ def _sweep_list(text: Optional[str], field: str, integers: bool = False):
         raise ShardplanError(field, text, "empty list")
     if not integers:
         return items
+    from shardplan.limits import MAX_LIST_VALUES, checked_int
+
     values: list[int] = []
     for item in items:
         lo, sep, hi = item.partition("-")
-        try:
-            values += list(range(int(lo), int(hi) + 1)) if sep else [int(item)]
-        except ValueError:
-            raise ShardplanError(field, item, "expected integers like '1,2,8' or a range '1-8'") from None
+        if not (lo.strip().isdigit() and (not sep or hi.strip().isdigit())):
+            raise ShardplanError(field, item, "expected integers like '1,2,8' or a range '1-8'")
+        first, last = (checked_int(field, lo), checked_int(field, hi)) if sep else (checked_int(field, item),) * 2
+        if last - first + 1 > MAX_LIST_VALUES:
+            raise ShardplanError(field, item, f"a range of more than {MAX_LIST_VALUES:,} values")
+        values += list(range(first, last + 1))
     return values
 
 
@@ -477,11 +496,13 @@ def sweep_command(
 
 
 def _one_line_validation(err: ValidationError) -> ShardplanError:
-    first = err.errors()[0]
-    if isinstance((first.get("ctx") or {}).get("error"), ShardplanError):  # a validator's own one-line error
-        return first["ctx"]["error"]
-    field = ".".join(str(p) for p in first["loc"]) or err.title
-    return ShardplanError(field, first.get("input"), first["msg"])
+    from shardplan.errors import from_validation_error
+    return from_validation_error(err)
+
+
+# Exit code of an exception no handler expects: a bug in shardplan, never a user error (2). The
+# fuzz test treats it as a failure; SHARDPLAN_TRACEBACK=1 shows the traceback for a report.
+BUG_EXIT = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -505,7 +526,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         # click's usage errors (typer vendors its own click, so match by shape, not by class)
         if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):
-            raise
+            import os
+            if os.environ.get("SHARDPLAN_TRACEBACK"):
+                raise
+            try:
+                first = (str(err).splitlines() or [""])[0][:200]
+            except Exception:  # a message that cannot be formatted (e.g. a 5,000-digit int)
+                first = ""
+            typer.echo(f"shardplan: internal error (a bug; please report it with the command; "
+                       f"SHARDPLAN_TRACEBACK=1 shows where): {type(err).__name__}: {first}", err=True)
+            return BUG_EXIT
         message = err.format_message()
         negative = "No such option: -" in message and "No such option: --" not in message
         hint = " (put '--' before a query that starts with '-')" if negative else ""

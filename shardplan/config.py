@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
 
 from shardplan import strategy as st
 from shardplan.hardware import Cluster
@@ -68,8 +68,20 @@ class TrainingConfig(BaseModel):
     def __init__(self, **data: Any) -> None:
         # words resolved before pydantic sees them, so a bad one is the one-line ShardplanError
         # itself (pydantic would wrap it); model_validate goes through the validator below
+        from shardplan.errors import from_validation_error
         from shardplan.vocabulary import canonical_config
-        super().__init__(**canonical_config(data))
+        try:
+            super().__init__(**canonical_config(data))
+        except ValidationError as err:  # the Python API raises the one error type too
+            raise from_validation_error(err) from None
+
+    @field_validator("seq_len", "micro_batch", "grad_accum", "lora_rank", "ac_every_k", "shard_group_size",
+                     "ce_chunks", mode="before")
+    @classmethod
+    def _in_range(cls, value: Any, info: Any) -> Any:
+        """Whole numbers within limits.INT_RANGES (2**48 tokens would wrap int64 in the formulas)."""
+        from shardplan.limits import checked_int
+        return None if value is None else checked_int(info.field_name, value)
 
     @model_validator(mode="before")
     @classmethod

@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from shardplan import strategy as st
+from shardplan import contradictions, strategy as st
 from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.errors import ShardplanError
 from shardplan.hardware import Cluster, check_precision
 from shardplan.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
 from shardplan.model import ModelSpec
+from shardplan.overflow import bad_results, check_one, quiet_numpy
 from shardplan.verdict import ADVICE, PEAKS, VERDICTS, judge, throughput_band
 
 
@@ -118,8 +119,10 @@ def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: l
 
     config = resolve_stack(config, cluster.world_size)
     c = _columns(spec, cluster, config)
-    m = estimate_memory(c, allocator=allocator)
-    judged = judge(m, c, bands)
+    with quiet_numpy():
+        m = estimate_memory(c, allocator=allocator)
+        judged = judge(m, c, bands)
+    check_one(c, m, config)  # an overflowed result is an error, never a verdict
     scalar = {k: v.item() if isinstance(v, np.ndarray) else v for k, v in m.items()}
     verdict = {k: x.item() for k, x in judged.items()}
     notes = list(notes or [])
@@ -177,7 +180,9 @@ def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calib
     with tokens/s's band (``tokens_per_s_low/high``, ``tokens_per_s_per_gpu_low/high``)."""
     from shardplan.planner import evaluate_grid  # the time model is only needed when a batch is given
 
-    r = evaluate_grid(_columns(spec, cluster, config), True, cluster, calibration, bands)
+    c = _columns(spec, cluster, config)
+    r = evaluate_grid(c, True, cluster, calibration, bands)
+    check_one(c, r, config)
     out = {name: float(r[name]) for name in TIME_FIELDS}
     for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
         low, high = throughput_band(out[name], bands)
@@ -208,8 +213,10 @@ def minimum_gpus(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limi
     knobs["shard_group_size"] = np.minimum(knobs["shard_group_size"], world)
     values = {**cluster_values(cluster), "world_size": world, "gpus_per_node": per_node}
     c = Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **values, **knobs)
-    m = estimate_memory(c, allocator=allocator)
-    fitting = world[judge(m, c, bands, per_class=False)["verdict"] == 0]
+    with quiet_numpy():
+        m = estimate_memory(c, allocator=allocator)
+        fits = (judge(m, c, bands, per_class=False)["verdict"] == 0) & ~bad_results(c, m)
+    fitting = world[fits]
     return int(fitting[0]) if fitting.size else None
 
 
@@ -281,6 +288,7 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
     GPU that is ``single``: no wrapper, as a one-GPU run is launched); alternatives for every one
     that is not ``fits`` (``tight`` included). ``allocator``: an ``allocator.AllocatorModel`` (a
     calibration overlay's), else the measured defaults; ``bands``: the verdict's band data."""
+    searched = ("strategy",) if strategies is None else ()  # fit over every strategy lists invalid ones as such
     if strategies is None and cluster.world_size == 1:
         strategies = ["single"]
     elif strategies is None:
@@ -293,7 +301,8 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
     for name in strategies:
         cfg = _with(config, strategy=canonical("strategy", name))  # model_copy does not validate: resolve aliases here
         check_config(spec, cluster, cfg)
-        result = evaluate(spec, cluster, cfg, notes, allocator=allocator, bands=bands)
+        rule_notes = contradictions.check(cfg, cluster, spec, searched=searched)  # errors raise here
+        result = evaluate(spec, cluster, cfg, [*(notes or []), *rule_notes], allocator=allocator, bands=bands)
         if not result.fits:
             result = result.model_copy(update={"alternatives": alternatives(spec, cluster, cfg, allocator=allocator,
                                                                             bands=bands)})

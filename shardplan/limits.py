@@ -32,6 +32,44 @@ MAX_PARAMS = 10**15             # 1,000 T parameters; the largest published mode
 MAX_TOKENS = 10**18             # global batch / training tokens (largest published runs ~4·10^13)
 MAX_BYTES = 2**60               # capacities, host RAM, message sizes (1 EiB)
 MAX_DIGITS = 24                 # longer digit strings are refused before int() (Python's 4300-digit limit)
+MAX_TOP = 10_000                # plans a report lists; the planner's whole search is ~10^3-10^4 candidates
+MAX_LIST_VALUES = 100_000       # values one sweep list or 'lo-hi' range expands to (before the product is formed)
+MAX_ITERS = 100_000             # timed / warm-up iterations per size (nccl-tests defaults: 20 / 5)
+MAX_PRICE_PER_GPU_HOUR = 1e6    # $ per GPU-hour; cloud list prices are ~$1-$100
+
+# The range of every whole-number value a user states, by the field name errors use. One table:
+# TrainingConfig's validators, the CLI options, query words and the sweep's lists all read it, and
+# docs/errors.md lists it (tests/test_bad_values.py checks that the two agree).
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "seq_len": (1, MAX_SEQ_LEN),
+    "micro_batch": (1, MAX_MICRO_BATCH),
+    "grad_accum": (1, MAX_GRAD_ACCUM),
+    "lora_rank": (1, MAX_LORA_RANK),
+    "ac_every_k": (1, MAX_LAYERS),          # every k-th of at most MAX_LAYERS blocks
+    "shard_group_size": (1, MAX_GPUS),
+    "ce_chunks": (0, MAX_CE_CHUNKS),        # 0: chunked cross-entropy off
+    "gpu_counts": (1, MAX_GPUS),
+    "nodes": (1, MAX_GPUS),
+    "global_batch": (1, MAX_TOKENS),        # sequences
+    "global_batch_tokens": (1, MAX_TOKENS),
+    "train_tokens": (1, MAX_TOKENS),
+    "host_ram": (1, MAX_BYTES),
+    "top": (1, MAX_TOP),
+    # calibrate's options
+    "world_size": (1, MAX_GPUS),
+    "iters": (1, MAX_ITERS),
+    "warmup": (0, MAX_ITERS),
+    "threads": (1, 4096),                   # torch.set_num_threads; the largest hosts have ~10^3 cores
+}
+FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "price_per_gpu_hour": (0.0, MAX_PRICE_PER_GPU_HOUR),
+    # calibrate's quality thresholds: a NaN would switch the check off (every comparison is False)
+    "min_r2_log": (0.0, 1.0),               # R² of the fit in log space
+    "max_rel_err": (0.0, 100.0),            # relative error, a fraction
+    "min_saturation": (0.0, 1.0),           # fraction of F_max the largest size must reach
+    "peak_tflops": (1e-6, 1e9),             # nameplate TFLOP/s; the largest GPUs are ~10^4 (sparse fp4)
+    "timeout": (1e-3, 1e7),                 # seconds per configuration (~4 months)
+}
 
 _INTEGER_TEXT = re.compile(r"^\s*[+]?\d+\s*$")
 
@@ -76,3 +114,15 @@ def bounded_float(value: object, field: str, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not math.isfinite(number) or not lo <= number <= hi:
         raise ShardplanError(field, _shown(value), f"expected a finite number in [{lo:g}, {hi:g}]")
     return number
+
+
+def checked_int(field: str, value: object) -> int:
+    """``value`` checked against ``INT_RANGES[field]`` (the one table), or a one-line error."""
+    lo, hi = INT_RANGES[field]
+    return bounded_int(value, field, lo, hi)
+
+
+def checked_float(field: str, value: object) -> float:
+    """``value`` checked against ``FLOAT_RANGES[field]``, or a one-line error."""
+    lo, hi = FLOAT_RANGES[field]
+    return bounded_float(value, field, lo, hi)

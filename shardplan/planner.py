@@ -22,10 +22,11 @@ from shardplan.errors import ShardplanError
 from shardplan.hardware import Cluster, check_precision
 from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
 from shardplan.model import ModelSpec
+from shardplan.overflow import OVERFLOW_NOTE, bad_results, check_one, quiet_numpy
 from shardplan.stacks import stack_label
 from shardplan.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.throughput import compute_rates, step_time, training_cost
-from shardplan.verdict import ADVICE, FITS, TIGHT, VERDICTS, judge, throughput_band
+from shardplan.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge, throughput_band
 
 PLAN_AC = ("none", "selective", "full")
 PLAN_OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -144,6 +145,13 @@ def resolve_workload(seq_len: int, world_size: int, global_batch_tokens: int | N
         requested = global_batch_tokens
     per_gpu_exact = requested / (seq_len * world_size)
     per_gpu = max(1, int(round(per_gpu_exact)))
+    from shardplan.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH
+    if per_gpu > MAX_MICRO_BATCH * MAX_GRAD_ACCUM:  # no micro-batch x accumulation within their ranges makes it
+        field = "global_batch" if global_batch_sequences is not None else "global_batch_tokens"
+        raise ShardplanError(field, global_batch_sequences if global_batch_sequences is not None else requested,
+                             f"{per_gpu:,} sequences per GPU of {seq_len:,} tokens; at most "
+                             f"{MAX_MICRO_BATCH * MAX_GRAD_ACCUM:,} (micro-batch {MAX_MICRO_BATCH:,} x "
+                             f"{MAX_GRAD_ACCUM:,} accumulation steps)")
     tokens = per_gpu * world_size * seq_len
     if tokens != requested:
         notes.append(f"global batch adjusted from {requested:,} to {tokens:,} tokens = {per_gpu} sequence(s) per GPU "
@@ -248,15 +256,21 @@ def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
     """Memory, communication and time for every row, each computed once over the whole grid.
     ``fits`` is the verdict's (peak + band under capacity; shardplan/verdict.py), the no_sync
     gradients counted in the peak; tokens/s carries its band (``*_low`` / ``*_high``)."""
-    m = estimate_memory(c)
     links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
-    v = comm_volume(c, sync)
-    t = step_time(c, links, rates, sync, volume=v)
-    device_total = m["device_total_bytes"] + v["no_sync_grad_bytes"]
-    verdict = judge(m, c, bands, device_total_bytes=device_total, extra_allocated_bytes=v["no_sync_grad_bytes"])
+    with quiet_numpy():  # overflowed rows are judged by the guard, never shown as warnings
+        m = estimate_memory(c)
+        v = comm_volume(c, sync)
+        t = step_time(c, links, rates, sync, volume=v)
+        device_total = m["device_total_bytes"] + v["no_sync_grad_bytes"]
+        verdict = judge(m, c, bands, device_total_bytes=device_total, extra_allocated_bytes=v["no_sync_grad_bytes"])
     out = {**m, **v, **t, **verdict, "device_total_bytes": device_total,
            "headroom_bytes": c.gpu_memory_bytes - device_total, "fits": verdict["verdict"] == FITS,
            "calibrated": np.asarray(links.calibrated or rates.calibrated)}
+    overflow = bad_results(c, out)  # an overflowed row is not a candidate (overflow.py)
+    out["overflow"] = overflow
+    out["valid"] = out["valid"] & ~overflow
+    out["fits"] = out["fits"] & ~overflow
+    out["verdict"] = np.where(overflow, DOES_NOT_FIT, out["verdict"]).astype(np.asarray(out["verdict"]).dtype)
     for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
         out[f"{name}_low"], out[f"{name}_high"] = throughput_band(t[name], bands)
     return out
@@ -367,6 +381,11 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     c, extra = build_grid(spec, cluster, base, workload, methods=methods)
     sync = extra["sync_every_micro_batch"]
     r = evaluate_grid(c, sync, cluster, calibration, bands)
+    if bool(np.all(r["overflow"])):
+        check_one(c, r, base)
+    overflow_rows = int(np.count_nonzero(r["overflow"]))
+    if overflow_rows:
+        notes = [*(notes or []), f"{overflow_rows:,} of {c.shape[0]:,} candidates left out: {OVERFLOW_NOTE}"]
     fitting = np.flatnonzero(r["fits"])
     order = fitting[np.lexsort((-r["headroom_bytes"][fitting], -r["tokens_per_s"][fitting]))]
     chosen = _best_per_family(order, c, top)

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 from shardplan import vocabulary as vocab
 from shardplan.errors import ShardplanError
+from shardplan.limits import INT_RANGES
 from shardplan.names import normalize
 from shardplan.units import parse_count
 
@@ -90,7 +91,8 @@ def parse_query(text: str) -> ParsedQuery:
         key = normalize(word)
         if key in numbers:
             name = numbers[key]
-            options[name] = parse_count(_value_after(rest, i, word, "a number"), field=name)
+            lo, hi = INT_RANGES[name]
+            options[name] = parse_count(_value_after(rest, i, word, "a number"), field=name, hi=hi, lo=lo)
             i += 2
         elif key in keys:
             knob = vocab.knob(keys[key])

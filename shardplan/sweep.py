@@ -43,6 +43,7 @@ from shardplan.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
 from shardplan.verdict import DOES_NOT_FIT, FITS, VERDICTS, bounded_verdict, judge, throughput_band
 from shardplan.models import resolve_model
+from shardplan.overflow import OVERFLOW_NOTE, bad_results, quiet_numpy
 from shardplan.units import parse_capacity_bytes
 
 DEFAULT_CHUNK_ROWS = 1 << 20
@@ -137,17 +138,11 @@ class _Axis:
         return len(self.labels)
 
 
-def _positive_ints(name: str, values: Iterable) -> list[int]:
-    out = []
-    for v in values:
-        try:
-            iv = int(v)
-        except (TypeError, ValueError):
-            raise ShardplanError(name, v, "expected a positive integer") from None
-        if iv != v or iv < 1:
-            raise ShardplanError(name, v, "expected a positive integer")
-        out.append(iv)
-    return _dedupe(out)
+def _checked_ints(name: str, values: Iterable) -> list[int]:
+    """Each value a whole number within ``limits.INT_RANGES[name]`` (the one table)."""
+    from shardplan.limits import checked_int
+
+    return _dedupe(checked_int(name, v) for v in values)
 
 
 def _knob_axis(arg: str, values: Any, context: dict[str, Any] | None = None) -> _Axis:
@@ -159,7 +154,7 @@ def _knob_axis(arg: str, values: Any, context: dict[str, Any] | None = None) -> 
     if arg == "dropout":
         flags = _dedupe(bool(v) for v in _as_list(values))
         return _Axis(arg, tuple(flags), np.asarray(flags, dtype=bool))
-    ints = _positive_ints(arg, _as_list(values))
+    ints = _checked_ints(arg, _as_list(values))
     if not ints:
         raise ShardplanError(arg, values, "needs at least one value")
     return _Axis(arg, tuple(ints), np.asarray(ints, dtype=np.int64))
@@ -181,6 +176,7 @@ RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter
 COMPUTE_FIELDS = ("gemm_efficiency", "gemm_m_half", "gemm_p", "attention_efficiency", "hbm_bytes_per_s",
                   "host_link_bytes_per_s", "cpu_optimizer_bytes_per_s_per_node", "nccl_sm_fraction")
 PEAK_FIELD = "peak_flops_by_precision"
+OVERFLOW_KEY = "_overflow"  # evaluate_columns' per-row overflow mask (popped by sweep; counted in a note)
 
 
 def _cluster_for(gpu: str, count: int, nodes: int | None, **link_options) -> tuple[Cluster | None, str]:
@@ -227,9 +223,9 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
     axes["models"] = _Axis("models", tuple(s.name for s in specs), np.arange(len(specs)))
     gpu_texts = _dedupe(str(g).strip() for g in _as_list(args["gpus"]))
     axes["gpus"] = _Axis("gpus", tuple(gpu_texts), np.arange(len(gpu_texts)))
-    nodes = [None] if args["nodes"] is None else _positive_ints("nodes", _as_list(args["nodes"]))
+    nodes = [None] if args["nodes"] is None else _checked_ints("nodes", _as_list(args["nodes"]))
     axes["nodes"] = _Axis("nodes", tuple(nodes), np.arange(len(nodes)))
-    counts = _positive_ints("gpu_counts", _as_list(args["gpu_counts"]))
+    counts = _checked_ints("gpu_counts", _as_list(args["gpu_counts"]))
     axes["gpu_counts"] = _Axis("gpu_counts", tuple(counts), np.asarray(counts, dtype=np.int64))
     for arg in CATEGORICAL_KNOBS:
         if arg == "strategies" and args[arg] is None:  # all; ``single`` only where a count is one GPU
@@ -255,9 +251,7 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
             codes = _dedupe(st.code(_STACK_KNOB_NAMES[arg], v, arg) for v in _as_list(raw))
             axes[arg] = _Axis(arg, tuple(_STACK_KNOB_NAMES[arg][i] for i in codes), np.asarray(codes, dtype=np.int64))
         elif arg == "ce_chunks":
-            vals = _dedupe(int(v) for v in _as_list(raw))
-            if any(v < 0 for v in vals):
-                raise ShardplanError(arg, raw, "expected integers >= 0")
+            vals = _checked_ints(arg, _as_list(raw))  # 0 (off) is in ce_chunks' range
             axes[arg] = _Axis(arg, tuple(vals), np.asarray(vals, dtype=np.int64))
         elif arg == "lora_dropout":
             vals = _dedupe(float(v) for v in _as_list(raw))
@@ -271,7 +265,7 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
     if groups is None:
         axes["shard_group_size"] = _Axis("shard_group_size", (None,), np.asarray([0]))
     else:
-        g = _positive_ints("shard_group_size", _as_list(groups))
+        g = _checked_ints("shard_group_size", _as_list(groups))
         axes["shard_group_size"] = _Axis("shard_group_size", tuple(g), np.asarray(g, dtype=np.int64))
 
     ranks = axes["lora_rank"].labels
@@ -433,10 +427,13 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     """
     judged = want is None or bool(want & (set(VERDICT_COLUMNS) | {"fits"}))
     exact = want is None or bool(want & (set(VERDICT_COLUMNS) - {"verdict"}))
-    out = dict(estimate_memory(c, breakdown=exact or bool(want & set(BREAKDOWN_TERMS))))
+    with quiet_numpy():  # overflowed rows are marked by the guard below, never shown as warnings
+        out = dict(estimate_memory(c, breakdown=exact or bool(want & set(BREAKDOWN_TERMS))))
+    overflow = bad_results(c, out)  # results past int64 are not answers (overflow.py)
+    out[OVERFLOW_KEY] = overflow
     # a row is runnable when its cluster is and its precision exists on the GPU (no bf16 on V100/T4)
     bf16 = (np.asarray(c.precision) == st.BF16_MIXED) | (np.asarray(c.precision) == st.BF16_PURE)
-    usable = extra["cluster_ok"] & (extra.get("has_bf16", True) | ~bf16)
+    usable = extra["cluster_ok"] & (extra.get("has_bf16", True) | ~bf16) & ~overflow
     out["valid"] = out["valid"] & usable
     if judged and exact:
         v = judge(out, c, bands, per_class=False, with_advice=False)
@@ -459,7 +456,8 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
         return out
     links = comm.LinkRates(**{f: extra[f] for f in RATE_FIELDS})
     rates = throughput.ComputeRates(**{f: extra[f] for f in COMPUTE_FIELDS + (PEAK_FIELD,)})
-    out.update(throughput.step_time(c, links, rates, volume=volume))
+    with quiet_numpy():
+        out.update(throughput.step_time(c, links, rates, volume=volume))
     out["tokens_per_s_low"], out["tokens_per_s_high"] = throughput_band(out["tokens_per_s"], bands)
     return out
 
@@ -474,7 +472,8 @@ def _bounded_verdict(c: Columns, out: dict[str, Any], bands: AccuracyBands | Non
     if rows.size:
         index = np.unravel_index(rows, shape)
         sub = Columns(**{f.name: _take(getattr(c, f.name), index, shape) for f in fields(Columns)})
-        m = estimate_memory(sub)
+        with quiet_numpy():
+            m = estimate_memory(sub)
         m["valid"] = _take(out["valid"], index, shape)
         verdict.reshape(-1)[rows] = judge(m, sub, bands, per_class=False, with_advice=False)["verdict"]
     return verdict
@@ -600,11 +599,12 @@ def sweep(
                 lora_dropout=lora_dropout, reentrant_checkpointing=reentrant_checkpointing,
                 quant_state_sharded=quant_state_sharded, quant_format=quant_format, load_mode=load_mode,
                 checkpoint_wrapper=checkpoint_wrapper)
+    from shardplan.limits import bounded_int, checked_int
+
     link_options = dict(intra_link=intra_link, inter_link=inter_link,
-                        host_ram_bytes_per_node=(parse_capacity_bytes(host_ram, "host_ram")
-                                                 if isinstance(host_ram, str) else host_ram))
-    if int(chunk_size) < 1:
-        raise ShardplanError("chunk_size", chunk_size, "must be at least 1")
+                        host_ram_bytes_per_node=(parse_capacity_bytes(host_ram, "host_ram") if isinstance(host_ram, str)
+                                                 else None if host_ram is None else checked_int("host_ram", host_ram)))
+    chunk_size = bounded_int(chunk_size, "chunk_size", 1, 2**31)
     plan = _plan(args, link_options)
     total = plan.rows
     show = (sys.stderr.isatty() and total >= 2 * DEFAULT_CHUNK_ROWS) if progress is None else bool(progress)
@@ -617,12 +617,14 @@ def sweep(
     names: list[str] | None = None
     want: set[str] | None = None
     keep_lists = valid_only
+    overflow_rows = 0
 
     for start, index, grid in _chunks(plan.shape, int(chunk_size)):
         ix, grid = _axis_index(index, plan)
         n = math.prod(grid)
         c, extra = _chunk_columns(plan, ix)
         out = evaluate_columns(c, extra, want, bands)
+        overflow_rows += int(np.count_nonzero(np.broadcast_to(out.pop(OVERFLOW_KEY), grid)))
         if names is None:
             available = ["gpus_per_node", "nodes"] + [k for k in out if k not in ("gpus_per_node", "nodes", "world_size")]
             names = _column_names(columns, available)
@@ -673,7 +675,7 @@ def sweep(
         else:
             frame[name] = values
     df = pd.DataFrame(frame, copy=False)
-    df.attrs["notes"] = plan.cluster_notes
+    df.attrs["notes"] = plan.cluster_notes + ([f"{overflow_rows:,} rows: {OVERFLOW_NOTE}"] if overflow_rows else [])
     return df
 
 

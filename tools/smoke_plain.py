@@ -149,6 +149,8 @@ def judge(check: Check, code: int, out: str, err: str, folder: Path, plain: bool
     """None when the check passed, else why not."""
     if "Traceback" in out + err:
         return "a traceback"
+    if code == 3 or "shardplan: internal error" in err:  # cli.main's one-line report of an unexpected exception
+        return "a bug (exit 3, shardplan: internal error)"
     wanted = f'pip install "shardplan[{check.extra}]"' if check.extra else None
     lines = [ln for ln in err.splitlines() if ln.strip()]
     if wanted and code == 2:

@@ -66,6 +66,7 @@ def fsdp_cmd(
     from shardplan.calibrate.launch import check_world_size, resolve_launch, run_grid
     from shardplan.calibrate.results import flatten, read_jsonl, write_csv_atomic, write_json_atomic
 
+    _check_options(world_size=world_size, micro_batch=micro_batch, seq_len=seq_len, timeout=timeout)
     try:
         require("torch", "calibrate")  # before anything runs or is recorded
         if launch not in ("auto", "fake", "spawn", "torchrun"):
@@ -174,6 +175,7 @@ def collectives_cmd(
     from shardplan.calibrate.overlay import write_calibration
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
+    _check_options(world_size=world_size, iters=iters, warmup=warmup, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
     got = []
     source = {}
     if nccl_tests or samples:
@@ -233,6 +235,7 @@ def compute_cmd(
     element-wise memory bandwidth."""
     from dataclasses import asdict
 
+    _check_options(iters=iters, warmup=warmup, min_saturation=min_saturation, peak_tflops=peak_tflops, threads=threads)
     torch = require("torch", "calibrate")
 
     from shardplan.calibrate.compute import (bandwidth_entries, fit_efficiency, measure_bandwidth,
@@ -260,6 +263,17 @@ def compute_cmd(
         typer.echo(f"{e['kernel']:5s} {e['dtype']:9s} {e['device']}: {e['bytes_per_s'] / 1e9:.1f} GB/s "
                    f"({e['size_bytes']:,} B operands)")
     typer.echo(f"wrote {out}")
+
+
+def _check_options(**values) -> None:
+    """Numbers and thresholds within limits.INT_RANGES / FLOAT_RANGES before anything runs (a NaN
+    threshold would switch its check off; 0 iterations leave nothing to time)."""
+    from shardplan.limits import INT_RANGES, checked_float, checked_int
+
+    for name, value in values.items():
+        for v in (value if isinstance(value, list) else [value]):
+            if v is not None:
+                (checked_int if name in INT_RANGES else checked_float)(name, v)
 
 
 def _env() -> dict:
