@@ -60,6 +60,10 @@ MAX_SIZE_LADDER = 64
 # Timed iterations per size of a calibration benchmark (nccl-tests' default -n 20 -w 5): more only
 # repeats the measurement; 10^5 iterations of a 1 GiB all-reduce would already take hours.
 MAX_TIMED_ITERS = 100_000
+# Points one collective fit takes (one op, world size and tier): its breakpoint search is exhaustive,
+# O(points^2) line fits for three segments (measured 0.5 s at 64 points, 2.4 s at 128, 8.7 s at
+# 256). A ladder has at most MAX_SIZE_LADDER sizes, nccl-tests' default 25: 128 is two ladders.
+MAX_FIT_POINTS = 128
 # Local ranks `calibrate collectives` / `calibrate fsdp --launch spawn` start on a machine without
 # CUDA (gloo on the CPU): each is a Python process importing torch (measured 218 MiB RSS before any
 # buffer), so 64 ranks hold ~14 GiB; on CUDA machines the visible GPU count bounds them instead.

@@ -213,3 +213,23 @@ def test_size_ladder_is_bounded_and_exact():
         with pytest.raises(Exception) as err:
             default_sizes(1024, 1 << 20, bad, cuda=False)
         assert "factor" in str(err.value)
+
+
+def test_a_collective_fit_of_too_many_points_is_refused(tmp_path):
+    """The piecewise fit's breakpoint search is exhaustive (O(points^2) line fits): a file of 8
+    repeated nccl-tests ladders (248 points) took 12 s before the bound, 40 ladders would take
+    ~25x that; it is refused above MAX_FIT_POINTS."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "nccl_tests_sample_all_reduce_perf.txt").read_text()
+    header = [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    rows = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text("\n".join(header + rows * 8) + "\n")
+    with _deadline(60):
+        _refused(run_cli("calibrate", "collectives", "--nccl-tests", path, "--out", tmp_path / "c.json"),
+                 f"samples={len(rows) * 8}", f"more than {limits.MAX_FIT_POINTS}")
+    assert not (tmp_path / "c.json").exists()
+    ok = tmp_path / "one.txt"
+    ok.write_text(text)
+    assert run_cli("calibrate", "collectives", "--nccl-tests", ok, "--out", tmp_path / "c.json").exit_code == 0

@@ -35,7 +35,7 @@ import numpy as np
 from shardplan.atomic_write import write_text_atomic
 from shardplan.calibrate.timing import seconds_per_call
 from shardplan.errors import ShardplanError
-from shardplan.limits import MAX_BYTES, MAX_LOCAL_CPU_RANKS, MAX_SIZE_LADDER, MAX_TIMED_ITERS, bounded_int
+from shardplan.limits import MAX_BYTES, MAX_LOCAL_CPU_RANKS, MAX_FIT_POINTS, MAX_SIZE_LADDER, MAX_TIMED_ITERS, bounded_int
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 MIN_R2_LOG = 0.90
@@ -163,6 +163,9 @@ def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err:
     pts = sorted((s.size_bytes, s.time_s) for s in samples if s.time_s > 0 and s.size_bytes > 0)
     if len(pts) < 3:
         raise ShardplanError("samples", len(pts), "need at least 3 positive (size, time) points")
+    if len(pts) > MAX_FIT_POINTS:  # the breakpoint search below is exhaustive (limits.py)
+        raise ShardplanError("samples", len(pts), f"more than {MAX_FIT_POINTS} (size, time) points for "
+                                                  f"{op} on {n} ranks ({tier}); fit one size ladder at a time")
     size = np.array([p[0] for p in pts], dtype=float)
     t = np.array([p[1] for p in pts], dtype=float)
     x = size * float(bus_factor(op, n))
