@@ -39,8 +39,8 @@ MAX_DIGITS = 24                 # longer digit strings are refused before int() 
 MAX_DIVISOR_TRIALS = 10**7
 # Rows one `shardplan.sweep` / `shardplan sweep` evaluates unless max_configurations raises it. The
 # DataFrame is held in memory: measured 765 B a row with all 114 columns, 136 B with
-# columns="summary" (sweep.SWEEP_ROW_BYTES), so the bound is ~7 GiB / ~1.3 GiB; benchmarks/
-# sweep_speed.py's 9.95 M-row grid stays under it. Past it the CLI and the API refuse with the count.
+# columns="summary" (sweep.SWEEP_ROW_BYTES), so the bound is ~7 GiB / ~1.3 GiB (benchmarks/
+# sweep_speed.py's 11.2 M-row grid raises it explicitly). Past it the CLI and the API refuse with the count.
 MAX_SWEEP_CONFIGURATIONS = 10_000_000
 # Cells of a sweep's model table (models x LoRA ranks x targets) or cluster table (GPUs x node
 # counts x GPU counts): each cell is resolved in Python before the first row (measured ~12 ms a

@@ -30,8 +30,8 @@ from shardplan.throughput import compute_rates, step_time, training_cost
 from shardplan.verdict import ADVICE, FITS, TIGHT, VERDICTS, judge, throughput_band
 
 PLAN_AC = ("none", "selective", "full")
-PLAN_ROW_BYTES = 1_900  # peak memory one candidate row takes while the grid is evaluated (measured; limits.py)
 PLAN_OFFLOADS = ("none", "optimizer", "optimizer+params")
+PLAN_ROW_BYTES = 1_900  # peak memory one candidate row takes while the grid is evaluated (measured; limits.py)
 
 
 class Workload(BaseModel):
