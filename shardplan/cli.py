@@ -20,6 +20,7 @@ from shardplan.fit import fit as fit_strategies, step_timing
 from shardplan.hardware import (GPUProfile, LinkProfile, adapt_precision, cluster_notes, get_hardware, gpu_profiles,
                                 link_profiles, parse_gpus)
 from shardplan.layout import output_width, table
+from shardplan.limits import MAX_AXIS_VALUES, MAX_PLAN_CONFIGURATIONS, MAX_SWEEP_CONFIGURATIONS
 from shardplan.model import ModelSpec
 from shardplan.models import model_profiles, resolve_model
 from shardplan.profiles import load_profile, read_json
@@ -275,6 +276,8 @@ def plan_command(
     intra_link: Optional[str] = typer.Option(None, help="intra-node link profile"),
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile"),
     top: int = typer.Option(5, help="how many plans to show"),
+    max_configurations: int = typer.Option(MAX_PLAN_CONFIGURATIONS, help="the most candidates one plan evaluates "
+                                           "(one array, ~1.9 kB each); a larger search is refused with its count"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ):
@@ -324,7 +327,8 @@ def plan_command(
                       train_tokens=parse_count(train_tokens, "train_tokens") if train_tokens else None,
                       price_per_gpu_hour=price_per_gpu_hour, calibration=overlay,
                       notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes, *rule_notes],
-                      bands=load_bands().with_overlay(overlay.accuracy if overlay else None), methods=methods)
+                      bands=load_bands().with_overlay(overlay.accuracy if overlay else None), methods=methods,
+                      max_configurations=max_configurations)
     result = result.model_copy(update={"model": resolved.record(result.model)})
     typer.echo(plan_to_json(result) if as_json else render_plan(result, None if wide else output_width()))
 
@@ -422,7 +426,7 @@ def _sweep_list(text: Optional[str], field: str, integers: bool = False):
         raise ShardplanError(field, text, "empty list")
     if not integers:
         return items
-    from shardplan.limits import MAX_LIST_VALUES, checked_int
+    from shardplan.limits import checked_int
 
     values: list[int] = []
     for item in items:
@@ -430,9 +434,10 @@ def _sweep_list(text: Optional[str], field: str, integers: bool = False):
         if not (lo.strip().isdigit() and (not sep or hi.strip().isdigit())):
             raise ShardplanError(field, item, "expected integers like '1,2,8' or a range '1-8'")
         first, last = (checked_int(field, lo), checked_int(field, hi)) if sep else (checked_int(field, item),) * 2
-        if last - first + 1 > MAX_LIST_VALUES:
-            raise ShardplanError(field, item, f"a range of more than {MAX_LIST_VALUES:,} values")
-        values += list(range(first, last + 1))
+        if last - first + 1 + len(values) > MAX_AXIS_VALUES:  # measured before the list is built
+            raise ShardplanError(field, text, f"lists {max(last - first + 1, 0) + len(values):,} values; a sweep axis "
+                                              f"holds at most {MAX_AXIS_VALUES:,}")
+        values += range(first, last + 1)
     return values
 
 
@@ -458,6 +463,9 @@ def sweep_command(
     columns: str = typer.Option("all", help="'all', 'summary', or comma-separated column names"),
     valid_only: bool = typer.Option(False, help="drop combinations the frameworks cannot express"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="stderr progress bar (default: on a terminal)"),
+    max_configurations: int = typer.Option(MAX_SWEEP_CONFIGURATIONS, help="the most rows one sweep evaluates (held "
+                                           "in memory, ~765 B each with all columns); a larger product is refused "
+                                           "with its count"),
 ):
     """Evaluate the product of every listed value; one row per configuration, written atomically."""
     import time
@@ -481,7 +489,7 @@ def sweep_command(
         micro_batch=_sweep_list(micro_batch, "micro_batch", True), seq_len=_sweep_list(seq_len, "seq_len", True),
         grad_accum=_sweep_list(grad_accum, "grad_accum", True), stack=_sweep_list(stack, "stack"),
         columns=columns, valid_only=valid_only,
-        progress=progress,
+        progress=progress, max_configurations=max_configurations,
     )
     elapsed = time.perf_counter() - t0
     with atomic_path(output) as tmp:

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from shardplan.errors import ShardplanError
+from shardplan.limits import MAX_GPUS
 from shardplan.names import did_you_mean, normalize
 from shardplan.profiles import find_by_name, load_all
 
@@ -209,8 +210,7 @@ _SEP = r"(?:\s*[x×*]\s*|\s+)"
 _GPUS = re.compile(rf"^\s*(?:(\d+){_SEP})?(\d+){_SEP}((?!gi?b\s*$)\S.*?)\s*$", re.IGNORECASE)
 _CAPACITY_GPU = re.compile(r"^(\d+(?:\.\d+)?)\s*gi?b?$", re.IGNORECASE)
 # ASSUMPTION: no training cluster reaches a million GPUs (the largest announced hold a few hundred
-# thousand); a count above it is a typo, refused before any arithmetic on it.
-MAX_GPUS = 1_000_000
+# thousand); a count above it is a typo, refused before any arithmetic on it (limits.MAX_GPUS).
 GPUS_GRAMMAR = "COUNTxGPU or NODESxCOUNTxGPU, e.g. '8xh100-sxm', '8 h100', '4x24GB', '2x8xa100-80gb'"
 
 

@@ -33,7 +33,6 @@ MAX_TOKENS = 10**18             # global batch / training tokens (largest publis
 MAX_BYTES = 2**60               # capacities, host RAM, message sizes (1 EiB)
 MAX_DIGITS = 24                 # longer digit strings are refused before int() (Python's 4300-digit limit)
 MAX_TOP = 10_000                # plans a report lists; the planner's whole search is ~10^3-10^4 candidates
-MAX_LIST_VALUES = 100_000       # values one sweep list or 'lo-hi' range expands to (before the product is formed)
 MAX_ITERS = 100_000             # timed / warm-up iterations per size (nccl-tests defaults: 20 / 5)
 MAX_PRICE_PER_GPU_HOUR = 1e6    # $ per GPU-hour; cloud list prices are ~$1-$100
 
@@ -71,7 +70,48 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "timeout": (1e-3, 1e7),                 # seconds per configuration (~4 months)
 }
 
+# --- searches and sizes: how much work one command may be asked to do --------------------------
+# A divisor search tries at most this many candidates (numpy, ~0.1 s): the divisors of a GPU count
+# (<= MAX_GPUS) need sqrt(10^6) = 1,000; micro-batch divisors stop at the largest micro-batch.
+MAX_DIVISOR_TRIALS = 10**7
+# Rows one `shardplan.sweep` / `shardplan sweep` evaluates unless max_configurations raises it. The
+# DataFrame is held in memory: measured 765 B a row with all 114 columns, 136 B with
+# columns="summary" (sweep.SWEEP_ROW_BYTES), so the bound is ~7 GiB / ~1.3 GiB (benchmarks/
+# sweep_speed.py's 11.2 M-row grid raises it explicitly). Past it the CLI and the API refuse with the count.
+MAX_SWEEP_CONFIGURATIONS = 10_000_000
+# Cells of a sweep's model table (models x LoRA ranks x targets) or cluster table (GPUs x node
+# counts x GPU counts): each cell is resolved in Python before the first row (measured ~12 ms a
+# model cell, ~2.5 ms a cluster cell), so 4,096 cells cost at most ~50 s; published grids use < 10^2.
+MAX_SWEEP_TABLE_CELLS = 4_096
+# Values one sweep axis may list (a list, a range, or the CLI's '1-4096'): the list is built before
+# the configuration bound can be checked, so it has a bound of its own.
+MAX_AXIS_VALUES = 100_000
+# Candidates one `plan` search evaluates in one array (methods x strategies x engines x AC x
+# offload x micro-batch x HSDP groups x sync) as one array: measured ~1.9 kB of peak memory a row
+# (planner.PLAN_ROW_BYTES), so 10^6 rows is ~1.8 GiB and ~25 s. 8 GPUs plan 594 candidates
+# (21,546 with 720 sequences per GPU); 720,720 GPUs with 720 sequences per GPU 506,331.
+MAX_PLAN_CONFIGURATIONS = 1_000_000
+# Message sizes `calibrate collectives` measures: the ladder min, min*factor, ... up to max has at
+# most this many rungs (nccl-tests' default 8 B..128 MiB x2 is 25), and no buffer above MAX_BYTES.
+MAX_SIZE_LADDER = 64
+# Points one collective fit takes (one op, world size and tier): its breakpoint search is exhaustive,
+# O(points^2) line fits for three segments (measured 0.5 s at 64 points, 2.4 s at 128, 8.7 s at
+# 256). A ladder has at most MAX_SIZE_LADDER sizes, nccl-tests' default 25: 128 is two ladders.
+MAX_FIT_POINTS = 128
+# Local ranks `calibrate collectives` / `calibrate fsdp --launch spawn` start on a machine without
+# CUDA (gloo on the CPU): each is a Python process importing torch (measured 218 MiB RSS before any
+# buffer), so 64 ranks hold ~14 GiB; on CUDA machines the visible GPU count bounds them instead.
+MAX_LOCAL_CPU_RANKS = 64
+# Square matmul sizes m of `calibrate compute` (default ladder up to 16,384 on GPUs): three m x m
+# operands of 2^17 are 96 GiB in bf16, beyond any one GPU, and GEMM efficiency is flat far below.
+MAX_MATMUL_SIZE = 2**17
+
 _INTEGER_TEXT = re.compile(r"^\s*[+]?\d+\s*$")
+
+
+def approx_bytes(n: float) -> str:
+    """A memory estimate for a refusal message: '3.9 GiB', or '12 MiB' below one GiB."""
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
 def _shown(value: object) -> object:

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from shardplan.limits import MAX_LAYERS
+
 
 class MoESpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -64,7 +66,7 @@ class ModelSpec(BaseModel):
 
     vocab_size: PositiveInt
     hidden_size: PositiveInt
-    num_layers: PositiveInt
+    num_layers: int = Field(ge=1, le=MAX_LAYERS, description="decoder blocks (per-block lists are built: bounded)")
     num_heads: PositiveInt
     num_kv_heads: PositiveInt
     head_dim: PositiveInt | None = None

@@ -9,6 +9,7 @@ and ``step_time`` each run once over it (DESIGN.md §3, principle 2).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import fields
 from typing import Any, Sequence
 
@@ -20,6 +21,7 @@ from shardplan.comm import COLLECTIVES, comm_volume, link_rates
 from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.errors import ShardplanError
 from shardplan.hardware import Cluster, check_precision
+from shardplan.limits import INT64_SAFE, MAX_DIVISOR_TRIALS, MAX_PLAN_CONFIGURATIONS, approx_bytes, bounded_int
 from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
 from shardplan.model import ModelSpec
 from shardplan.overflow import OVERFLOW_NOTE, bad_results, check_one, quiet_numpy
@@ -30,6 +32,7 @@ from shardplan.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge
 
 PLAN_AC = ("none", "selective", "full")
 PLAN_OFFLOADS = ("none", "optimizer", "optimizer+params")
+PLAN_ROW_BYTES = 1_900  # peak memory one candidate row takes while the grid is evaluated (measured; limits.py)
 
 
 class Workload(BaseModel):
@@ -161,8 +164,24 @@ def resolve_workload(seq_len: int, world_size: int, global_batch_tokens: int | N
                     sequences_per_gpu=per_gpu, requested_tokens=requested, notes=notes)
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, up_to: int | None = None) -> list[int]:
+    """The divisors of ``n`` not above ``up_to`` (default: all), ascending.
+
+    Tries candidates up to min(``up_to``, isqrt(n)) at once in numpy (each d <= sqrt(n) also gives
+    n // d), so the micro-batch search of a 15 T-token batch (1.8·10^9 sequences per GPU, up to 64)
+    tries 64 values and a GPU count <= limits.MAX_GPUS at most 1,000. A search that would try more
+    than limits.MAX_DIVISOR_TRIALS is refused rather than run."""
+    n = bounded_int(n, "divisors", 1, INT64_SAFE)
+    limit = n if up_to is None else max(0, min(int(up_to), n))
+    trials = min(limit, math.isqrt(n))
+    if trials > MAX_DIVISOR_TRIALS:
+        raise ShardplanError("divisors", n, f"a divisor search of {trials:,} candidates is above the "
+                                            f"{MAX_DIVISOR_TRIALS:,} shardplan runs")
+    small = np.arange(1, trials + 1, dtype=np.int64)
+    small = small[n % small == 0]
+    large = n // small[::-1]            # the partner of each small divisor, ascending
+    found = np.concatenate([small, large[large > trials]]) if limit > trials else small
+    return [int(d) for d in found if d <= limit]
 
 
 def shard_group_sizes(cluster: Cluster) -> list[int]:
@@ -187,18 +206,20 @@ def method_configs(base: TrainingConfig, cluster: Cluster, methods: Sequence[str
     return [resolve_stack(TrainingConfig(**{**stated, "method": m}), cluster.world_size) for m in dict.fromkeys(names)]
 
 
-def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, max_micro_batch: int) -> np.ndarray:
+def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, max_micro_batch: int,
+                    methods: int = 1, max_configurations: int = MAX_PLAN_CONFIGURATIONS) -> np.ndarray:
     """(strategy, engine, ac, offload, micro-batch, accumulation, group, sync) of every candidate;
     knobs stated in ``base`` (SEARCHED_KNOBS) are fixed to their value. A strategy the engine runs
     as another (``st.runs_as``: DeepSpeed's shard_grad_op is its stage 2 = zero2) is planned once,
-    under the canonical name."""
+    under the canonical name. The candidates (× ``methods``, the grid is stacked once per method)
+    are counted first; more than ``max_configurations`` is refused before any row is built."""
     fixed = base.model_fields_set
     strategies = ([st.code(st.STRATEGIES, base.strategy, "strategy")] if "strategy" in fixed
                   else range(len(st.STRATEGIES)))
     engines = [st.code(st.ENGINES, base.engine, "engine")] if "engine" in fixed else range(len(st.ENGINES))
     acs = [st.code(st.AC_MODES, a, "ac") for a in ([base.ac] if "ac" in fixed else PLAN_AC)]
     offloads = [st.code(st.OFFLOADS, o, "offload") for o in ([base.offload] if "offload" in fixed else PLAN_OFFLOADS)]
-    micro = [d for d in divisors(workload.sequences_per_gpu) if d <= max_micro_batch]
+    micro = divisors(workload.sequences_per_gpu, up_to=max_micro_batch)
     if "micro_batch" in fixed:
         if workload.sequences_per_gpu % base.micro_batch:
             raise ShardplanError("micro_batch", base.micro_batch,
@@ -207,7 +228,7 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
     groups = shard_group_sizes(cluster)
     if "shard_group_size" in fixed and base.shard_group_size:
         groups = [base.shard_group_size]
-    rows: list[tuple] = []
+    families = []
     for s, e in itertools.product(strategies, engines):
         if not bool(st.is_valid(s, e)) or not bool(st.valid_world_size(s, cluster.world_size)):
             continue
@@ -217,7 +238,20 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
             continue
         hybrid = s in (st.HYBRID_SHARD, st.HYBRID_SHARD_ZERO2)
         # HSDP with one replica is FULL_SHARD / SHARD_GRAD_OP: only groups smaller than the world.
-        for g in ([x for x in groups if x < cluster.world_size] if hybrid else [cluster.world_size]):
+        families.append((s, e, [x for x in groups if x < cluster.world_size] if hybrid else [cluster.world_size]))
+    # counted before any row is built: (micro-batch, sync) pairs per family, no_sync where it differs
+    accumulating = sum(workload.sequences_per_gpu // mb > 1 for mb in micro)
+    count = sum(len(g) * len(acs) * len(offloads) * (len(micro) + (accumulating if e != st.DEEPSPEED else 0))
+                for _, e, g in families) * methods
+    if count > max_configurations:
+        raise ShardplanError("max_configurations", max_configurations,
+                             f"this plan searches {count:,} candidates, above the bound (one array of about "
+                             f"{approx_bytes(PLAN_ROW_BYTES * count)}); fix a knob (--method, --strategy, --engine, "
+                             f"--micro-batch, --shard-group-size) or raise it: --max-configurations {count} "
+                             f"(plan(..., max_configurations={count}))")
+    rows: list[tuple] = []
+    for s, e, family_groups in families:
+        for g in family_groups:
             for ac, off, mb, sync in itertools.product(acs, offloads, micro, (True, False)):
                 k = workload.sequences_per_gpu // mb
                 # no_sync only where the engine offers it (DeepSpeed ZeRO-2/3 rejects no_sync) and it differs
@@ -241,11 +275,14 @@ def _grid_for(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload:
 
 
 def build_grid(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload,
-               max_micro_batch: int = 64, methods: Sequence[str] | None = None) -> tuple[Columns, dict[str, np.ndarray]]:
+               max_micro_batch: int = 64, methods: Sequence[str] | None = None,
+               max_configurations: int = MAX_PLAN_CONFIGURATIONS) -> tuple[Columns, dict[str, np.ndarray]]:
     """All candidate rows as one ``Columns`` (plus the sync-mode column): the candidate grid once
-    per fine-tuning method searched (``method_configs``), stacked."""
-    arr = _candidate_rows(cluster, base, workload, max_micro_batch)
-    parts = [_grid_for(spec, cluster, b, workload, arr) for b in method_configs(base, cluster, methods)]
+    per fine-tuning method searched (``method_configs``), stacked; at most ``max_configurations``
+    rows (a larger search is refused with its count)."""
+    bases = method_configs(base, cluster, methods)
+    arr = _candidate_rows(cluster, base, workload, max_micro_batch, len(bases), max_configurations)
+    parts = [_grid_for(spec, cluster, b, workload, arr) for b in bases]
     c = parts[0] if len(parts) == 1 else Columns(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
                                                     for f in fields(Columns)})
     return c, {"sync_every_micro_batch": np.tile(arr[:, 7].astype(bool), len(parts))}
@@ -368,17 +405,21 @@ def _tight_why(i: int, r: dict, c: Columns) -> list[str]:
 def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload, *, top: int = 5,
          train_tokens: float | None = None, price_per_gpu_hour: float | None = None, calibration=None,
          notes: list[str] | None = None, bands: AccuracyBands | None = None,
-         methods: Sequence[str] | None = None) -> PlanResult:
+         methods: Sequence[str] | None = None, max_configurations: int = MAX_PLAN_CONFIGURATIONS) -> PlanResult:
     """Rank every ``fits`` candidate (peak + band under capacity) by tokens/s (ties: headroom);
     list the best ``tight`` ones apart, unranked; explain rejected families. ``methods``: the
-    fine-tuning methods to search (None: the base's); knobs the base states are not searched."""
+    fine-tuning methods to search (None: the base's); knobs the base states are not searched.
+    ``max_configurations``: the most candidates evaluated (limits.MAX_PLAN_CONFIGURATIONS; the
+    whole grid is one array, so the bound is a memory bound); a larger search is refused, naming
+    its count and this argument."""
     if top < 1:
         raise ShardplanError("top", top, "must be at least 1")
+    max_configurations = bounded_int(max_configurations, "max_configurations", 1, 10**9)
     from shardplan.stacks import resolve_stack
 
     check_precision(cluster.gpu, resolve_stack(base, cluster.world_size).precision)
     bases = {st.METHODS.index(b.method): b for b in method_configs(base, cluster, methods)}
-    c, extra = build_grid(spec, cluster, base, workload, methods=methods)
+    c, extra = build_grid(spec, cluster, base, workload, methods=methods, max_configurations=max_configurations)
     sync = extra["sync_every_micro_batch"]
     r = evaluate_grid(c, sync, cluster, calibration, bands)
     if bool(np.all(r["overflow"])):

@@ -42,11 +42,16 @@ from shardplan.hardware import Cluster, parse_gpus
 from shardplan.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
 from shardplan.verdict import DOES_NOT_FIT, FITS, VERDICTS, bounded_verdict, judge, throughput_band
+from shardplan.limits import (MAX_AXIS_VALUES, MAX_SWEEP_CONFIGURATIONS, MAX_SWEEP_TABLE_CELLS, _shown,
+                              approx_bytes, bounded_int)
 from shardplan.models import resolve_model
 from shardplan.overflow import OVERFLOW_NOTE, bad_results, quiet_numpy
 from shardplan.units import parse_capacity_bytes
 
 DEFAULT_CHUNK_ROWS = 1 << 20
+# Bytes of the returned DataFrame per row with every column (measured: a 192,000-row sweep of all
+# 114 columns holds 765 B a row; "summary" 136 B); the configuration bound's message uses it.
+SWEEP_ROW_BYTES = 765
 
 
 class _LazyStackTables(dict):
@@ -120,11 +125,24 @@ def _as_list(value: Any) -> list:
 
 
 def _dedupe(values: Iterable) -> list:
-    out = []
-    for v in values:
-        if v not in out:
-            out.append(v)
-    return out
+    """Distinct values in first-seen order, by hashing (linear; equality as ``in`` has it: 1 == 1.0 == True)."""
+    return list(dict.fromkeys(values))
+
+
+def _bounded_axis(name: str, value: Any) -> Any:
+    """``value`` with at most ``MAX_AXIS_VALUES`` items: a sized list or range is measured before it
+    is copied, an iterator read no further than one item past the bound."""
+    if value is None or isinstance(value, (str, bytes, bool, int, np.integer, Cluster)) or hasattr(value, "total_params"):
+        return value
+    if hasattr(value, "__len__"):
+        n = len(value)
+    else:
+        value = list(itertools.islice(iter(value), MAX_AXIS_VALUES + 1))
+        n = len(value)
+    if n > MAX_AXIS_VALUES:
+        raise ShardplanError(name, _shown(value), f"lists {'more than ' if n == MAX_AXIS_VALUES + 1 else ''}{n:,} "
+                                                  f"values; a sweep axis holds at most {MAX_AXIS_VALUES:,}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -213,13 +231,28 @@ class _Plan:
         return self.axes[AXES.index(name)]
 
 
-def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
+def _check_cells(what: str, cells: int) -> None:
+    """Refuse a model or cluster table past ``MAX_SWEEP_TABLE_CELLS`` (each cell is resolved in Python)."""
+    if cells > MAX_SWEEP_TABLE_CELLS:
+        raise ShardplanError(what, f"{cells:,} combinations", f"above the {MAX_SWEEP_TABLE_CELLS:,} a sweep resolves "
+                                                              f"(each is a profile lookup in Python); split the sweep")
+
+
+def _plan(args: dict[str, Any], link_options: dict[str, Any], max_configurations: int = MAX_SWEEP_CONFIGURATIONS) -> _Plan:
     axes: dict[str, _Axis] = {}
-    specs = []
-    for text in _as_list(args["models"]):
+    # each distinct text is resolved once (a file read or a size search), so the count is bounded first
+    texts, seen = [], set()
+    for t in _as_list(args["models"]):
+        key = id(t) if hasattr(t, "total_params") else str(t)
+        if key not in seen:
+            seen.add(key)
+            texts.append(t)
+    _check_cells("models", len(texts))
+    by_name: dict[str, Any] = {}
+    for text in texts:
         spec = text if hasattr(text, "total_params") else resolve_model(str(text)).spec
-        if all(spec.name != s.name for s in specs):
-            specs.append(spec)
+        by_name.setdefault(spec.name, spec)
+    specs = list(by_name.values())
     axes["models"] = _Axis("models", tuple(s.name for s in specs), np.arange(len(specs)))
     gpu_texts = _dedupe(str(g).strip() for g in _as_list(args["gpus"]))
     axes["gpus"] = _Axis("gpus", tuple(gpu_texts), np.arange(len(gpu_texts)))
@@ -269,6 +302,14 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any]) -> _Plan:
         axes["shard_group_size"] = _Axis("shard_group_size", tuple(g), np.asarray(g, dtype=np.int64))
 
     ranks = axes["lora_rank"].labels
+    _check_cells("models x lora_rank x lora_targets", len(specs) * len(ranks) * len(targets))
+    _check_cells("gpus x nodes x gpu_counts", len(gpu_texts) * len(nodes) * len(counts))
+    rows = math.prod(axes[a].size for a in AXES)
+    if rows > max_configurations:
+        raise ShardplanError("max_configurations", max_configurations,
+                             f"this sweep has {rows:,} configurations, above the bound (~{approx_bytes(rows * SWEEP_ROW_BYTES)} "
+                             f"with all columns); narrow an axis, or raise it: sweep(..., max_configurations={rows}) "
+                             f"or shardplan sweep --max-configurations {rows}")
     shape_m = (len(specs), len(ranks), len(targets))
     model_table = {f: np.zeros(shape_m, dtype=np.int64) for f in MODEL_FIELDS}
     for (i, spec), (j, rank), (k, tgt) in itertools.product(enumerate(specs), enumerate(ranks), enumerate(targets)):
@@ -570,6 +611,7 @@ def sweep(
     bands: AccuracyBands | None = None,
     chunk_size: int = DEFAULT_CHUNK_ROWS,
     progress: bool | None = None,
+    max_configurations: int = MAX_SWEEP_CONFIGURATIONS,
 ) -> pd.DataFrame:
     """Evaluate every configuration of the product of the knobs given; one DataFrame row each.
 
@@ -588,6 +630,10 @@ def sweep(
     verdict's band data (default the built-in ``accuracy_bands.json``; ``load_bands().with_overlay``
     for a calibration's). ``fits`` / ``verdict`` are the verdict's (peak + band under capacity);
     ``band_bytes``, ``margin_bytes``, ``risk_term`` by name or with "all".
+    ``max_configurations`` (default ``limits.MAX_SWEEP_CONFIGURATIONS``, 10^7): the DataFrame is held
+    in memory (~765 B a row with all columns), so a larger product is refused before anything is
+    evaluated, naming its count; pass a larger value to allow it. Each axis holds at most
+    ``limits.MAX_AXIS_VALUES`` values and the model / cluster tables ``MAX_SWEEP_TABLE_CELLS`` cells.
     """
     args = dict(models=models, gpus=gpus, gpu_counts=gpu_counts, nodes=nodes, strategies=strategies, engines=engines,
                 precision=precision, optimizer=optimizer, ac=ac, micro_batch=micro_batch, seq_len=seq_len,
@@ -599,13 +645,15 @@ def sweep(
                 lora_dropout=lora_dropout, reentrant_checkpointing=reentrant_checkpointing,
                 quant_state_sharded=quant_state_sharded, quant_format=quant_format, load_mode=load_mode,
                 checkpoint_wrapper=checkpoint_wrapper)
-    from shardplan.limits import bounded_int, checked_int
+    from shardplan.limits import checked_int
 
     link_options = dict(intra_link=intra_link, inter_link=inter_link,
                         host_ram_bytes_per_node=(parse_capacity_bytes(host_ram, "host_ram") if isinstance(host_ram, str)
                                                  else None if host_ram is None else checked_int("host_ram", host_ram)))
-    chunk_size = bounded_int(chunk_size, "chunk_size", 1, 2**31)
-    plan = _plan(args, link_options)
+    chunk_size = bounded_int(chunk_size, "chunk_size", 1, MAX_SWEEP_CONFIGURATIONS)
+    max_configurations = bounded_int(max_configurations, "max_configurations", 1, 10**12)
+    args = {name: _bounded_axis(name, value) for name, value in args.items()}
+    plan = _plan(args, link_options, max_configurations)
     total = plan.rows
     show = (sys.stderr.isatty() and total >= 2 * DEFAULT_CHUNK_ROWS) if progress is None else bool(progress)
     bar = _Progress(total, show)

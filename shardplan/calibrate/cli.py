@@ -10,6 +10,7 @@ script and ``python -m shardplan.calibrate.cli`` do), not by calling ``calibrate
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -18,6 +19,7 @@ import typer
 
 from shardplan.errors import ShardplanError
 from shardplan.extras import require
+from shardplan.limits import MAX_BYTES, MAX_MATMUL_SIZE, bounded_int
 
 calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute coefficients.",
                             no_args_is_help=True, add_completion=False)
@@ -236,6 +238,9 @@ def compute_cmd(
     from dataclasses import asdict
 
     _check_options(iters=iters, warmup=warmup, min_saturation=min_saturation, peak_tflops=peak_tflops, threads=threads)
+    size = [bounded_int(m, "size", 1, MAX_MATMUL_SIZE) for m in size]
+    bandwidth_bytes = [bounded_int(b, "bandwidth_bytes", 1, MAX_BYTES) for b in bandwidth_bytes]
+    threads = bounded_int(threads, "threads", 1, os.cpu_count() or 1)  # more than the cores only contend
     torch = require("torch", "calibrate")
 
     from shardplan.calibrate.compute import (bandwidth_entries, fit_efficiency, measure_bandwidth,

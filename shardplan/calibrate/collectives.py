@@ -24,6 +24,7 @@ imports torch.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,7 @@ import numpy as np
 from shardplan.atomic_write import write_text_atomic
 from shardplan.calibrate.timing import seconds_per_call
 from shardplan.errors import ShardplanError
+from shardplan.limits import MAX_BYTES, MAX_LOCAL_CPU_RANKS, MAX_FIT_POINTS, MAX_SIZE_LADDER, MAX_ITERS, bounded_int
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 MIN_R2_LOG = 0.90
@@ -161,6 +163,9 @@ def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err:
     pts = sorted((s.size_bytes, s.time_s) for s in samples if s.time_s > 0 and s.size_bytes > 0)
     if len(pts) < 3:
         raise ShardplanError("samples", len(pts), "need at least 3 positive (size, time) points")
+    if len(pts) > MAX_FIT_POINTS:  # the breakpoint search below is exhaustive (limits.py)
+        raise ShardplanError("samples", len(pts), f"more than {MAX_FIT_POINTS} (size, time) points for "
+                                                  f"{op} on {n} ranks ({tier}); fit one size ladder at a time")
     size = np.array([p[0] for p in pts], dtype=float)
     t = np.array([p[1] for p in pts], dtype=float)
     x = size * float(bus_factor(op, n))
@@ -301,17 +306,28 @@ DEFAULT_WARMUP = 5        # nccl-tests' default ``-w 5``
 
 def default_sizes(min_bytes: int = 1 << 10, max_bytes: int | None = None, factor: int = 2, cuda: bool | None = None
                   ) -> list[int]:
-    """Sizes min, min·factor, ... up to ``max_bytes`` (default 1 GiB on GPUs, 16 MiB on CPU)."""
+    """Sizes min, min·factor, ... up to ``max_bytes`` (default 1 GiB on GPUs, 16 MiB on CPU).
+
+    Bounded: whole numbers with 1 <= min <= max <= limits.MAX_BYTES and 2 <= factor (a factor of 1
+    or less, NaN or a fraction never reaches max), and at most limits.MAX_SIZE_LADDER sizes; the
+    ladder's length is computed before it is built."""
     if max_bytes is None:
         if cuda is None:
             import torch
 
             cuda = torch.cuda.is_available()
         max_bytes = GPU_MAX_BYTES if cuda else CPU_MAX_BYTES
-    if factor < 2 or min_bytes < 1 or max_bytes < min_bytes:
+    min_bytes = bounded_int(min_bytes, "min_bytes", 1, MAX_BYTES)
+    max_bytes = bounded_int(max_bytes, "max_bytes", 1, MAX_BYTES)
+    factor = bounded_int(factor, "factor", 2, MAX_BYTES)
+    if max_bytes < min_bytes:
         raise ShardplanError("sizes", f"{min_bytes}..{max_bytes} x{factor}", "need 1 <= min <= max and factor >= 2")
+    rungs = 1 + int(math.floor(math.log(max_bytes / min_bytes, factor) + 1e-9))
+    if rungs > MAX_SIZE_LADDER:
+        raise ShardplanError("sizes", f"{min_bytes}..{max_bytes} x{factor}",
+                             f"{rungs} sizes; at most {MAX_SIZE_LADDER} (raise --min-bytes or --factor)")
     sizes, s = [], min_bytes
-    while s <= max_bytes:
+    while s <= max_bytes and len(sizes) < MAX_SIZE_LADDER:
         sizes.append(s)
         s *= factor
     return sizes
@@ -345,8 +361,8 @@ def benchmark_rank(ops=OPS, sizes=None, warmup: int = DEFAULT_WARMUP, iters: int
     import torch
     import torch.distributed as dist
 
-    if iters < 1 or warmup < 0:
-        raise ShardplanError("iters", iters, "need iters >= 1 and warmup >= 0")
+    iters = bounded_int(iters, "iters", 1, MAX_ITERS)
+    warmup = bounded_int(warmup, "warmup", 0, MAX_ITERS)
     n, rank = dist.get_world_size(), dist.get_rank()
     tier = tier or tier_from_env()
     if tier is None:
@@ -418,7 +434,8 @@ def _bench_worker(rank: int, world: int, port: int, kw: dict, outdir: str) -> No
 
 def check_devices(world_size: int, what: str = "world_size") -> None:
     """Refuse, up front, more local ranks than visible CUDA devices (each rank needs its own GPU;
-    two ranks on one GPU hang or fail inside NCCL). No-op without CUDA."""
+    two ranks on one GPU hang or fail inside NCCL). Without CUDA, at most
+    limits.MAX_LOCAL_CPU_RANKS ranks (gloo processes)."""
     import torch
 
     if torch.cuda.is_available():
@@ -426,6 +443,9 @@ def check_devices(world_size: int, what: str = "world_size") -> None:
         if world_size > visible:
             raise ShardplanError(what, world_size, f"exceeds the {visible} visible CUDA device(s); one rank per GPU "
                                                    f"(use the fake process group for larger world sizes)")
+    elif world_size > MAX_LOCAL_CPU_RANKS:  # each CPU rank is a process importing torch (limits.py)
+        raise ShardplanError(what, world_size, f"above the {MAX_LOCAL_CPU_RANKS} local CPU ranks shardplan starts "
+                                               f"(each is a process importing torch)")
 
 
 def benchmark_spawn(world_size: int, timeout_s: float = 600.0, **kw) -> list[Sample]:

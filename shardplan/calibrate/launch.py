@@ -80,10 +80,12 @@ def merge_ranks(records: list[dict]) -> dict:
 def check_world_size(cfg: RunConfig) -> None:
     """Refuse, before anything starts, a configuration that cannot run here: real ranks on CUDA
     need one GPU each (``world_size`` <= visible devices; two ranks on one GPU hang or fail inside
-    NCCL), and ``device="cuda"`` needs a GPU. Raises ShardplanError (one line)."""
+    NCCL), ``device="cuda"`` needs a GPU, and real ranks on the CPU are at most
+    ``limits.MAX_LOCAL_CPU_RANKS`` processes. Raises ShardplanError (one line)."""
     import torch
 
     from shardplan.errors import ShardplanError
+    from shardplan.limits import MAX_LOCAL_CPU_RANKS
 
     cuda = torch.cuda.is_available()
     if cfg.device == "cuda" and not cuda:
@@ -94,6 +96,10 @@ def check_world_size(cfg: RunConfig) -> None:
             raise ShardplanError("world_size", cfg.world_size,
                                  f"exceeds the {visible} visible CUDA device(s) of this machine ({cfg.label()}); "
                                  f"run one rank per GPU, or --launch fake --device cuda for larger world sizes")
+    elif cfg.launch != "fake" and cfg.world_size > MAX_LOCAL_CPU_RANKS:  # gloo: one process per rank
+        raise ShardplanError("world_size", cfg.world_size,
+                             f"above the {MAX_LOCAL_CPU_RANKS} local CPU ranks shardplan starts (each is a process "
+                             f"importing torch); --launch fake measures larger world sizes in one process")
 
 
 def resolve_launch(launch: str) -> str:

@@ -21,28 +21,42 @@ def write_json_atomic(path, data) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def _split_records(path: Path, text: str) -> tuple[list[dict], list[str]]:
+    """(records, their lines) of a JSONL text. A last line without its newline that is not JSON is
+    a torn append (a writer killed mid-line: an older shardplan, ``benchmarks/gpu_campaign.py``, a
+    copy cut short): it is dropped, the records before it kept. Any other bad line is an error."""
+    lines = text.splitlines()
+    torn = bool(lines) and not text.endswith(("\n", "\r"))
+    records, kept = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+            kept.append(line.strip())
+        except json.JSONDecodeError as err:
+            if torn and number == len(lines):
+                break
+            raise ShardplanError("records", f"{path}:{number}", f"not a JSON record ({err.msg})") from None
+    return records, kept
+
+
 def read_jsonl(path) -> list[dict]:
+    """Every record of a JSONL results file ([] when it does not exist); a torn last line is dropped
+    (``_split_records``), so a resumed calibration keeps every earlier record and measures that one again."""
     path = Path(path)
     if not path.exists():
         return []
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = line.strip()
-        if line:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ShardplanError("records", f"{path}:{number}", f"not a JSON record ({err.msg})") from None
-    return records
+    return _split_records(path, path.read_text(encoding="utf-8"))[0]
 
 
 def append_jsonl(path, record: dict) -> Path:
-    """Append one record atomically (rewrite-and-replace: the file is always whole)."""
+    """Append one record atomically (rewrite-and-replace: the file is always whole). The file is
+    rewritten from its whole records, so a torn last line left by another writer is removed, not
+    buried in the middle of the file."""
     path = Path(path)
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
-    if old and not old.endswith("\n"):
-        old += "\n"
-    return write_text_atomic(path, old + json.dumps(record, sort_keys=True) + "\n")
+    kept = _split_records(path, path.read_text(encoding="utf-8"))[1] if path.exists() else []
+    return write_text_atomic(path, "".join(line + "\n" for line in kept) + json.dumps(record, sort_keys=True) + "\n")
 
 
 def done_keys(path, retry_failed: bool = False) -> set[str]:
