@@ -103,8 +103,9 @@ def test_plan_max_configurations_option():
 # --- sweeps ---------------------------------------------------------------------------------------
 def test_sweep_integer_range_is_measured_before_it_is_built(tmp_path):
     with _deadline(30):
-        _refused(run_cli("sweep", "-o", tmp_path / "s.csv", "--gpu-counts", "1-100000000000000"),
-                 "gpu_counts=", "100,000,000,000,000 values", f"at most {limits.MAX_AXIS_VALUES:,}")
+        # each end within seq_len's own range (limits.INT_RANGES); the range's length is what is refused
+        _refused(run_cli("sweep", "-o", tmp_path / "s.csv", "--seq-len", "1-16000000"),
+                 "seq_len=", "16,000,000 values", f"at most {limits.MAX_AXIS_VALUES:,}")
     assert not list(tmp_path.iterdir())
 
 
