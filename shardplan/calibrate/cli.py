@@ -23,6 +23,14 @@ calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute
                             no_args_is_help=True, add_completion=False)
 
 
+def _check_outputs(**paths: Optional[Path]) -> None:
+    """Every file the command will write, checked before anything is measured (output_path.py)."""
+    from shardplan.output_path import writable_output
+
+    for field, path in paths.items():
+        writable_output(path, field)
+
+
 def _progress(msg: str) -> None:
     typer.echo(msg, err=True)
 
@@ -66,6 +74,7 @@ def fsdp_cmd(
     from shardplan.calibrate.launch import check_world_size, resolve_launch, run_grid
     from shardplan.calibrate.results import flatten, read_jsonl, write_csv_atomic, write_json_atomic
 
+    _check_outputs(out=out, csv=csv, json=json_out, compare_csv=compare_csv, compare_json=compare_json)
     try:
         require("torch", "calibrate")  # before anything runs or is recorded
         if launch not in ("auto", "fake", "spawn", "torchrun"):
@@ -133,6 +142,7 @@ def compare_cmd(
     md: Optional[Path] = typer.Option(None, help="write a markdown summary (max/median error per category)"),
 ):
     """Predicted vs measured per category for records already measured (no torch needed)."""
+    _check_outputs(csv=csv, json=json_out, md=md)
     _compare(records, csv, json_out, md, command="shardplan calibrate compare " + " ".join(str(r) for r in records)
              + (f" --csv {csv}" if csv else "") + (f" --md {md}" if md else ""))
 
@@ -174,6 +184,7 @@ def collectives_cmd(
     from shardplan.calibrate.overlay import write_calibration
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
+    _check_outputs(out=out, samples_csv=samples_csv, fits_json=fits_json)
     got = []
     source = {}
     if nccl_tests or samples:
@@ -233,6 +244,7 @@ def compute_cmd(
     element-wise memory bandwidth."""
     from dataclasses import asdict
 
+    _check_outputs(out=out, samples_csv=samples_csv)
     torch = require("torch", "calibrate")
 
     from shardplan.calibrate.compute import (bandwidth_entries, fit_efficiency, measure_bandwidth,
