@@ -678,7 +678,8 @@ def guarded(seconds: float = CASE_SECONDS, memory_bytes: int = CASE_MEMORY_BYTES
         resource.setrlimit(resource.RLIMIT_AS, (in_use + memory_bytes, hard))
     except (OSError, ValueError):
         pass
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # repeating: an alarm that lands in a gc callback is swallowed there ("unraisable"), the next one is not
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
         yield
     finally:
