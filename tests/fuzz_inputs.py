@@ -501,12 +501,7 @@ def fit_cases(draw) -> Case:
                                                              hs.builds(lambda f, o: [f, o], hs.sampled_from(FORMATS),
                                                                        out_paths([".py", ".json", ".yaml", ""]))))]
     argv += _options(draw, pool)
-    return Case(_flatten_export(argv))
-
-
-def _flatten_export(argv: list) -> list:
-    """``--export FORMAT=PATH`` with an OutPath: kept as a pair, joined when materialized."""
-    return argv
+    return Case(argv)  # an --export [FORMAT, OutPath] pair is joined as FORMAT=PATH by materialize()
 
 
 @hs.composite
