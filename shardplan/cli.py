@@ -202,12 +202,15 @@ def fit(
         raise typer.Exit(1)
 
 
-def _export_results(plans: list[dict], fmt_path: str, index: Optional[int], block_class: Optional[str] = None) -> None:
+def _export_results(plans: list[dict], fmt_path: str, index: Optional[int], block_class: Optional[str] = None,
+                    path_field: str = "export") -> None:
     """``--export FORMAT[=PATH]``: write the chosen plan's export atomically, or to stdout."""
     from shardplan.atomic_write import write_text_atomic
     from shardplan.export import export_chosen, export_option
+    from shardplan.output_path import writable_output
 
     fmt, path = export_option(fmt_path)
+    writable_output(path, path_field)
     text, _, note = export_chosen(plans, fmt, index, block_class)
     if note:
         typer.echo(f"note: {note}", err=True)
@@ -229,7 +232,7 @@ def export_command(
     """Write a plan as the config or code a framework expects."""
     from shardplan.export import load_plans
 
-    _export_results(load_plans(plan), f"{to}={output}" if output else to, index, block_class)
+    _export_results(load_plans(plan), f"{to}={output}" if output else to, index, block_class, path_field="output")
 
 
 @app.command("plan")
@@ -471,11 +474,13 @@ def sweep_command(
     import time
 
     from shardplan.atomic_write import atomic_path
+    from shardplan.output_path import writable_output
     from shardplan.sweep import sweep as run_sweep
 
     suffix = output.suffix.lower()
     if suffix not in (".csv", ".parquet"):
         raise ShardplanError("output", str(output), "use a .csv or .parquet file name")
+    writable_output(output, "output")  # before the sweep runs
     if suffix == ".parquet":  # before the sweep runs
         require("pyarrow", "parquet")
     t0 = time.perf_counter()

@@ -192,26 +192,8 @@ def export_option(value: str) -> tuple[str, Path | None]:
     if fmt not in EXPORTERS:
         raise ShardplanError("export", value, f"unknown format; choose one of {', '.join(FORMATS)}")
     if path:
-        check_writable_target(Path(path), "export")
+        from shardplan.output_path import writable_output
+
+        writable_output(path, "export")  # before any evaluation
     return fmt, Path(path) if path else None
 
-
-def check_writable_target(path: Path, field: str) -> None:
-    """Refuse, before any evaluation, a target the atomic writer could not replace: a directory, a
-    name longer than the file system's limit, or a folder (the nearest existing one: the writer
-    creates missing folders) that is not a writable directory."""
-    import os
-
-    from shardplan.limits import _shown
-
-    if len(os.fsencode(path.name)) > 255:  # NAME_MAX on Linux, macOS and Windows file systems
-        raise ShardplanError(field, _shown(str(path)), "file name longer than 255 bytes")
-    if path.is_dir():
-        raise ShardplanError(field, _shown(str(path)), "is a directory; give a file name")
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ShardplanError(field, _shown(str(path)), f"{folder} is not a directory")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ShardplanError(field, _shown(str(path)), f"folder {folder} is not writable")

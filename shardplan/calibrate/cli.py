@@ -25,6 +25,14 @@ calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute
                             no_args_is_help=True, add_completion=False)
 
 
+def _check_outputs(**paths: Optional[Path]) -> None:
+    """Every file the command will write, checked before anything is measured (output_path.py)."""
+    from shardplan.output_path import writable_output
+
+    for field, path in paths.items():
+        writable_output(path, field)
+
+
 def _progress(msg: str) -> None:
     typer.echo(msg, err=True)
 
@@ -69,6 +77,7 @@ def fsdp_cmd(
     from shardplan.calibrate.results import flatten, read_jsonl, write_csv_atomic, write_json_atomic
 
     _check_options(world_size=world_size, micro_batch=micro_batch, seq_len=seq_len, timeout=timeout)
+    _check_outputs(out=out, csv=csv, json=json_out, compare_csv=compare_csv, compare_json=compare_json)
     try:
         require("torch", "calibrate")  # before anything runs or is recorded
         if launch not in ("auto", "fake", "spawn", "torchrun"):
@@ -136,6 +145,7 @@ def compare_cmd(
     md: Optional[Path] = typer.Option(None, help="write a markdown summary (max/median error per category)"),
 ):
     """Predicted vs measured per category for records already measured (no torch needed)."""
+    _check_outputs(csv=csv, json=json_out, md=md)
     _compare(records, csv, json_out, md, command="shardplan calibrate compare " + " ".join(str(r) for r in records)
              + (f" --csv {csv}" if csv else "") + (f" --md {md}" if md else ""))
 
@@ -178,6 +188,7 @@ def collectives_cmd(
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
     _check_options(world_size=world_size, iters=iters, warmup=warmup, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
+    _check_outputs(out=out, samples_csv=samples_csv, fits_json=fits_json)
     got = []
     source = {}
     if nccl_tests or samples:
@@ -241,6 +252,7 @@ def compute_cmd(
     size = [bounded_int(m, "size", 1, MAX_MATMUL_SIZE) for m in size]
     bandwidth_bytes = [bounded_int(b, "bandwidth_bytes", 1, MAX_BYTES) for b in bandwidth_bytes]
     threads = bounded_int(threads, "threads", 1, os.cpu_count() or 1)  # more than the cores only contend
+    _check_outputs(out=out, samples_csv=samples_csv)
     torch = require("torch", "calibrate")
 
     from shardplan.calibrate.compute import (bandwidth_entries, fit_efficiency, measure_bandwidth,

@@ -105,6 +105,24 @@ class ComputeFit:
         return asdict(self)
 
 
+def _check_samples(samples: list[MatmulSample]) -> None:
+    """Each sample a whole size m >= 1 timed in a finite positive time, and at least 3 distinct
+    sizes: the fit divides by m and by the rate, and a curve through fewer than 3 sizes (or through
+    m = 0, where m^-p is infinite) is not determined (numpy's least squares then fails to converge
+    or answers from noise)."""
+    for s in samples:
+        if isinstance(s.m, bool) or not isinstance(s.m, (int, np.integer)) or s.m < 1:
+            raise ShardplanError(f"samples[matmul {s.dtype}].m", s.m, "a matmul size must be a whole number >= 1")
+        if isinstance(s.time_s, bool) or not isinstance(s.time_s, (int, float, np.floating)) \
+                or not np.isfinite(s.time_s) or s.time_s <= 0:
+            raise ShardplanError(f"samples[matmul {s.dtype} m={s.m}].time_s", s.time_s,
+                                 "a measured time must be a finite number of seconds > 0")
+    sizes = sorted({int(s.m) for s in samples})
+    if len(sizes) < 3:
+        raise ShardplanError("samples", f"sizes {', '.join(map(str, sizes))}",
+                             "need at least 3 distinct matmul sizes to fit (--size)")
+
+
 def fit_efficiency(samples: list[MatmulSample], peak_flops_per_s: float | None = None,
                    max_rel_err: float = 0.5, min_saturation: float = SATURATION,
                    sm_count: int | None = None) -> ComputeFit:
@@ -114,6 +132,7 @@ def fit_efficiency(samples: list[MatmulSample], peak_flops_per_s: float | None =
         raise ShardplanError("samples", len(samples), "need at least 3 matmul sizes to fit")
     if len({(s.dtype, s.device) for s in samples}) != 1:
         raise ShardplanError("samples", "mixed", "fit one dtype and device at a time")
+    _check_samples(samples)
     m = np.array([s.m for s in samples], dtype=float)
     f = np.array([s.flops_per_s for s in samples], dtype=float)
     best = None
