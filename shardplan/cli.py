@@ -207,10 +207,8 @@ def _export_results(plans: list[dict], fmt_path: str, index: Optional[int], bloc
     """``--export FORMAT[=PATH]``: write the chosen plan's export atomically, or to stdout."""
     from shardplan.atomic_write import write_text_atomic
     from shardplan.export import export_chosen, export_option
-    from shardplan.output_path import writable_output
 
-    fmt, path = export_option(fmt_path)
-    writable_output(path, path_field)
+    fmt, path = export_option(fmt_path, path_field)
     text, _, note = export_chosen(plans, fmt, index, block_class)
     if note:
         typer.echo(f"note: {note}", err=True)

@@ -185,8 +185,9 @@ def read_back(fmt: str, text: str) -> dict[str, Any]:
     return READERS[fmt](text)
 
 
-def export_option(value: str) -> tuple[str, Path | None]:
-    """``--export FORMAT[=PATH]`` -> (format, path or None)."""
+def export_option(value: str, path_field: str = "export") -> tuple[str, Path | None]:
+    """``--export FORMAT[=PATH]`` -> (format, path or None); the path is checked writable here, before
+    any evaluation, and an error names ``path_field`` (``export``, or ``output`` for ``export -o``)."""
     fmt, _, path = value.partition("=")
     fmt = fmt.strip().lower()
     if fmt not in EXPORTERS:
@@ -194,6 +195,6 @@ def export_option(value: str) -> tuple[str, Path | None]:
     if path:
         from shardplan.output_path import writable_output
 
-        writable_output(path, "export")  # before any evaluation
+        writable_output(path, path_field)
     return fmt, Path(path) if path else None
 

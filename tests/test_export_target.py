@@ -7,9 +7,9 @@ from tests.test_bad_values import Q, one_line_error
 
 
 # --- fit --export FORMAT[=PATH] is checked before the report ------------------------------------------
-@pytest.mark.parametrize("target, named", [("bogus", "unknown format"), ("fsdp2={tmp}", "is a directory"),
-                                           ("fsdp2={tmp}/afile/x.py", "is not a directory"),
-                                           ("fsdp2={tmp}/" + "a" * 300 + ".py", "longer than 255")])
+@pytest.mark.parametrize("target, named", [("bogus", "unknown format"), ("fsdp2={tmp}", "is a folder"),
+                                           ("fsdp2={tmp}/afile/x.py", "is not a folder"),
+                                           ("fsdp2={tmp}/" + "a" * 300 + ".py", "longer than the 255 bytes")])
 def test_fit_export_target_is_checked_before_any_output(tmp_path, target, named):
     (tmp_path / "afile").write_text("x")
     res = run_cli("fit", Q, "--strategy", "full_shard", "--export", target.format(tmp=tmp_path))

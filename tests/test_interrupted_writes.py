@@ -77,9 +77,21 @@ def test_a_folder_at_the_target_is_one_line_and_no_temp(tmp_path):
     result = run_cli("sweep", "-o", tmp_path / "out.csv", "--strategies", "full_shard")
     assert result.exit_code == 2, result.output
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("shardplan: error: path=") and "cannot write" in line
+    # refused before the sweep runs (output_path.writable_output); the writer's own refusal of a
+    # folder at the target (path=...: cannot write) stays for API callers (test_the_writer_itself_refuses_a_folder_at_the_target_in_one_line)
+    assert line.startswith("shardplan: error: output=") and "is a folder" in line
     assert _temps(tmp_path) == []
 
+
+
+def test_the_writer_itself_refuses_a_folder_at_the_target_in_one_line(tmp_path):
+    # API callers skip the CLI's output check; the atomic writer's own refusal names the path
+    from shardplan.errors import ShardplanError
+
+    (tmp_path / "out.csv").mkdir()
+    with pytest.raises(ShardplanError, match="cannot write") as info:
+        write_text_atomic(tmp_path / "out.csv", "a")
+    assert info.value.field == "path" and _temps(tmp_path) == []
 
 # --- symlinks -----------------------------------------------------------------------------------
 @posix
