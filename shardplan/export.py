@@ -10,7 +10,6 @@ No torch, accelerate or DeepSpeed import here: exports are plain text.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -110,18 +109,14 @@ def plan_spec(obj: Any, block_class: str | None = None) -> PlanSpec:
 
 def load_plans(path: str | Path) -> list[dict[str, Any]]:
     """Plan objects from a JSON file (one object, a list, or ``{"plans": [...]}``); '-' reads stdin."""
-    import sys
+    from shardplan.input_files import parse_json, read_stdin, read_text
+    from shardplan.limits import MAX_PLAN_FILE_BYTES
 
-    text = sys.stdin.read() if str(path) == "-" else None
-    if text is None:
-        p = Path(path)
-        if not p.is_file():
-            raise ShardplanError("plan", str(path), "no such file")
-        text = p.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ShardplanError("plan", str(path), f"not JSON ({err.msg} at line {err.lineno})") from None
+    if str(path) == "-":
+        text = read_stdin("plan", MAX_PLAN_FILE_BYTES)
+    else:
+        text = read_text(path, "plan", MAX_PLAN_FILE_BYTES)
+    data = parse_json(text, "plan", str(path))
     if isinstance(data, dict) and isinstance(data.get("plans"), list):
         # `shardplan plan --json`: the model and the cluster are stated once, beside the plans
         shared = {k: data[k] for k in ("model", "cluster") if k in data}

@@ -9,7 +9,6 @@ script and ``python -m shardplan.calibrate.cli`` do), not by calling ``calibrate
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -18,6 +17,7 @@ import typer
 
 from shardplan.errors import ShardplanError
 from shardplan.extras import require
+from shardplan.limits import MAX_FLOPS_PER_S
 
 calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute coefficients.",
                             no_args_is_help=True, add_completion=False)
@@ -80,7 +80,9 @@ def fsdp_cmd(
         if grid == "default":
             configs = [c.model_copy(update=extra) for c in default_grid(launch=launch)]
         elif config is not None:
-            data = json.loads(config.read_text())
+            from shardplan.input_files import read_json
+
+            data = read_json(config, "config")
             configs = [RunConfig.model_validate(d) for d in (data if isinstance(data, list) else [data])]
         else:
             base = {} if not full_size else {"tiny": {}}
@@ -174,6 +176,11 @@ def collectives_cmd(
     from shardplan.calibrate.overlay import write_calibration
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
+    from shardplan.limits import bounded_float
+
+    # NaN would switch a check off (every comparison with it is false); R² in log space can be < 0
+    min_r2_log = bounded_float(min_r2_log, "min-r2-log", -1e6, 1.0)
+    max_rel_err = bounded_float(max_rel_err, "max-rel-err", 0.0, 1e6)
     got = []
     source = {}
     if nccl_tests or samples:
@@ -209,8 +216,12 @@ def collectives_cmd(
     for f in fits:
         for s in f.segments:
             typer.echo(f"{f.op:14s} {f.world_size:3d}  {f.tier:11s}  {s.min_bytes:>9d}-{s.max_bytes:<9d} "
-                       f"{s.alpha_s * 1e6:9.2f} {s.bandwidth_bytes_per_s / 1e9:8.3f}   {f.r2_log:.4f}  {f.max_rel_err:.3f}")
+                       f"{s.alpha_s * 1e6:9.2f} {_gb_per_s(s.bandwidth_bytes_per_s)}   {f.r2_log:.4f}  {f.max_rel_err:.3f}")
     typer.echo(f"wrote {out}")
+
+
+def _gb_per_s(bandwidth: float | None) -> str:
+    return " latency" if bandwidth is None else f"{bandwidth / 1e9:8.3f}"
 
 
 @calibrate_app.command("compute")
@@ -233,6 +244,11 @@ def compute_cmd(
     element-wise memory bandwidth."""
     from dataclasses import asdict
 
+    from shardplan.limits import bounded_float
+
+    min_saturation = bounded_float(min_saturation, "min-saturation", 0.0, 1.0)
+    if peak_tflops is not None:
+        peak_tflops = bounded_float(peak_tflops, "peak-tflops", 1e-6, MAX_FLOPS_PER_S / 1e12)
     torch = require("torch", "calibrate")
 
     from shardplan.calibrate.compute import (bandwidth_entries, fit_efficiency, measure_bandwidth,

@@ -110,6 +110,9 @@ def fit_efficiency(samples: list[MatmulSample], peak_flops_per_s: float | None =
                    sm_count: int | None = None) -> ComputeFit:
     """Fit achieved(m) = F_max/(1 + (m_half/m)^p) to one dtype's samples; refuse (ShardplanError) a
     fit that does not describe them or whose largest size is below saturation."""
+    for name, value in (("max_rel_err", max_rel_err), ("min_saturation", min_saturation)):
+        if value != value:  # NaN compares false with everything: the check would be off
+            raise ShardplanError(name, value, "a threshold must be a number (NaN would switch the check off)")
     if len(samples) < 3:
         raise ShardplanError("samples", len(samples), "need at least 3 matmul sizes to fit")
     if len({(s.dtype, s.device) for s in samples}) != 1:

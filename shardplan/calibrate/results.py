@@ -15,6 +15,8 @@ from typing import Iterable
 
 from shardplan.atomic_write import write_text_atomic
 from shardplan.errors import ShardplanError
+from shardplan.input_files import parse_json, path_kind, read_text
+from shardplan.limits import MAX_RECORDS_FILE_BYTES
 
 
 def write_json_atomic(path, data) -> Path:
@@ -22,24 +24,30 @@ def write_json_atomic(path, data) -> Path:
 
 
 def read_jsonl(path) -> list[dict]:
+    """Every record of a results JSONL file (none when it does not exist yet: a run appends to it).
+    Read through the bounded reader (input_files.py, MAX_RECORDS_FILE_BYTES); each line must be one
+    JSON object, else a one-line error naming the file and the line."""
     path = Path(path)
-    if not path.exists():
+    if path_kind(path) is None and not path.is_symlink():
         return []
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text(path, "records", MAX_RECORDS_FILE_BYTES).splitlines(), 1):
         line = line.strip()
         if line:
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ShardplanError("records", f"{path}:{number}", f"not a JSON record ({err.msg})") from None
+                record = parse_json(line, "records", f"{path}:{number}")
+            except ShardplanError as err:
+                raise ShardplanError("records", f"{path}:{number}", f"not a JSON record: {err.reason}") from None
+            if not isinstance(record, dict):
+                raise ShardplanError("records", f"{path}:{number}", "not a JSON record (expected an object per line)")
+            records.append(record)
     return records
 
 
 def append_jsonl(path, record: dict) -> Path:
     """Append one record atomically (rewrite-and-replace: the file is always whole)."""
     path = Path(path)
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    old = read_text(path, "out", MAX_RECORDS_FILE_BYTES) if path_kind(path) is not None else ""
     if old and not old.endswith("\n"):
         old += "\n"
     return write_text_atomic(path, old + json.dumps(record, sort_keys=True) + "\n")
