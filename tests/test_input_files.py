@@ -334,3 +334,21 @@ def test_nan_threshold_through_the_api():
     samples = [Sample("all_gather", 2, 2**k, 1e-5 + 2**k / 1e9) for k in range(10, 20)]
     with pytest.raises(ShardplanError, match="min_r2_log"):
         fit_link(samples, min_r2_log=float("nan"))
+
+
+# --- plan files (export) ---------------------------------------------------------------------------
+@pytest.mark.parametrize("plan, named", [
+    ({"config": [1]}, "plan.config='{...}': must be a JSON object"),
+    ({"cluster": "x"}, "plan.cluster='x': must be a JSON object"),
+    ({"model": [1]}, "plan.model='{...}': must be a string or a JSON object"),
+    ({"model": {"name": ["x"]}}, "model.name=['x']: must be a string"),
+    ({"model": "llama-3.1-8b", "cluster": {"nodes": "abc"}}, "cluster.nodes='abc'"),
+    ({"model": "llama-3.1-8b", "cluster": {"nodes": 1e300}}, "cluster.nodes=1e+300: out of range [1, 1,000,000]"),
+    ({"model": "llama-3.1-8b", "per_gpu": {"breakdown": {"a": "x"}}}, "breakdown.a='x'"),
+    ({"model": "llama-3.1-8b", "peak_allocated_bytes": "1e5"}, "peak_allocated_bytes='1e5'"),
+    ({"model": "llama-3.1-8b", "fits": "no"}, "plan.fits='no': must be true or false"),
+])
+def test_plan_records_of_the_wrong_shape(tmp_path, plan, named):
+    # before: TypeError / ValueError tracebacks from dict() and int(); 1e300 nodes and "fits": "no" exported
+    path = write(tmp_path / "plan.json", plan)
+    one_line_error(run_cli("export", path, "--to", "fsdp2"), named)
