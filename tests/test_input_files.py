@@ -352,3 +352,16 @@ def test_plan_records_of_the_wrong_shape(tmp_path, plan, named):
     # before: TypeError / ValueError tracebacks from dict() and int(); 1e300 nodes and "fits": "no" exported
     path = write(tmp_path / "plan.json", plan)
     one_line_error(run_cli("export", path, "--to", "fsdp2"), named)
+
+
+def test_one_size_repeated_is_not_a_fit(tmp_path):
+    # before: three samples of one size "fitted" a curve (and a link slope) through a single point
+    from shardplan.calibrate.compute import MatmulSample, fit_efficiency
+    from shardplan.errors import ShardplanError
+
+    with pytest.raises(ShardplanError, match="3 distinct matmul sizes"):
+        fit_efficiency([MatmulSample("float32", 64, 1e-4 * (1 + k / 10)) for k in range(3)])
+    samples = [{"op": "all_gather", "world_size": 2, "size_bytes": 4096, "time_s": 1e-5 + k * 1e-7} for k in range(5)]
+    path = write(tmp_path / "samples.json", samples)
+    one_line_error(run_cli("calibrate", "collectives", "--samples", path, "--out", tmp_path / "o.json"),
+                   "3 distinct positive (size, time) points")

@@ -169,8 +169,8 @@ def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err:
     if n < 2:
         raise ShardplanError("world_size", n, "a collective needs at least 2 ranks")
     pts = sorted((s.size_bytes, s.time_s) for s in samples if s.time_s > 0 and s.size_bytes > 0)
-    if len(pts) < 3:
-        raise ShardplanError("samples", len(pts), "need at least 3 positive (size, time) points")
+    if len({p[0] for p in pts}) < 3:  # one size repeated has no slope: no bandwidth
+        raise ShardplanError("samples", len(pts), "need at least 3 distinct positive (size, time) points")
     size = np.array([p[0] for p in pts], dtype=float)
     t = np.array([p[1] for p in pts], dtype=float)
     x = size * float(bus_factor(op, n))
