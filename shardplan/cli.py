@@ -23,6 +23,7 @@ from shardplan.layout import output_width, table
 from shardplan.limits import MAX_AXIS_VALUES, MAX_PLAN_CONFIGURATIONS, MAX_SWEEP_CONFIGURATIONS
 from shardplan.model import ModelSpec
 from shardplan.models import model_profiles, resolve_model
+from shardplan.input_files import path_kind
 from shardplan.profiles import load_profile, read_json
 from shardplan.query import parse_query
 from shardplan.units import GiB, parse_capacity_bytes, parse_count
@@ -411,7 +412,7 @@ def _validate_one(path: Path) -> str:
 @profiles_app.command("validate")
 def profiles_validate(path: Path):
     """Validate a profile file (model, GPU, link, or HF config.json) or every JSON file in a folder."""
-    paths = sorted(path.rglob("*.json")) if path.is_dir() else [path]
+    paths = sorted(path.rglob("*.json")) if path_kind(path) == "dir" else [path]
     if not paths:
         raise ShardplanError("path", str(path), "no JSON files found")
     for p in paths:

@@ -117,7 +117,9 @@ class LinkTable:
         segs = list(fit.segments)
         return cls(np.array([0] + [s.min_bytes for s in segs[1:]], dtype=np.float64),
                    np.array([s.alpha_s for s in segs], dtype=np.float64),
-                   np.array([s.bandwidth_bytes_per_s for s in segs], dtype=np.float64), int(fit.world_size))
+                   # a latency-bound segment (B null, t = α) moves bytes in no time: S / inf = 0
+                   np.array([np.inf if s.bandwidth_bytes_per_s is None else s.bandwidth_bytes_per_s for s in segs],
+                            dtype=np.float64), int(fit.world_size))
 
     def at(self, message_bytes):
         """(α, B) of the segment each per-call message size falls in (broadcasts)."""

@@ -10,11 +10,11 @@ No torch, accelerate or DeepSpeed import here: exports are plain text.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 from shardplan.errors import ShardplanError
+from shardplan.limits import MAX_BYTES, MAX_GPUS, _shown, bounded_int
 from shardplan.exporters import deepspeed as ds_export
 from shardplan.exporters import fsdp as fsdp_export
 from shardplan.exporters import hf as hf_export
@@ -47,6 +47,9 @@ def _model_fields(model: Any, block_class: str | None) -> dict[str, Any]:
     if isinstance(model, str):
         model = {"name": model}
     model = dict(model or {})
+    for key in ("name", "model_name", "hf_id", "block_class"):
+        if model.get(key) is not None and not isinstance(model[key], str):
+            raise ShardplanError(f"model.{key}", _shown(model[key]), "must be a string")
     name = model.get("name") or model.get("model_name")
     if not name:
         raise ShardplanError("model", None, "the plan names no model")
@@ -67,6 +70,30 @@ def _model_fields(model: Any, block_class: str | None) -> dict[str, Any]:
     return {"model_name": name, "hf_id": hf_id, "block_class": block}
 
 
+# The JSON type of each field plan_spec reads from a plan record (``fit --json`` / ``plan --json``);
+# a list where an object goes would otherwise reach dict() as a TypeError.
+_PLAN_SHAPES: dict[str, tuple[type, ...]] = {
+    "config": (dict,), "cluster": (dict,), "per_gpu": (dict,), "model": (str, dict), "gpu": (str, dict),
+    "fits": (bool,), "breakdown": (dict,),
+}
+
+
+def _check_shapes(obj: dict) -> None:
+    for key, types in _PLAN_SHAPES.items():
+        value = obj.get(key)
+        if value is not None and not isinstance(value, types):
+            names = " or ".join({"dict": "a JSON object", "str": "a string", "bool": "true or false"}[t.__name__]
+                                for t in types)
+            raise ShardplanError(f"plan.{key}", "{...}" if isinstance(value, (dict, list)) else _shown(value),
+                                 f"must be {names}")
+    for key in ("per_gpu", "cluster"):
+        inner = obj.get(key) or {}
+        for sub in ("breakdown", "gpu"):
+            if sub in inner and inner[sub] is not None and not isinstance(inner[sub], _PLAN_SHAPES[sub]):
+                raise ShardplanError(f"plan.{key}.{sub}", "{...}" if isinstance(inner[sub], list) else _shown(inner[sub]),
+                                     "has the wrong JSON type")
+
+
 def plan_spec(obj: Any, block_class: str | None = None) -> PlanSpec:
     """A PlanSpec from a PlanSpec, a FitResult/planner record (pydantic) or a dict of the same keys.
 
@@ -79,6 +106,7 @@ def plan_spec(obj: Any, block_class: str | None = None) -> PlanSpec:
         obj = obj.model_dump(mode="json")
     if not isinstance(obj, dict):
         raise ShardplanError("plan", type(obj).__name__, "expected a plan object (JSON object)")
+    _check_shapes(obj)
     if "model_name" in obj and "block_class" in obj:
         data = dict(obj)
         if block_class:
@@ -90,38 +118,35 @@ def plan_spec(obj: Any, block_class: str | None = None) -> PlanSpec:
     per_gpu = dict(obj.get("per_gpu") or {})
     fields: dict[str, Any] = {k: config[k] for k in KNOBS + STACK_FIELDS if config.get(k) is not None}
     fields.update(_model_fields(obj.get("model"), block_class))
-    fields["nodes"] = int(cluster.get("nodes", obj.get("nodes", 1)))
-    fields["gpus_per_node"] = int(cluster.get("gpus_per_node", obj.get("gpus_per_node", 1)))
+    fields["nodes"] = bounded_int(cluster.get("nodes", obj.get("nodes", 1)), "cluster.nodes", 1, MAX_GPUS)
+    fields["gpus_per_node"] = bounded_int(cluster.get("gpus_per_node", obj.get("gpus_per_node", 1)),
+                                          "cluster.gpus_per_node", 1, MAX_GPUS)
     fields["gpu"] = gpu.get("name", "") if isinstance(gpu, dict) else str(gpu)
     for key in ("forward_prefetch", "backward_prefetch", "limit_all_gathers"):
         if key in obj:
             fields[key] = obj[key]
     if "fits" in obj:
-        fields["fits"] = bool(obj["fits"])
+        fields["fits"] = obj["fits"]  # a JSON boolean (_check_shapes): bool("no") would be True
     for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
         value = per_gpu.get(key, obj.get(key))
         if value is not None:
-            fields[key] = int(value)
+            fields[key] = bounded_int(value, key, 0, MAX_BYTES)
     breakdown = per_gpu.get("breakdown", obj.get("breakdown"))
     if isinstance(breakdown, dict):
-        fields["breakdown"] = {k: int(v) for k, v in breakdown.items()}
+        fields["breakdown"] = {k: bounded_int(v, f"breakdown.{k}", 0, MAX_BYTES) for k, v in breakdown.items()}
     return PlanSpec(**fields)
 
 
 def load_plans(path: str | Path) -> list[dict[str, Any]]:
     """Plan objects from a JSON file (one object, a list, or ``{"plans": [...]}``); '-' reads stdin."""
-    import sys
+    from shardplan.input_files import parse_json, read_stdin, read_text
+    from shardplan.limits import MAX_PLAN_FILE_BYTES
 
-    text = sys.stdin.read() if str(path) == "-" else None
-    if text is None:
-        p = Path(path)
-        if not p.is_file():
-            raise ShardplanError("plan", str(path), "no such file")
-        text = p.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ShardplanError("plan", str(path), f"not JSON ({err.msg} at line {err.lineno})") from None
+    if str(path) == "-":
+        text = read_stdin("plan", MAX_PLAN_FILE_BYTES)
+    else:
+        text = read_text(path, "plan", MAX_PLAN_FILE_BYTES)
+    data = parse_json(text, "plan", str(path))
     if isinstance(data, dict) and isinstance(data.get("plans"), list):
         # `shardplan plan --json`: the model and the cluster are stated once, beside the plans
         shared = {k: data[k] for k in ("model", "cluster") if k in data}

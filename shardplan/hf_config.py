@@ -17,6 +17,8 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from shardplan.errors import ShardplanError
+from shardplan.limits import (MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
+                              _shown)
 from shardplan.model import MLASpec, ModelSpec, MoESpec
 from shardplan.profiles import read_json
 
@@ -25,6 +27,36 @@ _ACTIVATIONS = {
     "gelu_pytorch_tanh": "geglu", "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu",
     "relu": "relu",
 }
+
+
+# The range of each integer key a family reader takes (limits.py says why each bound); other
+# integer keys (widths, ranks, head dims) are bounded by MAX_HIDDEN. Checked on the file's own values
+# before transformers completes the config, so 10**12 layers never reaches a per-layer list.
+INT_RANGES: dict[str, int] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "decoder_sparse_step", "interleave_moe_layer_step",
+                     "first_k_dense_replace"), MAX_LAYERS),
+    **dict.fromkeys(("vocab_size",), MAX_VOCAB),
+    **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "num_kv_heads", "n_head"), MAX_HEADS),
+    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+                     "n_shared_experts"), MAX_EXPERTS),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "sliding_window"), MAX_POSITIONS),
+}
+WIDTH_KEYS = ("hidden_size", "n_embd", "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size",
+              "moe_intermediate_size", "intermediate_size_mlp", "head_dim", "word_embed_proj_dim",
+              "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+def check_int_ranges(config: dict[str, Any], origin: str) -> None:
+    """Every integer-valued key a reader takes, when the file gives it, within its range (whole
+    numbers only: a string, float or boolean where a count goes is refused here, by name)."""
+    for key in (*INT_RANGES, *WIDTH_KEYS):
+        value = config.get(key)
+        if value is None:
+            continue
+        hi = INT_RANGES.get(key, MAX_HIDDEN)
+        lo = 0 if key in ("n_shared_experts", "first_k_dense_replace") else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ShardplanError(f"{origin}: {key}", _shown(value), f"must be a whole number in [{lo}, {hi:,}]")
 
 
 class _Reader:
@@ -60,9 +92,36 @@ class _Reader:
             raise ShardplanError(f"{self.origin}: {key}", None, "missing from config.json")
         if value is None:
             return None  # type: ignore[return-value]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ShardplanError(f"{self.origin}: {key}", value, "must be a positive integer")
+        hi = INT_RANGES.get(key, MAX_HIDDEN)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= hi:
+            raise ShardplanError(f"{self.origin}: {key}", _shown(value), f"must be a whole number in [1, {hi:,}]")
         return value
+
+    def count(self, key: str, default: int, hi: int) -> int:
+        """A count that may be 0 (shared experts, leading dense blocks); null takes ``default``."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+            raise ShardplanError(f"{self.origin}: {key}", _shown(value), f"must be a whole number in [0, {hi:,}]")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        """A JSON boolean, strictly: ``"false"`` (a string) is refused rather than read as true, the
+        way Python's truthiness -- and transformers, which keeps the string -- would read it."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise ShardplanError(f"{self.origin}: {key}", _shown(value),
+                                 "must be a JSON boolean, true or false without quotes (a non-empty string "
+                                 "would read as true)")
+        return value
+
+    def layer_list(self, key: str, num_layers: int) -> tuple[int, ...]:
+        """A list of block indices in [0, num_layers) (Qwen3-MoE ``mlp_only_layers``, Llama 4 ``moe_layers``)."""
+        value = self.get(key, [])
+        if not isinstance(value, list) or len(value) > num_layers or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in value):
+            raise ShardplanError(f"{self.origin}: {key}", _shown(value),
+                                 f"must be a list of block indices in [0, {num_layers - 1}]")
+        return tuple(value)
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.config.get(key)
@@ -74,7 +133,7 @@ class _Reader:
         for key in keys:
             if self.config.get(key):
                 name = self.config[key]
-                if name not in _ACTIVATIONS:
+                if not isinstance(name, str) or name not in _ACTIVATIONS:
                     raise ShardplanError(f"{self.origin}: {key}", name, f"unsupported activation; known: {sorted(_ACTIVATIONS)}")
                 self._note(key, name)
                 return _ACTIVATIONS[name]
@@ -86,7 +145,7 @@ def _llama_like(r: _Reader, family: str, block_class: str, *, qkv_bias: bool | N
                 tie_default: bool = False, window_key: str | None = "sliding_window",
                 activation_keys: tuple[str, ...] = ("hidden_act",), activation: str = "silu") -> dict[str, Any]:
     heads = r.int("num_attention_heads")
-    bias = bool(r.get("attention_bias", False))
+    bias = r.bool("attention_bias", False)
     spec = dict(
         family=family, block_class=block_class,
         vocab_size=r.int("vocab_size"), hidden_size=r.int("hidden_size"),
@@ -97,8 +156,8 @@ def _llama_like(r: _Reader, family: str, block_class: str, *, qkv_bias: bool | N
         max_position_embeddings=r.int("max_position_embeddings", 4096),
         mlp=r.activation(*activation_keys, default=activation), norm="rmsnorm",
         qkv_bias=bias if qkv_bias is None else qkv_bias, out_proj_bias=bias,
-        mlp_bias=bool(r.get("mlp_bias", False)),
-        tie_word_embeddings=bool(r.get("tie_word_embeddings", tie_default)),
+        mlp_bias=r.bool("mlp_bias", False),
+        tie_word_embeddings=r.bool("tie_word_embeddings", tie_default),
     )
     if window_key and r.get(window_key):
         spec["sliding_window"] = r.int(window_key)
@@ -123,7 +182,7 @@ def _mixtral(r: _Reader) -> dict[str, Any]:
 def _qwen2(r: _Reader) -> dict[str, Any]:
     spec = _llama_like(r, "qwen2", "Qwen2DecoderLayer", qkv_bias=True, window_key=None)
     spec["out_proj_bias"] = False
-    if r.get("use_sliding_window", False) and r.get("sliding_window"):
+    if r.bool("use_sliding_window", False) and r.get("sliding_window"):
         spec["sliding_window"] = r.int("sliding_window")
     return spec
 
@@ -147,7 +206,7 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
         max_position_embeddings=r.int("n_positions", 1024),
         mlp=r.activation("activation_function", default="gelu_new"), norm="layernorm",
         qkv_bias=True, out_proj_bias=True, mlp_bias=True, fused_qkv=True,
-        tie_word_embeddings=bool(r.get("tie_word_embeddings", True)),
+        tie_word_embeddings=r.bool("tie_word_embeddings", True),
         learned_position_embeddings=True,
     )
 
@@ -157,9 +216,9 @@ def _opt(r: _Reader) -> dict[str, Any]:
     if r.get("word_embed_proj_dim", hidden) != hidden:
         raise ShardplanError(f"{r.origin}: word_embed_proj_dim", r.get("word_embed_proj_dim"),
                              "OPT with projected embeddings (350m) is not supported")
-    if not r.get("do_layer_norm_before", True):
+    if not r.bool("do_layer_norm_before", True):
         raise ShardplanError(f"{r.origin}: do_layer_norm_before", False, "post-LN OPT (350m) is not supported")
-    bias = bool(r.get("enable_bias", True))
+    bias = r.bool("enable_bias", True)
     heads = r.int("num_attention_heads", 12)
     return dict(
         family="opt", block_class="OPTDecoderLayer",
@@ -168,7 +227,7 @@ def _opt(r: _Reader) -> dict[str, Any]:
         intermediate_size=r.int("ffn_dim", 3072), max_position_embeddings=r.int("max_position_embeddings", 2048),
         mlp=r.activation("activation_function", default="relu"), norm="layernorm",
         qkv_bias=bias, out_proj_bias=bias, mlp_bias=bias,
-        tie_word_embeddings=bool(r.get("tie_word_embeddings", True)),
+        tie_word_embeddings=r.bool("tie_word_embeddings", True),
         learned_position_embeddings=True, position_embedding_offset=2,
     )
 
@@ -176,13 +235,13 @@ def _opt(r: _Reader) -> dict[str, Any]:
 def _falcon(r: _Reader) -> dict[str, Any]:
     hidden = r.int("hidden_size", 4544)
     heads = r.int("num_attention_heads", 71)
-    new_arch = bool(r.get("new_decoder_architecture", False))
+    new_arch = r.bool("new_decoder_architecture", False)
     if new_arch:
         kv_heads = r.int("num_kv_heads", heads)
     else:
-        kv_heads = 1 if r.get("multi_query", True) else heads
-    bias = bool(r.get("bias", False))
-    parallel = bool(r.get("parallel_attn", True))
+        kv_heads = 1 if r.bool("multi_query", True) else heads
+    bias = r.bool("bias", False)
+    parallel = r.bool("parallel_attn", True)
     return dict(
         family="falcon", block_class="FalconDecoderLayer",
         vocab_size=r.int("vocab_size", 65024), hidden_size=hidden,
@@ -192,7 +251,7 @@ def _falcon(r: _Reader) -> dict[str, Any]:
         mlp=r.activation("activation", default="gelu"), norm="layernorm",
         norms_per_block=2 if (new_arch or not parallel) else 1,
         qkv_bias=bias, out_proj_bias=bias, mlp_bias=bias, fused_qkv=True,
-        tie_word_embeddings=bool(r.get("tie_word_embeddings", True)),
+        tie_word_embeddings=r.bool("tie_word_embeddings", True),
     )
 
 
@@ -204,7 +263,7 @@ def _deepseek(r: _Reader, family: str, block_class: str, q_lora_default: int | N
     (V3's ``e_score_correction_bias`` is a buffer, not a parameter)."""
     if r.get("moe_layer_freq", 1) != 1:
         raise ShardplanError(f"{r.origin}: moe_layer_freq", r.get("moe_layer_freq"), "only 1 is supported")
-    if r.get("attention_bias", False):
+    if r.bool("attention_bias", False):
         raise ShardplanError(f"{r.origin}: attention_bias", True, "MLA with biases is not supported")
     heads = r.int("num_attention_heads")
     spec = dict(
@@ -214,7 +273,7 @@ def _deepseek(r: _Reader, family: str, block_class: str, q_lora_default: int | N
         intermediate_size=r.int("intermediate_size"),
         max_position_embeddings=r.int("max_position_embeddings", max_positions),
         mlp=r.activation("hidden_act", default="silu"), norm="rmsnorm",
-        tie_word_embeddings=bool(r.get("tie_word_embeddings", False)),
+        tie_word_embeddings=r.bool("tie_word_embeddings", False),
         # an explicit null q_lora_rank means a plain q_proj (DeepSeek-V2-Lite), not the class default
         mla=MLASpec(kv_lora_rank=r.int("kv_lora_rank", 512),
                     q_lora_rank=r.int("q_lora_rank", None if "q_lora_rank" in r.config else q_lora_default),
@@ -224,8 +283,8 @@ def _deepseek(r: _Reader, family: str, block_class: str, q_lora_default: int | N
     if r.get("n_routed_experts"):
         spec["moe"] = MoESpec(num_experts=r.int("n_routed_experts"), experts_per_token=r.int("num_experts_per_tok"),
                               intermediate_size=r.int("moe_intermediate_size"),
-                              shared_experts=r.get("n_shared_experts", 0) or 0,
-                              first_dense_layers=r.get("first_k_dense_replace", 0) or 0, lora_adapts_experts=True)
+                              shared_experts=r.count("n_shared_experts", 0, MAX_EXPERTS),
+                              first_dense_layers=r.count("first_k_dense_replace", 0, MAX_LAYERS), lora_adapts_experts=True)
     return spec
 
 
@@ -248,7 +307,7 @@ def _qwen3(r: _Reader) -> dict[str, Any]:
                      head_dim=128, max_position_embeddings=32768)
     spec = _llama_like(r, "qwen3", "Qwen3DecoderLayer", window_key=None)
     spec["qk_norm"] = "head"
-    if r.get("use_sliding_window", False) and r.get("sliding_window"):
+    if r.bool("use_sliding_window", False) and r.get("sliding_window"):
         spec["sliding_window"] = r.int("sliding_window")
     return spec
 
@@ -265,7 +324,7 @@ def _qwen3_moe(r: _Reader) -> dict[str, Any]:
         spec["moe"] = MoESpec(num_experts=r.int("num_experts", 128), experts_per_token=r.int("num_experts_per_tok", 8),
                               intermediate_size=r.int("moe_intermediate_size", 768),
                               layer_step=r.int("decoder_sparse_step", 1),
-                              dense_layers=tuple(r.get("mlp_only_layers", []) or []), lora_adapts_experts=True)
+                              dense_layers=r.layer_list("mlp_only_layers", spec["num_layers"]), lora_adapts_experts=True)
     return spec
 
 
@@ -300,7 +359,7 @@ def _llama4_text(r: _Reader) -> dict[str, Any]:
     spec["intermediate_size"] = r.int("intermediate_size_mlp", 16384)
     layers, step = spec["num_layers"], r.int("interleave_moe_layer_step", 1)
     # transformers derives moe_layers from the step; only a file's own list overrides it
-    moe_layers = (r.get("moe_layers") if "moe_layers" in r.provided else None) or list(range(step - 1, layers, step))
+    moe_layers = (r.layer_list("moe_layers", layers) if "moe_layers" in r.provided else None) or range(step - 1, layers, step)
     spec["moe"] = MoESpec(num_experts=r.int("num_local_experts", 16), experts_per_token=r.int("num_experts_per_tok", 1),
                           intermediate_size=expert_width, shared_experts=1,
                           dense_layers=tuple(i for i in range(layers) if i not in set(moe_layers)))
@@ -373,9 +432,12 @@ def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any]
 def _decoder_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], list[str]]:
     """The decoder's own config: ``text_config`` of a multimodal wrapper, else the config."""
     text = config.get("text_config")
+    outer = config.get("model_type")
+    if isinstance(outer, str) and outer in TEXT_MODEL_TYPES and not isinstance(text, dict):
+        raise ShardplanError(f"{origin}: text_config", "{...}" if isinstance(text, list) else _shown(text),
+                             f"a {outer} config reads its decoder from text_config, which must be a JSON object")
     if not isinstance(text, dict):
         return config, []
-    outer = config.get("model_type")
     inner = {"model_type": TEXT_MODEL_TYPES.get(outer, outer), **text}
     return inner, [f"text decoder only: the {outer} config's vision tower and projector are not counted"]
 
@@ -388,6 +450,9 @@ def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config
     shardplan's copy of it) with each key the file left out and the value it took."""
     config, notes = _decoder_config(config, origin)
     model_type = config.get("model_type")
+    if not isinstance(model_type, (str, type(None))):
+        raise ShardplanError(f"{origin}: model_type", _shown(model_type), "must be a string such as \"llama\"")
+    check_int_ranges(config, origin)
     layout = model_type
     if model_type not in FAMILIES:
         if not all(k in config for k in STANDARD_DECODER_KEYS):
@@ -428,5 +493,6 @@ def how_read(spec: ModelSpec, path: str | Path) -> str:
 def spec_from_hf_config_file(path: str | Path) -> ModelSpec:
     path = Path(path)
     config = read_json(path, field="model")
-    name = config.get("_name_or_path") or path.parent.name or path.stem
+    given = config.get("_name_or_path")
+    name = given if isinstance(given, str) and given.strip() else path.parent.name or path.stem
     return spec_from_hf_config(config, name=str(name), origin=path.name, source=f"config.json at {path}")

@@ -166,3 +166,23 @@ def checked_float(field: str, value: object) -> float:
     """``value`` checked against ``FLOAT_RANGES[field]``, or a one-line error."""
     lo, hi = FLOAT_RANGES[field]
     return bounded_float(value, field, lo, hi)
+# Files shardplan reads (shardplan/input_files.py). Profiles, Hugging Face config.json files and
+# overlays are kilobytes (the built-in ones are < 20 KiB; a config.json with a large id2label table
+# stays well under 1 MiB); a plan file from `plan --json` holds `--top` plans of ~10 KiB; a
+# calibration results JSONL ~5 KiB per measured configuration; an nccl-tests log ~100 B per size.
+# Each cap is >= 16x the largest such file, and a file past it is refused before it is read.
+MAX_PROFILE_FILE_BYTES = 16 * 2**20    # profiles, config.json, overlays, accuracy bands, run configs
+MAX_PLAN_FILE_BYTES = 64 * 2**20       # export's plan files (and stdin)
+MAX_RECORDS_FILE_BYTES = 256 * 2**20   # calibration results JSONL, samples, nccl-tests logs (~5·10^4 records)
+MAX_JSON_DEPTH = 64                    # nesting levels; shardplan's own files nest <= 6, config.json <= 4
+MAX_FILE_NAME_BYTES = 255              # NAME_MAX of Linux and macOS file systems, per path component
+MAX_PATH_BYTES = 4096                  # PATH_MAX on Linux
+
+# Fitted calibration coefficients (calibrate/overlay.py). A fit outside these is a degenerate fit
+# (two sizes that time the same give B -> 1e30 B/s), refused before it is written or used.
+MAX_LINK_BYTES_PER_S = 1e14    # 100 TB/s; the fastest GPU link (NVLink 5) is 0.9 TB/s per direction
+MAX_MEMORY_BYTES_PER_S = 1e14  # 100 TB/s; the fastest HBM (B200 HBM3e) is 8 TB/s
+MAX_FLOPS_PER_S = 1e18         # 1 EFLOP/s per device; the fastest (B200 FP4 dense) is ~1e16
+MAX_LATENCY_S = 10.0           # α of one collective call; measured α are 1e-6 .. 1e-3 s
+MAX_POSITIONS = 2**31          # max_position_embeddings / sliding_window in config.json: int32 positions
+                               # (published contexts reach ~10^7; a config may state a larger class default)

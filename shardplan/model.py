@@ -9,25 +9,35 @@ et al. 2022, App. B): 6·N_matmul + 12·L·n_heads·head_dim·s for training.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shardplan.limits import MAX_LAYERS
+from shardplan.limits import (MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_PARAMS, MAX_POSITIONS,
+                              MAX_VOCAB)
+
+# Dimensions with their stated ranges (limits.py): a profile file or an API caller past them is refused
+# by name before any per-layer list or int64 formula sees the value.
+Width = Annotated[int, Field(gt=0, le=MAX_HIDDEN)]
+Layers = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
+Heads = Annotated[int, Field(gt=0, le=MAX_HEADS)]
+Experts = Annotated[int, Field(gt=0, le=MAX_EXPERTS)]
+Positions = Annotated[int, Field(gt=0, le=MAX_POSITIONS)]
 
 
 class MoESpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    num_experts: PositiveInt
-    experts_per_token: PositiveInt
-    intermediate_size: PositiveInt
-    shared_experts: int = Field(0, ge=0, description="always-active experts of the same width")
-    first_dense_layers: int = Field(0, ge=0, description="leading blocks with a dense MLP instead")
-    layer_step: PositiveInt = Field(
+    num_experts: Experts
+    experts_per_token: Experts
+    intermediate_size: Width
+    shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="always-active experts of the same width")
+    first_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="leading blocks with a dense MLP instead")
+    layer_step: Layers = Field(
         1, description="every k-th block is MoE: block i when (i + 1) % k == 0 (Qwen3-MoE decoder_sparse_step, "
                        "Llama 4 interleave_moe_layer_step)")
-    dense_layers: tuple[int, ...] = Field((), description="blocks forced dense (Qwen3-MoE mlp_only_layers)")
+    dense_layers: tuple[Annotated[int, Field(ge=0, lt=MAX_LAYERS)], ...] = Field(
+        (), max_length=MAX_LAYERS, description="blocks forced dense (Qwen3-MoE mlp_only_layers)")
     lora_adapts_experts: bool = Field(
         False, description="PEFT's all-linear adapts the expert banks: families whose experts transformers 5 fused "
                            "(Mixtral, Qwen3-MoE, DeepSeek-V2/V3; not Llama 4, fused already in transformers 4)")
@@ -46,11 +56,11 @@ class MLASpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kv_lora_rank: PositiveInt
-    q_lora_rank: PositiveInt | None = None
-    qk_rope_head_dim: PositiveInt
-    qk_nope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
+    kv_lora_rank: Width
+    q_lora_rank: Width | None = None
+    qk_rope_head_dim: Width
+    qk_nope_head_dim: Width
+    v_head_dim: Width
 
 
 class ModelSpec(BaseModel):
@@ -64,18 +74,18 @@ class ModelSpec(BaseModel):
                     "qwen3", "qwen3_moe", "gemma3_text", "phi3", "llama4_text", "olmo2", "granite", "deepseek_v3"]
     block_class: str = Field("", description="the transformers class FSDP wraps, e.g. LlamaDecoderLayer")
 
-    vocab_size: PositiveInt
-    hidden_size: PositiveInt
-    num_layers: int = Field(ge=1, le=MAX_LAYERS, description="decoder blocks (per-block lists are built: bounded)")
-    num_heads: PositiveInt
-    num_kv_heads: PositiveInt
-    head_dim: PositiveInt | None = None
-    intermediate_size: PositiveInt
-    max_position_embeddings: PositiveInt
+    vocab_size: Annotated[int, Field(gt=0, le=MAX_VOCAB)]
+    hidden_size: Width
+    num_layers: Layers
+    num_heads: Heads
+    num_kv_heads: Heads
+    head_dim: Width | None = None
+    intermediate_size: Width
+    max_position_embeddings: Positions
 
     mlp: Literal["swiglu", "geglu", "gelu", "relu"]
     norm: Literal["rmsnorm", "layernorm"]
-    norms_per_block: PositiveInt = 2
+    norms_per_block: Annotated[int, Field(gt=0, le=16)] = 2
     qk_norm: Literal["none", "head", "width"] = Field(
         "none", description="RMSNorm on queries and keys: 'head' one weight of head_dim each (Qwen3, Gemma 3), "
                             "'width' over the whole q and k projections (OLMo 2)")
@@ -89,8 +99,8 @@ class ModelSpec(BaseModel):
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     learned_position_embeddings: bool = False
-    position_embedding_offset: int = Field(0, ge=0, description="OPT keeps 2 extra position rows")
-    sliding_window: PositiveInt | None = None
+    position_embedding_offset: int = Field(0, ge=0, le=MAX_POSITIONS, description="OPT keeps 2 extra position rows")
+    sliding_window: Positions | None = None
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     assumed: tuple[str, ...] = Field(
@@ -106,6 +116,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}")
         if self.moe and self.moe.experts_per_token > self.moe.num_experts:
             raise ValueError("moe.experts_per_token exceeds moe.num_experts")
+        if self.total_params > MAX_PARAMS:
+            raise ValueError(f"{self.total_params:,} parameters exceeds the {MAX_PARAMS:,} shardplan plans for")
         return self
 
     # --- shapes -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from shardplan.errors import ShardplanError
 from shardplan.hf_config import how_read, spec_from_hf_config_file
+from shardplan.input_files import path_kind, read_text
 from shardplan.model import ModelSpec
 from shardplan.model_names import base_name, name_forms
 from shardplan.names import did_you_mean, normalize
@@ -123,7 +124,8 @@ def _resolve_size(text: str, target: float) -> ResolvedModel:
 def _local_config(text: str) -> ResolvedModel | None:
     """A file or folder the text names, read; None when the text is not a path."""
     path = Path(text).expanduser()
-    if path.is_dir():
+    kind = path_kind(path)  # never raises: a 300-character model name is a name, not an OSError
+    if kind == "dir":
         config = _config_in_folder(path, text)
         spec = spec_from_hf_config_file(config)
         if config.parent.parent.name == "snapshots" and spec.name == config.parent.name:
@@ -132,10 +134,8 @@ def _local_config(text: str) -> ResolvedModel | None:
             spec = spec.model_copy(update={"name": repo, "display_name": repo})
             return ResolvedModel(spec, f"Hugging Face config {config}", hf_id=repo)
         return ResolvedModel(spec, f"Hugging Face config {config}")
-    if path.is_file() or text.endswith(".json"):
-        if not path.exists():
-            raise ShardplanError("model", text, "no such file")
-        data = read_json(path, field="model")
+    if kind is not None or text.endswith(".json"):
+        data = read_json(path, field="model")  # names what is there instead of a file, or that nothing is
         if "model_type" in data:
             spec = spec_from_hf_config_file(path)
             return ResolvedModel(spec, how_read(spec, path))
@@ -148,14 +148,14 @@ def _local_config(text: str) -> ResolvedModel | None:
 def _config_in_folder(folder: Path, text: str) -> Path:
     """``folder/config.json``; in a hub-cache folder (models--org--name), the snapshot refs/main names."""
     config = folder / "config.json"
-    if config.is_file():
-        return config
+    if path_kind(config) is not None:
+        return config  # a folder or FIFO named config.json is refused by the reader, by name
     snapshots = folder / "snapshots"
-    if snapshots.is_dir():
+    if path_kind(snapshots) == "dir":
         ref = folder / "refs" / "main"
-        found = ([snapshots / ref.read_text().strip() / "config.json"] if ref.is_file()
+        found = ([snapshots / read_text(ref, "model").strip() / "config.json"] if path_kind(ref) == "file"
                  else sorted(snapshots.glob("*/config.json")))
-        found = [p for p in found if p.is_file()]
+        found = [p for p in found if path_kind(p) == "file"]
         if len(found) == 1:
             return found[0]
         if found:

@@ -8,8 +8,8 @@ separated). Every error names the file, the field and the value.
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import TypeVar
@@ -17,6 +17,8 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from shardplan.errors import ShardplanError
+from shardplan.input_files import path_kind, read_json_object
+from shardplan.limits import MAX_PROFILE_FILE_BYTES
 from shardplan.names import did_you_mean, normalize
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -35,21 +37,9 @@ def _describe_validation_error(path: Path, err: ValidationError) -> ShardplanErr
 
 
 def read_json(path: Path, field: str = "profile") -> dict:
-    """Read one JSON object from a file, with a one-line error for a missing or malformed file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ShardplanError(field, str(path), "no such file") from None
-    except (IsADirectoryError, PermissionError, OSError) as exc:
-        raise ShardplanError(field, str(path), f"cannot read: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ShardplanError(field, str(path), f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(data, dict):
-        raise ShardplanError(field, str(path), "expected a JSON object at the top level")
-    return data
+    """Read one JSON object from a file through the bounded reader (input_files.py): one-line
+    errors for a missing, oversized, binary, malformed or too deeply nested file."""
+    return read_json_object(path, field, MAX_PROFILE_FILE_BYTES)
 
 
 def load_profile(path: Path, model: type[T]) -> T:
@@ -70,7 +60,7 @@ def search_dirs(kind: str) -> list[Path]:
     for entry in os.environ.get(PROFILE_PATH_ENV, "").split(os.pathsep):
         if entry:
             candidate = Path(entry).expanduser() / kind
-            dirs.append(candidate if candidate.is_dir() else Path(entry).expanduser())
+            dirs.append(candidate if path_kind(candidate) == "dir" else Path(entry).expanduser())
     dirs.append(DATA_DIR / kind)
     return dirs
 
@@ -79,17 +69,40 @@ def search_dirs(kind: str) -> list[Path]:
 def _load_dir(kind: str, model: type[T], env_value: str) -> tuple[T, ...]:
     seen: dict[str, T] = {}
     for folder in search_dirs(kind):
-        if not folder.is_dir():
+        if path_kind(folder) != "dir":
             continue
         for path in sorted(folder.glob("*.json")):
-            try:
+            if folder.is_relative_to(DATA_DIR):
                 profile = load_profile(path, model)
-            except ShardplanError:
-                if folder.is_relative_to(DATA_DIR):
-                    raise
-                continue  # a foreign JSON file in a user folder is not ours to reject here
+            else:
+                try:
+                    data = read_json(path)
+                except ShardplanError as err:
+                    _warn_unreadable(path, err)
+                    continue
+                try:
+                    profile = model.model_validate(data)
+                except ValidationError:
+                    continue  # valid JSON of another kind (a GPU profile beside model profiles): not this kind's
             seen.setdefault(profile.name, profile)
     return tuple(seen.values())
+
+
+_warned: set[str] = set()
+
+
+def _warn_unreadable(path: Path, err: ShardplanError) -> None:
+    """One stderr line per broken file on SHARDPLAN_PROFILE_PATH, once per process.
+
+    Why a warning and not an error: the folders are the user's and may hold other files; one
+    broken file (binary, truncated, not UTF-8, a FIFO named *.json) must not stop every command,
+    including those that never use its kind. Why not silence: the user who put a profile there
+    must learn why it is not found. A file that is valid JSON but another kind's schema is skipped
+    silently (a folder without kind subfolders is searched for every kind)."""
+    key = str(path)
+    if key not in _warned:
+        _warned.add(key)
+        print(f"shardplan: warning: {PROFILE_PATH_ENV}: skipped {err}", file=sys.stderr)
 
 
 def load_all(kind: str, model: type[T]) -> tuple[T, ...]:

@@ -9,7 +9,6 @@ script and ``python -m shardplan.calibrate.cli`` do), not by calling ``calibrate
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -92,7 +91,9 @@ def fsdp_cmd(
         if grid == "default":
             configs = [c.model_copy(update=extra) for c in default_grid(launch=launch)]
         elif config is not None:
-            data = json.loads(config.read_text())
+            from shardplan.input_files import read_json
+
+            data = read_json(config, "config")
             configs = [RunConfig.model_validate(d) for d in (data if isinstance(data, list) else [data])]
         else:
             base = {} if not full_size else {"tiny": {}}
@@ -224,8 +225,12 @@ def collectives_cmd(
     for f in fits:
         for s in f.segments:
             typer.echo(f"{f.op:14s} {f.world_size:3d}  {f.tier:11s}  {s.min_bytes:>9d}-{s.max_bytes:<9d} "
-                       f"{s.alpha_s * 1e6:9.2f} {s.bandwidth_bytes_per_s / 1e9:8.3f}   {f.r2_log:.4f}  {f.max_rel_err:.3f}")
+                       f"{s.alpha_s * 1e6:9.2f} {_gb_per_s(s.bandwidth_bytes_per_s)}   {f.r2_log:.4f}  {f.max_rel_err:.3f}")
     typer.echo(f"wrote {out}")
+
+
+def _gb_per_s(bandwidth: float | None) -> str:
+    return " latency" if bandwidth is None else f"{bandwidth / 1e9:8.3f}"
 
 
 @calibrate_app.command("compute")

@@ -29,17 +29,21 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardplan.atomic_write import write_text_atomic
 from shardplan.calibrate.timing import seconds_per_call
 from shardplan.errors import ShardplanError
-from shardplan.limits import MAX_BYTES, MAX_LOCAL_CPU_RANKS, MAX_FIT_POINTS, MAX_SIZE_LADDER, MAX_ITERS, bounded_int
+from shardplan.limits import (MAX_BYTES, MAX_FIT_POINTS, MAX_GPUS, MAX_ITERS, MAX_LINK_BYTES_PER_S, MAX_LOCAL_CPU_RANKS,
+                              MAX_SIZE_LADDER, bounded_int)
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 MIN_R2_LOG = 0.90
 MAX_REL_ERR = 0.50
+MAX_SAMPLE_TIME_S = 3600.0  # one collective call; nccl-tests' slowest rows are seconds
 PIECEWISE_TRIGGER = 0.10  # try a breakpoint when a single line's max relative error exceeds this
 
 
@@ -78,7 +82,7 @@ class Segment:
     min_bytes: int
     max_bytes: int
     alpha_s: float
-    bandwidth_bytes_per_s: float  # bus bandwidth B
+    bandwidth_bytes_per_s: float | None  # bus bandwidth B; None: latency-bound regime, t = α (see fit_link)
 
 
 @dataclass
@@ -99,7 +103,8 @@ class LinkFit:
         for i, seg in enumerate(self.segments):
             lo = -np.inf if i == 0 else seg.min_bytes
             mask = s >= lo
-            out = np.where(mask, seg.alpha_s + s * f / seg.bandwidth_bytes_per_s, out)
+            seconds_per_byte = 0.0 if seg.bandwidth_bytes_per_s is None else 1.0 / seg.bandwidth_bytes_per_s
+            out = np.where(mask, seg.alpha_s + s * f * seconds_per_byte, out)
         return out
 
     def to_dict(self) -> dict:
@@ -107,7 +112,7 @@ class LinkFit:
 
 
 def _wls_line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
-    """Minimise Σ((α + βx − t)/t)² with α ≥ 0, β > 0."""
+    """Minimise Σ((α + βx − t)/t)² with α ≥ 0, β ≥ 0 (β = 0: the time does not grow with size)."""
     w = 1.0 / t
     a = np.stack([w, x * w], axis=1)
     (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
@@ -115,7 +120,7 @@ def _wls_line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
         alpha = 0.0
         beta = float(np.sum(x * w * w * t) / np.sum((x * w) ** 2))
     if beta <= 0:  # latency-only range: no bandwidth information
-        beta = 1e-30
+        beta = 0.0
         alpha = float(np.sum(w) / np.sum(w * w))
     return float(alpha), float(beta)
 
@@ -151,7 +156,12 @@ def _max_rel(x, t, segs) -> float:
 
 def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err: float = MAX_REL_ERR,
              piecewise: bool = True, max_segments: int = 3) -> LinkFit:
-    """Fit t = α + S·f(n)/B to the samples of one (op, world size, tier)."""
+    """Fit t = α + S·f(n)/B to the samples of one (op, world size, tier). A NaN threshold is
+    refused: every comparison with NaN is false, so it would switch the quality check off (±inf
+    switches it off on purpose)."""
+    for name, value in (("min_r2_log", min_r2_log), ("max_rel_err", max_rel_err)):
+        if value != value:
+            raise ShardplanError(name, value, "a threshold must be a number (NaN would switch the check off)")
     if not samples:
         raise ShardplanError("samples", 0, "no measurements to fit")
     keys = {(s.op, s.world_size, s.tier) for s in samples}
@@ -161,8 +171,8 @@ def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err:
     if n < 2:
         raise ShardplanError("world_size", n, "a collective needs at least 2 ranks")
     pts = sorted((s.size_bytes, s.time_s) for s in samples if s.time_s > 0 and s.size_bytes > 0)
-    if len(pts) < 3:
-        raise ShardplanError("samples", len(pts), "need at least 3 positive (size, time) points")
+    if len({p[0] for p in pts}) < 3:  # one size repeated has no slope: no bandwidth
+        raise ShardplanError("samples", len(pts), "need at least 3 distinct positive (size, time) points")
     if len(pts) > MAX_FIT_POINTS:  # the breakpoint search below is exhaustive (limits.py)
         raise ShardplanError("samples", len(pts), f"more than {MAX_FIT_POINTS} (size, time) points for "
                                                   f"{op} on {n} ranks ({tier}); fit one size ladder at a time")
@@ -180,8 +190,15 @@ def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err:
         best = cand
     segments, pred = [], np.empty_like(t)
     for lo, hi, a, b in best[0]:
-        segments.append(Segment(int(size[lo]), int(size[hi - 1]), a, 1.0 / b))
-        pred[lo:hi] = a + b * x[lo:hi]
+        # a slope below 1/MAX_LINK_BYTES_PER_S is no bandwidth any link has (the time hardly grows with
+        # size): the regime is latency-bound, t = α, recorded as B = None rather than B -> 1e30 B/s
+        flat = b * MAX_LINK_BYTES_PER_S < 1.0
+        segments.append(Segment(int(size[lo]), int(size[hi - 1]), a, None if flat else 1.0 / b))
+        pred[lo:hi] = a + (0.0 if flat else b) * x[lo:hi]
+    if segments[-1].bandwidth_bytes_per_s is None:  # the large-message bandwidth every plan uses
+        raise ShardplanError(f"fit[{op}, n={n}, {tier}]", f"sizes {segments[-1].min_bytes:,}..{segments[-1].max_bytes:,} B",
+                             "the time does not grow with the message size up to the largest size measured: no "
+                             "bandwidth to fit; measure larger sizes (--max-bytes) or check the timings")
     rel = (pred - t) / t
     lt, lp = np.log(t), np.log(pred)
     ss_tot = float(np.sum((lt - lt.mean()) ** 2))
@@ -274,7 +291,7 @@ def parse_nccl_tests(text: str, op: str | None = None, world_size: int | None = 
         if ln.lstrip().startswith("#") or not ln.strip():
             continue
         tok = ln.split()
-        if len(tok) < 10 or not tok[0].isdigit() or not tok[1].isdigit():
+        if len(tok) < 10 or not tok[0].isdigit() or not tok[1].isdigit() or len(tok[0]) > 19:
             continue
         try:
             tail = [float(v) for v in tok[-8:]]
@@ -282,7 +299,8 @@ def parse_nccl_tests(text: str, op: str | None = None, world_size: int | None = 
             continue
         size = int(tok[0])
         t_us = tail[4] if in_place else tail[0]
-        if size > 0 and t_us > 0:
+        # a time printed as nan/inf (a failed size) or a size past MAX_BYTES is not a measurement
+        if 0 < size <= MAX_BYTES and 0 < t_us <= MAX_SAMPLE_TIME_S * 1e6:
             samples.append(Sample(op, int(world_size), size, t_us * 1e-6, tier, dtype=tok[2], in_place=in_place))
     if not samples:
         raise ShardplanError("nccl_tests", source, "no result rows found (expected the nccl-tests table)")
@@ -290,11 +308,14 @@ def parse_nccl_tests(text: str, op: str | None = None, world_size: int | None = 
 
 
 def parse_nccl_tests_file(path, **kw) -> list[Sample]:
+    from shardplan.input_files import read_bytes
+    from shardplan.limits import MAX_RECORDS_FILE_BYTES
+
     p = Path(path)
-    if not p.is_file():
-        raise ShardplanError("nccl_tests", str(path), "no such file")
+    # nccl-tests logs are ASCII; other bytes (a GPU name in another locale) are replaced, not refused
+    text = read_bytes(p, "nccl_tests", MAX_RECORDS_FILE_BYTES).decode("utf-8", errors="replace")
     kw.setdefault("op", _op_from_text(p.name))
-    return parse_nccl_tests(p.read_text(errors="replace"), source=str(path), **kw)
+    return parse_nccl_tests(text, source=str(path), **kw)
 
 
 # --- benchmark (torch) -------------------------------------------------------------------------
@@ -484,17 +505,40 @@ def benchmark_spawn(world_size: int, timeout_s: float = 600.0, **kw) -> list[Sam
         return [Sample(**x) for x in json.loads(out.read_text())]
 
 
+class _SampleRecord(BaseModel):
+    """One imported sample, as ``Sample`` with its ranges: what a samples file may hold."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    op: Literal["all_gather", "reduce_scatter", "all_reduce"]
+    world_size: int = Field(ge=2, le=MAX_GPUS)
+    size_bytes: int = Field(gt=0, le=MAX_BYTES)
+    time_s: float = Field(gt=0, le=MAX_SAMPLE_TIME_S)
+    tier: Literal["intra_node", "inter_node"] = "intra_node"
+    dtype: str = Field("float32", max_length=64)
+    in_place: bool = False
+
+
+def sample_from_dict(data: object, where: str) -> Sample:
+    """A ``Sample`` from one JSON object of a samples file, or a one-line error naming it."""
+    try:
+        return Sample(**_SampleRecord.model_validate(data).model_dump())
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(sample)"
+        value = first.get("input")
+        raise ShardplanError(f"samples: {where}.{field}", "{...}" if isinstance(value, dict) else value,
+                             first["msg"]) from None
+
+
 def load_samples(path) -> list[Sample]:
     """Samples written by ``torchrun ... -m shardplan.calibrate.collectives --out FILE``."""
-    import json
+    from shardplan.input_files import read_json
+    from shardplan.limits import MAX_RECORDS_FILE_BYTES
 
-    p = Path(path)
-    if not p.is_file():
-        raise ShardplanError("samples", str(path), "no such file")
-    try:
-        return [Sample(**x) for x in json.loads(p.read_text())]
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise ShardplanError("samples", str(path), f"not a samples file: {exc}") from None
+    data = read_json(path, "samples", MAX_RECORDS_FILE_BYTES)
+    if not isinstance(data, list) or not data:
+        raise ShardplanError("samples", str(path), "not a samples file: expected a non-empty JSON list of samples")
+    return [sample_from_dict(x, f"{path}[{i}]") for i, x in enumerate(data)]
 
 
 def torchrun_main(argv: list[str] | None = None) -> int:

@@ -34,19 +34,22 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Iterable
+from typing import Annotated, Iterable, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardplan import strategy as st
 from shardplan.config import Columns, model_values
-from shardplan.calibrate.config import tiny_spec
+from shardplan.calibrate.config import RunConfig, tiny_spec
+from shardplan.limits import MAX_BYTES
 from shardplan.memory import estimate_memory
 from shardplan.model import ModelSpec
 from shardplan.model_states import model_states
 from shardplan.activations import compute_dtype_bytes
 from shardplan.buffers import fsdp_units
 from shardplan.errors import ShardplanError
+from shardplan.input_files import check_file
 from shardplan.models import resolve_model
 
 CATEGORIES = ("params_sharded", "grads_sharded", "optimizer", "all_gather_buffers", "reduce_scatter_buffers",
@@ -60,6 +63,37 @@ MEASURED_FIELD = {
     "unsharded_grads": "grads_unsharded_bytes", "activations": "activations_bytes",
 }
 FSDP1_CATEGORIES = CATEGORIES
+
+
+_Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+
+
+class MeasuredRecord(BaseModel):
+    """The fields of a harness record (status ok) that a comparison reads, with their ranges; the
+    record's other fields (breakdowns, env, timings) pass through unread. A record past these is a
+    one-line error naming the file, the line's key and the field, never a KeyError."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    key: str | None = None
+    status: Literal["ok"]
+    config: RunConfig
+    measured: dict[str, _Bytes]
+    forward_peak_bytes: _Bytes | None = None
+    backward_peak_bytes: _Bytes | None = None
+    total_peak_bytes: _Bytes | None = None
+    cuda_max_allocated_bytes: _Bytes | None = None
+
+
+def check_record(record: dict, where: str) -> None:
+    """``record`` as a ``MeasuredRecord``, or a one-line error."""
+    try:
+        MeasuredRecord.model_validate(record)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(record)"
+        value = None if first["type"] == "missing" else first.get("input")
+        raise ShardplanError(f"records: {where}: {field}", "{...}" if isinstance(value, (dict, list)) else value,
+                             first["msg"].removeprefix("Value error, ")) from None
 
 
 def record_spec(record: dict) -> ModelSpec:
@@ -308,6 +342,7 @@ def compare_records(records: Iterable[dict], source: str = "") -> list[dict]:
     for rec in records:
         if rec.get("status") != "ok" or "hf_config" in rec:  # real-HF-stack records: compare_hf
             continue
+        check_record(rec, f"{source or 'records'} key {rec.get('key')!r}"[:120])
         pred, meas = predict(rec), measured(rec)
         cats = FSDP1_CATEGORIES if rec["config"]["engine"] == "fsdp1" else CATEGORIES
         cuda = record_on_cuda(rec)
@@ -329,8 +364,7 @@ def compare_files(paths: Iterable[str | Path]) -> list[dict]:
 
     rows = []
     for path in paths:
-        if not Path(path).is_file():
-            raise ShardplanError("records", str(path), "no such file")
+        check_file(path, "records")  # a missing path is an error here, not an empty file to append to
         rows += compare_records(read_jsonl(path), source=Path(path).name)
     return rows
 

@@ -128,8 +128,14 @@ def fit_efficiency(samples: list[MatmulSample], peak_flops_per_s: float | None =
                    sm_count: int | None = None) -> ComputeFit:
     """Fit achieved(m) = F_max/(1 + (m_half/m)^p) to one dtype's samples; refuse (ShardplanError) a
     fit that does not describe them or whose largest size is below saturation."""
-    if len(samples) < 3:
-        raise ShardplanError("samples", len(samples), "need at least 3 matmul sizes to fit")
+    for name, value in (("max_rel_err", max_rel_err), ("min_saturation", min_saturation)):
+        if value != value:  # NaN compares false with everything: the check would be off
+            raise ShardplanError(name, value, "a threshold must be a number (NaN would switch the check off)")
+    if len({s.m for s in samples}) < 3:  # one size repeated fits any curve through one point
+        raise ShardplanError("samples", sorted({s.m for s in samples}), "need at least 3 distinct matmul sizes to fit")
+    if not all(s.m > 0 and 0 < s.time_s < float("inf") for s in samples):
+        bad = next(s for s in samples if not (s.m > 0 and 0 < s.time_s < float("inf")))
+        raise ShardplanError(f"samples[matmul {bad.dtype} m={bad.m}]", bad.time_s, "need m > 0 and a finite positive time")
     if len({(s.dtype, s.device) for s in samples}) != 1:
         raise ShardplanError("samples", "mixed", "fit one dtype and device at a time")
     _check_samples(samples)

@@ -22,7 +22,6 @@ nameplate numbers. Writing merges into an existing overlay (entries replaced by 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -33,30 +32,43 @@ from shardplan.allocator import FragmentationCoefficient
 from shardplan.accuracy_bands import AccuracyOverlay
 from shardplan.calibrate.results import write_json_atomic
 from shardplan.errors import ShardplanError
+from shardplan.input_files import read_json
+from shardplan.limits import (MAX_BYTES, MAX_FLOPS_PER_S, MAX_GPUS, MAX_LATENCY_S, MAX_LINK_BYTES_PER_S,
+                              MAX_MEMORY_BYTES_PER_S, MAX_PROFILE_FILE_BYTES)
 
 SCHEMA = "shardplan.calibration/1"
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN and ±inf are never a measurement: refused on load and before a fit is written (json.dumps
+    # would write them as NaN/Infinity, which is not JSON)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class LinkSegment(_Frozen):
-    min_bytes: int = Field(ge=0)
-    max_bytes: int = Field(ge=0)
-    alpha_s: float = Field(ge=0)
-    bandwidth_bytes_per_s: float = Field(gt=0)
+    min_bytes: int = Field(ge=0, le=MAX_BYTES)
+    max_bytes: int = Field(ge=0, le=MAX_BYTES)
+    alpha_s: float = Field(ge=0, le=MAX_LATENCY_S)
+    bandwidth_bytes_per_s: float | None = Field(
+        gt=0, le=MAX_LINK_BYTES_PER_S, description="bus bandwidth B; null: a latency-bound regime, t = α")
 
 
 class LinkCalibration(_Frozen):
     tier: str
     op: Literal["all_gather", "reduce_scatter", "all_reduce"]
-    world_size: int = Field(ge=2)
-    segments: tuple[LinkSegment, ...]
+    world_size: int = Field(ge=2, le=MAX_GPUS)
+    segments: tuple[LinkSegment, ...] = Field(min_length=1)
     r2_log: float
     max_rel_err: float
     n_points: int
     calibrated: Literal[True] = True
+
+    @field_validator("segments")
+    @classmethod
+    def _last_has_bandwidth(cls, value):
+        if value and value[-1].bandwidth_bytes_per_s is None:
+            raise ValueError("the largest-size segment must have a bandwidth (plans use it for large messages)")
+        return value
 
     def segment_for(self, size_bytes: int) -> LinkSegment:
         seg = self.segments[0]
@@ -69,7 +81,7 @@ class LinkCalibration(_Frozen):
 class ComputeCalibration(_Frozen):
     dtype: str
     device: str
-    f_max_flops_per_s: float = Field(gt=0)
+    f_max_flops_per_s: float = Field(gt=0, le=MAX_FLOPS_PER_S)
     m_half: float = Field(ge=0)
     p: float = Field(1.0, gt=0)
     peak_flops_per_s: float | None = None
@@ -86,8 +98,8 @@ class BandwidthCalibration(_Frozen):
     kernel: Literal["copy", "add"]
     device: str
     dtype: str
-    size_bytes: int = Field(gt=0, description="bytes of one operand")
-    bytes_per_s: float = Field(gt=0)
+    size_bytes: int = Field(gt=0, le=MAX_BYTES, description="bytes of one operand")
+    bytes_per_s: float = Field(gt=0, le=MAX_MEMORY_BYTES_PER_S)
     calibrated: Literal[True] = True
 
 
@@ -146,18 +158,18 @@ class Calibration(_Frozen):
 def load_calibration(path) -> Calibration:
     """Load and validate an overlay; errors name the file, field and value."""
     p = Path(path)
-    if not p.is_file():
-        raise ShardplanError("calibration", str(path), "no such file")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise ShardplanError("calibration", str(path), f"not JSON: {exc}") from None
+    data = read_json(p, "calibration", MAX_PROFILE_FILE_BYTES)
     try:
         return Calibration.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise ShardplanError(f"{p.name}:{loc}", err.get("input"), err["msg"]) from None
+        raise _one_line(exc, p.name) from None
+
+
+def _one_line(exc: ValidationError, where: str) -> ShardplanError:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+    value = err.get("input")
+    return ShardplanError(f"{where}:{loc}", "{...}" if isinstance(value, (dict, list)) else value, err["msg"])
 
 
 def _key_link(d):
@@ -202,6 +214,9 @@ def write_calibration(path, links=(), compute=(), allocator: dict | None = None,
             "links": [links_d[k] for k in sorted(links_d)], "compute": [comp_d[k] for k in sorted(comp_d)],
             "bandwidth": [bw_d[k] for k in sorted(bw_d)],
             "allocator": alloc, "accuracy": old.get("accuracy")}
-    cal = Calibration.model_validate(data)  # validate before anything touches the disk
+    try:  # validate before anything touches the disk: a degenerate fit is refused, nothing written
+        cal = Calibration.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line(exc, f"{p.name} (not written)") from None
     write_json_atomic(p, cal.model_dump(by_alias=True, mode="json"))
     return cal

@@ -15,6 +15,8 @@ from typing import Iterable
 
 from shardplan.atomic_write import write_text_atomic
 from shardplan.errors import ShardplanError
+from shardplan.input_files import parse_json, path_kind, read_text
+from shardplan.limits import MAX_RECORDS_FILE_BYTES
 
 
 def write_json_atomic(path, data) -> Path:
@@ -32,22 +34,27 @@ def _split_records(path: Path, text: str) -> tuple[list[dict], list[str]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-            kept.append(line.strip())
-        except json.JSONDecodeError as err:
+            record = parse_json(line, "records", f"{path}:{number}")
+        except ShardplanError as err:
             if torn and number == len(lines):
                 break
-            raise ShardplanError("records", f"{path}:{number}", f"not a JSON record ({err.msg})") from None
+            raise ShardplanError("records", f"{path}:{number}", f"not a JSON record: {err.reason}") from None
+        if not isinstance(record, dict):
+            raise ShardplanError("records", f"{path}:{number}", "not a JSON record (expected an object per line)")
+        records.append(record)
+        kept.append(line.strip())
     return records, kept
 
 
 def read_jsonl(path) -> list[dict]:
-    """Every record of a JSONL results file ([] when it does not exist); a torn last line is dropped
-    (``_split_records``), so a resumed calibration keeps every earlier record and measures that one again."""
+    """Every record of a JSONL results file ([] when it does not exist), read through the bounded
+    reader (input_files.py, MAX_RECORDS_FILE_BYTES); each line must be one JSON object, else a
+    one-line error naming the file and the line. A torn last line is dropped (``_split_records``),
+    so a resumed calibration keeps every earlier record and measures that one again."""
     path = Path(path)
-    if not path.exists():
+    if path_kind(path) is None and not path.is_symlink():
         return []
-    return _split_records(path, path.read_text(encoding="utf-8"))[0]
+    return _split_records(path, read_text(path, "records", MAX_RECORDS_FILE_BYTES))[0]
 
 
 def append_jsonl(path, record: dict) -> Path:
@@ -55,7 +62,7 @@ def append_jsonl(path, record: dict) -> Path:
     rewritten from its whole records, so a torn last line left by another writer is removed, not
     buried in the middle of the file."""
     path = Path(path)
-    kept = _split_records(path, path.read_text(encoding="utf-8"))[1] if path.exists() else []
+    kept = _split_records(path, read_text(path, "out", MAX_RECORDS_FILE_BYTES))[1] if path_kind(path) is not None else []
     return write_text_atomic(path, "".join(line + "\n" for line in kept) + json.dumps(record, sort_keys=True) + "\n")
 
 
