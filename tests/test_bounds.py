@@ -173,7 +173,8 @@ def test_models_show_of_a_model_with_10_12_layers_is_refused(tmp_path):
         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
         "max_position_embeddings": 8192}))
     with _deadline(30):
-        _refused(run_cli("fit", f"{hf} on 8xh100-sxm"), "num_layers=1000000000000")
+        # the config's own key is named, checked before any default or per-layer list (input_files, hf_config)
+        _refused(run_cli("fit", f"{hf} on 8xh100-sxm"), "num_hidden_layers=1000000000000", f"{limits.MAX_LAYERS:,}")
 
 
 # --- calibration sizes ----------------------------------------------------------------------------

@@ -324,7 +324,7 @@ def test_a_nan_quality_threshold_is_refused(tmp_path, option):
     # before: NaN compares false with everything, so `r2 < nan` never refused a fit
     res = run_cli("calibrate", "collectives", "--nccl-tests", NCCL, "--out", tmp_path / "o.json",
                   "--tier", "intra_node", option, "nan")
-    one_line_error(res, option.lstrip("-") + "=nan", "finite number")
+    one_line_error(res, option.lstrip("-").replace("-", "_") + "=nan", "finite number")
 
 
 def test_nan_threshold_through_the_api():

@@ -131,14 +131,9 @@ def fit_efficiency(samples: list[MatmulSample], peak_flops_per_s: float | None =
     for name, value in (("max_rel_err", max_rel_err), ("min_saturation", min_saturation)):
         if value != value:  # NaN compares false with everything: the check would be off
             raise ShardplanError(name, value, "a threshold must be a number (NaN would switch the check off)")
-    if len({s.m for s in samples}) < 3:  # one size repeated fits any curve through one point
-        raise ShardplanError("samples", sorted({s.m for s in samples}), "need at least 3 distinct matmul sizes to fit")
-    if not all(s.m > 0 and 0 < s.time_s < float("inf") for s in samples):
-        bad = next(s for s in samples if not (s.m > 0 and 0 < s.time_s < float("inf")))
-        raise ShardplanError(f"samples[matmul {bad.dtype} m={bad.m}]", bad.time_s, "need m > 0 and a finite positive time")
+    _check_samples(samples)
     if len({(s.dtype, s.device) for s in samples}) != 1:
         raise ShardplanError("samples", "mixed", "fit one dtype and device at a time")
-    _check_samples(samples)
     m = np.array([s.m for s in samples], dtype=float)
     f = np.array([s.flops_per_s for s in samples], dtype=float)
     best = None
