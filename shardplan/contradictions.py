@@ -96,6 +96,23 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+# the values a search may give each knob a rule can involve
+SEARCH_VALUES = {"strategy": st.STRATEGIES, "engine": st.ENGINES, "method": st.METHODS, "offload": st.OFFLOADS,
+                 "ac": st.AC_MODES}
+
+
+def _variants(config, knobs: set[str]):
+    """``config`` with every combination of the searched ``knobs``' values."""
+    import itertools
+
+    names = sorted(knobs)
+    for values in itertools.product(*(SEARCH_VALUES[n] for n in names)):
+        variant = config.model_copy(update=dict(zip(names, values)))
+        # only combinations a framework can express (zero1/zero2 exist only in DeepSpeed)
+        if bool(st.is_valid(st.STRATEGIES.index(variant.strategy), st.ENGINES.index(variant.engine))):
+            yield variant
+
+
 def check(config, cluster, spec=None, *, searched=()) -> list[str]:
     """Raise the first ``error`` rule that applies (one line naming its field and value); return
     the notes of the ``note`` rules that apply. ``config``: as the user stated it (its
@@ -108,8 +125,16 @@ def check(config, cluster, spec=None, *, searched=()) -> list[str]:
     config = resolve_stack(config, cluster.world_size)  # the values the run would have (stack defaults too)
     notes = []
     for rule in RULES:
-        if rule.kind == "error" and (set(rule.involves) & set(searched) or rule.field in searched):
+        if rule.kind == "error" and rule.field in searched:
             continue
+        if rule.kind == "error" and set(rule.involves) & set(searched):
+            # a searched knob: refuse only when no value the search may take makes the setting valid
+            # (ddp + offload is invalid under every engine; full_shard + optimizer-only offload is
+            # valid under DeepSpeed), and explain with a combination the search would have tried
+            variants = list(_variants(config, set(rule.involves) & set(searched)))
+            if not variants or not all(rule.applies(v, stated, cluster, spec) for v in variants):
+                continue
+            raise ShardplanError(rule.field, getattr(config, rule.field), rule.reason(variants[0], stated, cluster, spec))
         if not rule.applies(config, stated, cluster, spec):
             continue
         if rule.kind == "error":

@@ -159,7 +159,11 @@ def load_plans(path: str | Path) -> list[dict[str, Any]]:
 
 def choose_plan(plans: list[dict[str, Any]], index: int | None = None) -> dict[str, Any]:
     """``index`` when given; else the first plan that fits (or the first when none says)."""
+    if not isinstance(plans, list) or not plans or not all(isinstance(p, dict) for p in plans):
+        raise ShardplanError("plans", type(plans).__name__, "expected a non-empty list of plan objects "
+                                                            "(shardplan.export.load_plans)")
     if index is not None:
+        index = bounded_int(index, "index", -len(plans), len(plans) - 1)
         if not -len(plans) <= index < len(plans):
             raise ShardplanError("index", index, f"the file holds {len(plans)} plan(s)")
         return plans[index]

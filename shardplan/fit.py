@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shardplan import contradictions, strategy as st
 from shardplan.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
-from shardplan.errors import ShardplanError
+from shardplan.errors import ShardplanError, require_type, safe_repr
 from shardplan.hardware import Cluster, check_precision
 from shardplan.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
@@ -113,10 +113,18 @@ def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> N
                              f"must divide the {cluster.world_size} GPUs")
 
 
+def _check_arguments(spec, cluster, config) -> None:
+    """The public entry points' arguments, by type: the one error type, not a TypeError inside a formula."""
+    require_type(spec, ModelSpec, "spec", "shardplan.models.resolve_model(NAME).spec")
+    require_type(cluster, Cluster, "cluster", "shardplan.hardware.parse_gpus('8xh100-sxm')")
+    require_type(config, TrainingConfig, "config", "shardplan.config.TrainingConfig(...)")
+
+
 def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: list[str] | None = None,
              allocator=None, bands: AccuracyBands | None = None) -> FitResult:
     from shardplan.stacks import resolve_stack, stack_label
 
+    _check_arguments(spec, cluster, config)
     config = resolve_stack(config, cluster.world_size)
     c = _columns(spec, cluster, config)
     with quiet_numpy():
@@ -288,6 +296,9 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
     GPU that is ``single``: no wrapper, as a one-GPU run is launched); alternatives for every one
     that is not ``fits`` (``tight`` included). ``allocator``: an ``allocator.AllocatorModel`` (a
     calibration overlay's), else the measured defaults; ``bands``: the verdict's band data."""
+    _check_arguments(spec, cluster, config)
+    if strategies is not None and (isinstance(strategies, str) or not all(isinstance(x, str) for x in strategies)):
+        raise ShardplanError("strategies", safe_repr(strategies)[:60], "expected a list of strategy names")
     searched = ("strategy",) if strategies is None else ()  # fit over every strategy lists invalid ones as such
     if strategies is None and cluster.world_size == 1:
         strategies = ["single"]

@@ -448,6 +448,8 @@ def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config
     ``ModelSpec.assumed`` says what the file did not: notes (text decoder only, Llama layout for an
     unknown model_type) and one entry naming where defaults came from (transformers' class, or
     shardplan's copy of it) with each key the file left out and the value it took."""
+    if not isinstance(config, dict):
+        raise ShardplanError(origin, type(config).__name__, "a Hugging Face config must be a JSON object")
     config, notes = _decoder_config(config, origin)
     model_type = config.get("model_type")
     if not isinstance(model_type, (str, type(None))):

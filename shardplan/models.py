@@ -24,6 +24,7 @@ from shardplan.hf_config import how_read, spec_from_hf_config_file
 from shardplan.input_files import path_kind, read_text
 from shardplan.model import ModelSpec
 from shardplan.model_names import base_name, name_forms
+from shardplan.limits import MAX_DIGITS, MAX_PARAMS, _shown
 from shardplan.names import did_you_mean, normalize
 from shardplan.profiles import find_by_name, load_all, load_profile, read_json
 
@@ -193,8 +194,10 @@ def resolve_model(text: str) -> ResolvedModel:
         return local
     size = _BARE_SIZE.match(text)
     if size:
-        target = float(size.group(1)) * _SCALE[size.group(2).lower()]
-        if target <= 0:
-            raise ShardplanError("model", text, "size must be positive")
+        digits = size.group(1).split(".")[0].lstrip("0")
+        target = float(size.group(1)) * _SCALE[size.group(2).lower()] if len(digits) <= MAX_DIGITS else math.inf
+        if not 0 < target <= MAX_PARAMS:
+            raise ShardplanError("model", _shown(text), f"a size must be positive and at most {MAX_PARAMS:.0e} "
+                                                        "parameters (limits.MAX_PARAMS)")
         return _resolve_size(text, target)
     return _resolve_name(text)

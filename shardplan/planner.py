@@ -127,10 +127,14 @@ def resolve_workload(seq_len: int, world_size: int, global_batch_tokens: int | N
     """Global batch = micro-batch × grad accumulation × data-parallel degree × seq_len. A batch that
     is not a whole number of sequences per GPU is rounded to the nearest one (at least one), and
     the adjustment is explained; non-positive inputs are one-line errors."""
-    if world_size < 1:
-        raise ShardplanError("gpus", world_size, "need at least one GPU")
-    if seq_len < 1:
-        raise ShardplanError("seq_len", seq_len, "must be a positive number of tokens")
+    from shardplan.limits import MAX_GPUS, MAX_POSITIONS, bounded_int, checked_int
+
+    world_size = bounded_int(world_size, "gpus", 1, MAX_GPUS)
+    seq_len = checked_int("seq_len", seq_len)
+    global_batch_tokens = None if global_batch_tokens is None else checked_int("global_batch_tokens", global_batch_tokens)
+    global_batch_sequences = (None if global_batch_sequences is None
+                              else checked_int("global_batch", global_batch_sequences))
+    context = None if context is None else bounded_int(context, "context", 1, MAX_POSITIONS)
     notes: list[str] = []
     if context is not None and seq_len > context:
         notes.append(f"seq_len {seq_len} exceeds the model's context of {context}: planned as asked "
@@ -412,8 +416,16 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     ``max_configurations``: the most candidates evaluated (limits.MAX_PLAN_CONFIGURATIONS; the
     whole grid is one array, so the bound is a memory bound); a larger search is refused, naming
     its count and this argument."""
-    if top < 1:
-        raise ShardplanError("top", top, "must be at least 1")
+    from shardplan.errors import require_type
+    from shardplan.limits import MAX_TOKENS, bounded_float, checked_float, checked_int
+
+    require_type(spec, ModelSpec, "spec", "shardplan.models.resolve_model(NAME).spec")
+    require_type(cluster, Cluster, "cluster", "shardplan.hardware.parse_gpus('8xh100-sxm')")
+    require_type(base, TrainingConfig, "base", "shardplan.config.TrainingConfig(...)")
+    require_type(workload, Workload, "workload", "shardplan.planner.resolve_workload(...)")
+    top = checked_int("top", top)
+    train_tokens = None if train_tokens is None else bounded_float(train_tokens, "train_tokens", 1, MAX_TOKENS)
+    price_per_gpu_hour = None if price_per_gpu_hour is None else checked_float("price_per_gpu_hour", price_per_gpu_hour)
     max_configurations = bounded_int(max_configurations, "max_configurations", 1, 10**9)
     from shardplan.stacks import resolve_stack
 

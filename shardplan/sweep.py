@@ -136,6 +136,8 @@ def _bounded_axis(name: str, value: Any) -> Any:
         return value
     if hasattr(value, "__len__"):
         n = len(value)
+    elif not hasattr(value, "__iter__"):  # a float, None-like or any other scalar: not an axis value
+        raise ShardplanError(name, _shown(value), "expected a name, a whole number, or a list of them")
     else:
         value = list(itertools.islice(iter(value), MAX_AXIS_VALUES + 1))
         n = len(value)
@@ -560,6 +562,9 @@ def _column_names(columns, available: Sequence[str]) -> list[str]:
         return list(available)
     if columns == "summary":
         return [c for c in SUMMARY_COLUMNS if c in available]
+    if not isinstance(columns, (str, list, tuple)) or not all(isinstance(c, str) for c in
+                                                              ([columns] if isinstance(columns, str) else columns)):
+        raise ShardplanError("columns", _shown(columns), "expected 'all', 'summary', or column names")
     wanted = [c.strip() for c in columns.split(",") if c.strip()] if isinstance(columns, str) else list(columns)
     unknown = [c for c in wanted if c not in available]
     if unknown:

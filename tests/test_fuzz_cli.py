@@ -28,20 +28,7 @@ CENSUS_PATH = os.environ.get("SHARDPLAN_FUZZ_CENSUS")
 # (subcommand, verdict) pairs this branch's run tolerates and reports; each has a reproducer in
 # the branch report. The lead empties this list once i12-values, i12-files and i12-bounds are
 # merged: the test then holds every case to the promise.
-KNOWN_OPEN: set[tuple[str, str]] = {
-    ("*", "traceback:UnicodeDecodeError"),
-    ("*", "traceback:OSError"),
-    ("*", "traceback:ValueError"),
-    ("*", "traceback:RecursionError"),
-    ("*", "traceback:RuntimeError"),
-    ("*", "traceback:OverflowError"),
-    ("*", "traceback:TypeError"),
-    ("*", "traceback:AttributeError"),
-    ("*", "accepted-contradiction"),
-    ("*", "error-after-output"),
-    ("*", "hang"),
-    ("*", "memory"),
-}
+KNOWN_OPEN: set[tuple[str, str]] = set()  # every class the issue listed is fixed; a finding fails the test
 
 
 def _known(subcommand: str, verdict: str) -> bool:

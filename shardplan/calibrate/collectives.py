@@ -38,7 +38,7 @@ from shardplan.atomic_write import write_text_atomic
 from shardplan.calibrate.timing import seconds_per_call
 from shardplan.errors import ShardplanError
 from shardplan.limits import (MAX_BYTES, MAX_FIT_POINTS, MAX_GPUS, MAX_ITERS, MAX_LINK_BYTES_PER_S, MAX_LOCAL_CPU_RANKS,
-                              MAX_SIZE_LADDER, bounded_int)
+                              MAX_SIZE_LADDER, bounded_float, bounded_int)
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 MIN_R2_LOG = 0.90
@@ -66,6 +66,17 @@ class Sample:
     tier: str = "intra_node"
     dtype: str = "float32"
     in_place: bool = False
+
+    def __post_init__(self) -> None:
+        """Each field checked where a sample is made (files, nccl-tests logs, the API), so a fit never
+        meets a NaN time or a text world size (a wrong type would fail deep inside the fit)."""
+        if self.op not in OPS:
+            raise ShardplanError("samples.op", self.op, f"expected one of {', '.join(OPS)}")
+        bounded_int(self.world_size, "samples.world_size", 1, MAX_GPUS)
+        bounded_int(self.size_bytes, "samples.size_bytes", 0, MAX_BYTES)
+        bounded_float(self.time_s, "samples.time_s", 0.0, 1e6)
+        if not isinstance(self.tier, str) or not isinstance(self.dtype, str) or not isinstance(self.in_place, bool):
+            raise ShardplanError("samples", (self.tier, self.dtype, self.in_place), "tier and dtype are names; in_place a bool")
 
     @property
     def algbw_bytes_per_s(self) -> float:
@@ -214,6 +225,9 @@ def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err:
 def fit_all(samples: list[Sample], **kw) -> list[LinkFit]:
     """One fit per (op, world size, tier), on its out-of-place samples where there are any (the
     nccl-tests default column), else its in-place ones."""
+    if isinstance(samples, (str, bytes)) or not all(isinstance(s, Sample) for s in samples):
+        raise ShardplanError("samples", type(samples).__name__, "expected a list of collectives.Sample "
+                                                                "(load_samples, parse_nccl_tests_file)")
     groups: dict[tuple, list[Sample]] = {}
     for s in samples:
         groups.setdefault((s.op, s.world_size, s.tier), []).append(s)
