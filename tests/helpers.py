@@ -40,3 +40,15 @@ def run_cli(*argv: str) -> CliResult:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main([str(a) for a in argv])
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def one_line_error(res: CliResult, *named: str) -> str:
+    """Exit 2, no traceback, exactly one 'shardplan: error:' line on stderr naming each of ``named``;
+    the line."""
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardplan: error: "), res.stderr
+    for text in named:
+        assert text in lines[0], (text, lines[0])
+    return lines[0]

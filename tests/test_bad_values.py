@@ -10,19 +10,10 @@ import pytest
 from shardplan.config import TrainingConfig
 from shardplan.errors import ShardplanError
 from shardplan.limits import INT_RANGES
-from tests.helpers import run_cli
+from tests.helpers import one_line_error, run_cli
 
 Q = "llama-3.1-8b on 8xh100-sxm"
 HUGE = "9" * 5000  # past Python's 4300-digit int() limit
-
-
-def one_line_error(res, *named):
-    assert res.exit_code == 2, res.output
-    assert "Traceback" not in res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("shardplan: error: "), res.stderr
-    for text in named:
-        assert text in lines[0], (text, lines[0])
 
 
 # --- numbers out of range: options, query words, sweep lists ----------------------------------------

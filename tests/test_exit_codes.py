@@ -7,20 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import one_line_error, run_cli
 
 DATA = Path(__file__).parent / "data"
 NCCL = DATA / "nccl_tests_sample_all_gather_perf.txt"
-
-
-def one_line_error(res, *named):
-    """Exit 2, nothing but one 'shardplan: error:' line on stderr, naming each of ``named``."""
-    assert res.exit_code == 2, res.output
-    assert "Traceback" not in res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("shardplan: error: "), res.stderr
-    for text in named:
-        assert text in lines[0], (text, lines[0])
 
 
 # --- --version ------------------------------------------------------------------------------------

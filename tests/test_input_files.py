@@ -13,22 +13,11 @@ import time
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import one_line_error, run_cli
 
 LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
          "intermediate_size": 11008, "vocab_size": 32000}
 FIT = ("--gpus", "8xh100-sxm", "--strategy", "full_shard")
-
-
-def one_line_error(res, *named):
-    """Exit 2, no traceback, exactly one 'shardplan: error:' line on stderr naming each of ``named``."""
-    assert res.exit_code == 2, res.output
-    assert "Traceback" not in res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("shardplan: error: "), res.stderr
-    for text in named:
-        assert text in lines[0], (text, lines[0])
-    return lines[0]
 
 
 def write(path, content):
