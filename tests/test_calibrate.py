@@ -241,9 +241,12 @@ def test_gloo_collective_benchmark_end_to_end(tmp_path):
     from shardplan.calibrate.collectives import OPS, benchmark_spawn, fit_all
     from shardplan.calibrate.overlay import load_calibration, write_calibration
 
-    samples = benchmark_spawn(2, sizes=[2**k for k in range(10, 21, 2)], iters=3, warmup=1, timeout_s=120)
+    # up to 16 MiB: below ~1 MiB gloo's time on shared cores is all latency and noise, and a fit whose
+    # largest sizes show no growth is refused (no bandwidth to fit)
+    sizes = [2**k for k in range(12, 25, 2)]
+    samples = benchmark_spawn(2, sizes=sizes, iters=3, warmup=1, timeout_s=120)
     # out-of-place and in-place for all-gather / reduce-scatter; torch's all-reduce is in place only
-    assert {s.op for s in samples} == set(OPS) and len(samples) == 5 * 6
+    assert {s.op for s in samples} == set(OPS) and len(samples) == 5 * len(sizes)
     assert {(s.op, s.in_place) for s in samples} == {("all_gather", False), ("all_gather", True),
                                                      ("reduce_scatter", False), ("reduce_scatter", True),
                                                      ("all_reduce", True)}
@@ -252,8 +255,10 @@ def test_gloo_collective_benchmark_end_to_end(tmp_path):
     fits = fit_all(samples, min_r2_log=-np.inf, max_rel_err=np.inf)
     assert [f.op for f in fits] == sorted(OPS)
     for f in fits:
-        assert 1 <= len(f.segments) <= 3 and f.n_points == 6
-        assert all(s.alpha_s >= 0 and s.bandwidth_bytes_per_s > 0 for s in f.segments)
+        assert 1 <= len(f.segments) <= 3 and f.n_points == len(sizes)
+        # a flat (latency-only) segment has no bandwidth; the last one always has one
+        assert all(s.alpha_s >= 0 and (s.bandwidth_bytes_per_s is None or s.bandwidth_bytes_per_s > 0)
+                   for s in f.segments) and f.segments[-1].bandwidth_bytes_per_s > 0
     cal = write_calibration(tmp_path / "cal.json", links=fits, source={"backend": "gloo"})
     back = load_calibration(tmp_path / "cal.json")
     assert back == cal and all(l.calibrated for l in back.links)
