@@ -409,10 +409,27 @@ def _validate_one(path: Path) -> str:
     return f"{path}: ok ({schema.__name__} {profile.name})"
 
 
+def _json_files(folder: Path) -> list[Path]:
+    """The *.json files under ``folder``, walking at most ``MAX_VALIDATE_ENTRIES`` entries: a profile
+    folder holds tens of files, and `profiles validate /` must not walk the whole file system."""
+    import os
+
+    from shardplan.limits import MAX_VALIDATE_ENTRIES
+
+    found, seen = [], 0
+    for root, dirs, files in os.walk(folder):  # symlinked folders are not followed (no loops)
+        seen += len(dirs) + len(files)
+        if seen > MAX_VALIDATE_ENTRIES:
+            raise ShardplanError("path", str(folder), f"holds more than {MAX_VALIDATE_ENTRIES:,} entries; give the "
+                                                      "folder that holds the profiles")
+        found += [Path(root) / f for f in files if f.endswith(".json")]
+    return sorted(found)
+
+
 @profiles_app.command("validate")
 def profiles_validate(path: Path):
     """Validate a profile file (model, GPU, link, or HF config.json) or every JSON file in a folder."""
-    paths = sorted(path.rglob("*.json")) if path_kind(path) == "dir" else [path]
+    paths = _json_files(path) if path_kind(path) == "dir" else [path]
     if not paths:
         raise ShardplanError("path", str(path), "no JSON files found")
     for p in paths:
@@ -436,6 +453,8 @@ def _sweep_list(text: Optional[str], field: str, integers: bool = False):
         if not (lo.strip().isdigit() and (not sep or hi.strip().isdigit())):
             raise ShardplanError(field, item, "expected integers like '1,2,8' or a range '1-8'")
         first, last = (checked_int(field, lo), checked_int(field, hi)) if sep else (checked_int(field, item),) * 2
+        if last < first:
+            raise ShardplanError(field, item, "an empty range: write 'lo-hi' with lo <= hi")
         if last - first + 1 + len(values) > MAX_AXIS_VALUES:  # measured before the list is built
             raise ShardplanError(field, text, f"lists {max(last - first + 1, 0) + len(values):,} values; a sweep axis "
                                               f"holds at most {MAX_AXIS_VALUES:,}")

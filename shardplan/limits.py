@@ -186,3 +186,6 @@ MAX_FLOPS_PER_S = 1e18         # 1 EFLOP/s per device; the fastest (B200 FP4 den
 MAX_LATENCY_S = 10.0           # α of one collective call; measured α are 1e-6 .. 1e-3 s
 MAX_POSITIONS = 2**31          # max_position_embeddings / sliding_window in config.json: int32 positions
                                # (published contexts reach ~10^7; a config may state a larger class default)
+# `profiles validate FOLDER` walks at most this many entries (a profile folder holds tens of files;
+# `profiles validate /` would otherwise walk the whole file system)
+MAX_VALIDATE_ENTRIES = 100_000

@@ -39,3 +39,20 @@ def test_fit_efficiency_refuses_unmeasured_times(time_s):
     with pytest.raises(ShardplanError, match="time_s") as info:
         fit_efficiency(good + [MatmulSample("float32", 1024, time_s)])
     assert "\n" not in str(info.value)
+
+
+def test_profiles_validate_walks_a_bounded_folder(tmp_path, monkeypatch):
+    # found by the 10,000-case fuzz run: `profiles validate /` walked the whole file system (a hang)
+    from shardplan import limits
+
+    monkeypatch.setattr(limits, "MAX_VALIDATE_ENTRIES", 20)
+    for i in range(30):
+        (tmp_path / f"f{i}.txt").write_text("x")
+    line = one_error_line(run_cli("profiles", "validate", tmp_path), "path")
+    assert "more than 20 entries" in line
+
+
+def test_an_empty_sweep_range_is_one_line(tmp_path):
+    # found by the 10,000-case fuzz run: '--nodes 8-1' reached the sweep as an empty axis (IndexError, exit 3)
+    line = one_error_line(run_cli("sweep", "-o", tmp_path / "s.csv", "--nodes", "8-1"), "nodes")
+    assert "empty range" in line and not (tmp_path / "s.csv").exists()
