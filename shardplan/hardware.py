@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from shardplan.errors import ShardplanError
-from shardplan.limits import MAX_GPUS
+from shardplan.limits import MAX_GPUS, bounded_int, checked_int
 from shardplan.names import did_you_mean, normalize
 from shardplan.profiles import find_by_name, load_all
 
@@ -301,8 +301,9 @@ def parse_gpus(
         nodes=nodes,
         intra_link=_scoped_link(intra_link or gpu.default_intra_link, "intra_node", "intra_link"),
         inter_link=_scoped_link(inter_link or gpu.default_inter_link, "inter_node", "inter_link"),
-        nics_per_node=nics_per_node or default_nics(gpu, per_node),
-        host_ram_bytes_per_node=host_ram_bytes_per_node or gpu.default_host_ram_bytes,
+        nics_per_node=bounded_int(nics_per_node, "nics_per_node", 1, MAX_GPUS) if nics_per_node else default_nics(gpu, per_node),
+        host_ram_bytes_per_node=(checked_int("host_ram", host_ram_bytes_per_node) if host_ram_bytes_per_node is not None
+                                 else gpu.default_host_ram_bytes),
         capacity_only=bool(capacity),
         gpu_text=gpu_text,
     )

@@ -124,7 +124,10 @@ def _resolve_size(text: str, target: float) -> ResolvedModel:
 
 def _local_config(text: str) -> ResolvedModel | None:
     """A file or folder the text names, read; None when the text is not a path."""
-    path = Path(text).expanduser()
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # '~name' of no such user: a name, not a path
+        return None
     kind = path_kind(path)  # never raises: a 300-character model name is a name, not an OSError
     if kind == "dir":
         config = _config_in_folder(path, text)

@@ -132,6 +132,8 @@ def _dedupe(values: Iterable) -> list:
 def _bounded_axis(name: str, value: Any) -> Any:
     """``value`` with at most ``MAX_AXIS_VALUES`` items: a sized list or range is measured before it
     is copied, an iterator read no further than one item past the bound."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        _check_item(name, value)
     if value is None or isinstance(value, (str, bytes, bool, int, np.integer, Cluster)) or hasattr(value, "total_params"):
         return value
     if hasattr(value, "__len__"):
@@ -144,7 +146,21 @@ def _bounded_axis(name: str, value: Any) -> Any:
     if n > MAX_AXIS_VALUES:
         raise ShardplanError(name, _shown(value), f"lists {'more than ' if n == MAX_AXIS_VALUES + 1 else ''}{n:,} "
                                                   f"values; a sweep axis holds at most {MAX_AXIS_VALUES:,}")
+    if n == 0:
+        raise ShardplanError(name, _shown(value), "an empty list: give at least one value (or leave it out)")
+    if not isinstance(value, range):
+        for item in value:
+            _check_item(name, item)
     return value
+
+
+def _check_item(name: str, item: Any) -> None:
+    """An axis item the later steps can handle: an int within int64 (past it, even str() fails at
+    4,300 digits), a name, or a float; a dict or other container is not an axis value."""
+    if isinstance(item, (int, np.integer)) and not isinstance(item, bool) and int(item).bit_length() > 62:
+        raise ShardplanError(name, _shown(item), "a value far past every stated range (limits.py)")
+    if isinstance(item, (dict, list, tuple, set)):
+        raise ShardplanError(name, _shown(item), "expected a name or a number, not a container")
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def parse_count(text: str | int | float, field: str = "count", hi: int = MAX_TOK
         if _too_long(match.group(1)):
             raise ShardplanError(field, _shown(text), f"out of range [{lo:,}, {hi:,}]")
         value = float(match.group(1)) * _DECIMAL[match.group(2).lower()]
-    if value != value or value in (float("inf"),) or value != int(value) or (value <= 0 and lo >= 1):
+    if value != value or value in (float("inf"), float("-inf")) or value != int(value) or (value <= 0 and lo >= 1):
         raise ShardplanError(field, _shown(text), "must be a positive whole number")
     if not lo <= value <= hi:
         raise ShardplanError(field, _shown(text), f"out of range [{lo:,}, {hi:,}]")

@@ -284,6 +284,10 @@ def parse_nccl_tests(text: str, op: str | None = None, world_size: int | None = 
     ``error`` / ``#wrong`` column, and ``mpirun --tag-output`` prefixes. ``op`` defaults to the
     binary named in the text; ``world_size`` to the number of ``#  Rank`` lines (× nGpus lines if
     ranks are threads); ``tier`` to what the rank lines' host names say (``tier_from_nccl_tests``)."""
+    if not isinstance(text, str):
+        raise ShardplanError("nccl_tests", type(text).__name__, "expected the text of an nccl-tests log")
+    if world_size is not None:
+        world_size = bounded_int(world_size, "world_size", 2, MAX_GPUS)
     if tier is None:
         tier = tier_from_nccl_tests(text, source)
     if tier not in TIERS:

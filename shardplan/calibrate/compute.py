@@ -35,6 +35,7 @@ import numpy as np
 
 from shardplan.calibrate.timing import seconds_per_call
 from shardplan.errors import ShardplanError
+from shardplan.limits import MAX_FLOPS_PER_S, MAX_MATMUL_SIZE, bounded_float, checked_float
 
 
 @dataclass
@@ -110,11 +111,14 @@ def _check_samples(samples: list[MatmulSample]) -> None:
     sizes: the fit divides by m and by the rate, and a curve through fewer than 3 sizes (or through
     m = 0, where m^-p is infinite) is not determined (numpy's least squares then fails to converge
     or answers from noise)."""
+    if isinstance(samples, (str, bytes)) or not all(isinstance(s, MatmulSample) for s in samples):
+        raise ShardplanError("samples", type(samples).__name__, "expected a list of compute.MatmulSample")
     for s in samples:
-        if isinstance(s.m, bool) or not isinstance(s.m, (int, np.integer)) or s.m < 1:
-            raise ShardplanError(f"samples[matmul {s.dtype}].m", s.m, "a matmul size must be a whole number >= 1")
+        if isinstance(s.m, bool) or not isinstance(s.m, (int, np.integer)) or not 1 <= s.m <= MAX_MATMUL_SIZE:
+            raise ShardplanError(f"samples[matmul {s.dtype}].m", s.m, f"a matmul size must be a whole number in "
+                                                                      f"[1, {MAX_MATMUL_SIZE:,}]")
         if isinstance(s.time_s, bool) or not isinstance(s.time_s, (int, float, np.floating)) \
-                or not np.isfinite(s.time_s) or s.time_s <= 0:
+                or not 0 < s.time_s <= 1e6 or not np.isfinite(s.time_s):  # range first: a huge int never meets float()
             raise ShardplanError(f"samples[matmul {s.dtype} m={s.m}].time_s", s.time_s,
                                  "a measured time must be a finite number of seconds > 0")
     sizes = sorted({int(s.m) for s in samples})
@@ -128,9 +132,10 @@ def fit_efficiency(samples: list[MatmulSample], peak_flops_per_s: float | None =
                    sm_count: int | None = None) -> ComputeFit:
     """Fit achieved(m) = F_max/(1 + (m_half/m)^p) to one dtype's samples; refuse (ShardplanError) a
     fit that does not describe them or whose largest size is below saturation."""
-    for name, value in (("max_rel_err", max_rel_err), ("min_saturation", min_saturation)):
-        if value != value:  # NaN compares false with everything: the check would be off
-            raise ShardplanError(name, value, "a threshold must be a number (NaN would switch the check off)")
+    # NaN compares false with everything: a NaN threshold would switch its check off (limits.FLOAT_RANGES)
+    max_rel_err, min_saturation = checked_float("max_rel_err", max_rel_err), checked_float("min_saturation", min_saturation)
+    if peak_flops_per_s is not None:
+        peak_flops_per_s = bounded_float(peak_flops_per_s, "peak_flops_per_s", 1.0, MAX_FLOPS_PER_S)
     _check_samples(samples)
     if len({(s.dtype, s.device) for s in samples}) != 1:
         raise ShardplanError("samples", "mixed", "fit one dtype and device at a time")
