@@ -78,6 +78,39 @@ STACK_HELP = vocab_help("stack", "hf: Transformers + Trainer + PEFT + bitsandbyt
 REDUCE_HELP = vocab_help("reduce_dtype", "fp32 under FSDP/DDP mixed precision, 16-bit for DeepSpeed")
 WIDE_HELP = "print every line whole, however wide (default: fit $COLUMNS, else the terminal, else 100 columns)"
 
+# Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)
+STACK_KNOBS = {
+    "attention": typer.Option(None, help=vocab_help("attention", "sdpa")),
+    "reduce_dtype": typer.Option(None, help=REDUCE_HELP),
+    "stack": typer.Option(None, help=STACK_HELP),
+    "ce_chunks": typer.Option(None, help="chunked cross-entropy chunks, 0 = off (default: the stack's)"),
+    "optimizer_in_backward": typer.Option(None, "--optimizer-in-backward/--no-optimizer-in-backward",
+                                          help="optimizer step fused into backward (default: the stack's)"),
+    "activation_offload": typer.Option(None, "--activation-offload/--no-activation-offload",
+                                       help="offload saved activations to CPU (default: the stack's)"),
+    "paged_optimizer": typer.Option(None, "--paged-optimizer/--no-paged-optimizer",
+                                    help="bitsandbytes paged optimizer states (default: the stack's)"),
+    "checkpoint_wrapper": typer.Option(
+        None, "--checkpoint-wrapper/--no-checkpoint-wrapper",
+        help="AC by torch's checkpoint_wrapper around each block (accelerate FSDP activation_checkpointing; "
+             "default: the stack's)"),
+    "expandable_segments": typer.Option(
+        None, "--expandable-segments/--no-expandable-segments",
+        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation; docs/accuracy.md)"),
+    "fp32_master": typer.Option(None, "--fp32-master/--no-fp32-master",
+                                help="keep an fp32 master copy (default: unless bf16-pure)"),
+    "quant_format": typer.Option(None, help=vocab_help("quant_format", "nf4")),
+    "load_mode": typer.Option(None, help=vocab_help("load_mode", "the stack's")),
+}
+
+
+def _stated(options: dict, query_words: dict) -> dict:
+    """The knobs the user gave: an option beats the query's word; what neither gives is left out
+    (TrainingConfig's or the stack's default fills it, or a search varies it)."""
+    given = {name: value if value is not None else query_words.get(name) for name, value in options.items()}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 
 @app.command()
 def fit(
@@ -98,27 +131,18 @@ def fit(
     micro_batch: Optional[int] = typer.Option(None, help="micro-batch per GPU (default 1)"),
     grad_accum: Optional[int] = typer.Option(None, help="gradient accumulation steps (default 1)"),
     shard_group_size: Optional[int] = typer.Option(None, help="HSDP shard group size (default GPUs per node)"),
-    attention: Optional[str] = typer.Option(None, help=vocab_help("attention", "sdpa")),
-    reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_HELP),
-    stack: Optional[str] = typer.Option(None, help=STACK_HELP),
-    ce_chunks: Optional[int] = typer.Option(None, help="chunked cross-entropy chunks, 0 = off (default: the stack's)"),
-    optimizer_in_backward: Optional[bool] = typer.Option(None, "--optimizer-in-backward/--no-optimizer-in-backward",
-                                                         help="optimizer step fused into backward (default: the stack's)"),
-    activation_offload: Optional[bool] = typer.Option(None, "--activation-offload/--no-activation-offload",
-                                                      help="offload saved activations to CPU (default: the stack's)"),
-    paged_optimizer: Optional[bool] = typer.Option(None, "--paged-optimizer/--no-paged-optimizer",
-                                                   help="bitsandbytes paged optimizer states (default: the stack's)"),
-    checkpoint_wrapper: Optional[bool] = typer.Option(
-        None, "--checkpoint-wrapper/--no-checkpoint-wrapper",
-        help="AC by torch's checkpoint_wrapper around each block (accelerate FSDP activation_checkpointing; "
-             "default: the stack's)"),
-    expandable_segments: Optional[bool] = typer.Option(
-        None, "--expandable-segments/--no-expandable-segments",
-        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation; docs/accuracy.md)"),
-    fp32_master: Optional[bool] = typer.Option(None, "--fp32-master/--no-fp32-master",
-                                               help="keep an fp32 master copy (default: unless bf16-pure)"),
-    quant_format: Optional[str] = typer.Option(None, help=vocab_help("quant_format", "nf4")),
-    load_mode: Optional[str] = typer.Option(None, help=vocab_help("load_mode", "the stack's")),
+    attention: Optional[str] = STACK_KNOBS["attention"],
+    reduce_dtype: Optional[str] = STACK_KNOBS["reduce_dtype"],
+    stack: Optional[str] = STACK_KNOBS["stack"],
+    ce_chunks: Optional[int] = STACK_KNOBS["ce_chunks"],
+    optimizer_in_backward: Optional[bool] = STACK_KNOBS["optimizer_in_backward"],
+    activation_offload: Optional[bool] = STACK_KNOBS["activation_offload"],
+    paged_optimizer: Optional[bool] = STACK_KNOBS["paged_optimizer"],
+    checkpoint_wrapper: Optional[bool] = STACK_KNOBS["checkpoint_wrapper"],
+    expandable_segments: Optional[bool] = STACK_KNOBS["expandable_segments"],
+    fp32_master: Optional[bool] = STACK_KNOBS["fp32_master"],
+    quant_format: Optional[str] = STACK_KNOBS["quant_format"],
+    load_mode: Optional[str] = STACK_KNOBS["load_mode"],
     host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
     intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
@@ -156,8 +180,7 @@ def fit(
                    paged_optimizer=paged_optimizer, fp32_master=fp32_master, quant_format=quant_format,
                    expandable_segments=expandable_segments, checkpoint_wrapper=checkpoint_wrapper,
                    load_mode=load_mode)
-    given = {name: value if value is not None else q.get(name) for name, value in options.items()}
-    given = {name: value for name, value in given.items() if value is not None}
+    given = _stated(options, q)
     config, precision_notes = adapt_precision(TrainingConfig(**given), cluster)
     strategy_name = strategy or q.get("strategy")
     notes = [f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes]
@@ -253,24 +276,18 @@ def plan_command(
     lora_targets: Optional[str] = typer.Option(None, help=vocab_help("lora_targets", "all-linear, or the stack's")),
     precision: Optional[str] = typer.Option(None, help=vocab_help("precision", "bf16-mixed, or the stack's")),
     optimizer: Optional[str] = typer.Option(None, help=vocab_help("optimizer", "adamw, or the stack's")),
-    attention: Optional[str] = typer.Option(None, help=vocab_help("attention", "sdpa")),
-    reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_HELP),
-    stack: Optional[str] = typer.Option(None, help=STACK_HELP),
-    ce_chunks: Optional[int] = typer.Option(None, help="chunked cross-entropy chunks, 0 = off (default: the stack's)"),
-    optimizer_in_backward: Optional[bool] = typer.Option(None, "--optimizer-in-backward/--no-optimizer-in-backward",
-                                                         help="optimizer step fused into backward (default: the stack's)"),
-    activation_offload: Optional[bool] = typer.Option(None, "--activation-offload/--no-activation-offload",
-                                                      help="offload saved activations to CPU (default: the stack's)"),
-    paged_optimizer: Optional[bool] = typer.Option(None, "--paged-optimizer/--no-paged-optimizer",
-                                                   help="bitsandbytes paged optimizer states (default: the stack's)"),
-    checkpoint_wrapper: Optional[bool] = typer.Option(None, "--checkpoint-wrapper/--no-checkpoint-wrapper",
-                                                      help="AC by torch's checkpoint_wrapper around each block (default: the stack's)"),
-    expandable_segments: Optional[bool] = typer.Option(None, "--expandable-segments/--no-expandable-segments",
-                                                       help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
-    fp32_master: Optional[bool] = typer.Option(None, "--fp32-master/--no-fp32-master",
-                                               help="keep an fp32 master copy (default: unless bf16-pure)"),
-    quant_format: Optional[str] = typer.Option(None, help=vocab_help("quant_format", "nf4")),
-    load_mode: Optional[str] = typer.Option(None, help=vocab_help("load_mode", "the stack's")),
+    attention: Optional[str] = STACK_KNOBS["attention"],
+    reduce_dtype: Optional[str] = STACK_KNOBS["reduce_dtype"],
+    stack: Optional[str] = STACK_KNOBS["stack"],
+    ce_chunks: Optional[int] = STACK_KNOBS["ce_chunks"],
+    optimizer_in_backward: Optional[bool] = STACK_KNOBS["optimizer_in_backward"],
+    activation_offload: Optional[bool] = STACK_KNOBS["activation_offload"],
+    paged_optimizer: Optional[bool] = STACK_KNOBS["paged_optimizer"],
+    checkpoint_wrapper: Optional[bool] = STACK_KNOBS["checkpoint_wrapper"],
+    expandable_segments: Optional[bool] = STACK_KNOBS["expandable_segments"],
+    fp32_master: Optional[bool] = STACK_KNOBS["fp32_master"],
+    quant_format: Optional[str] = STACK_KNOBS["quant_format"],
+    load_mode: Optional[str] = STACK_KNOBS["load_mode"],
     train_tokens: Optional[str] = typer.Option(None, help="tokens to train, e.g. '15T', for time and cost"),
     price_per_gpu_hour: Optional[float] = typer.Option(None, help="$ per GPU-hour, for cost"),
     calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
@@ -310,8 +327,7 @@ def plan_command(
                    checkpoint_wrapper=checkpoint_wrapper, expandable_segments=expandable_segments,
                    fp32_master=fp32_master, quant_format=quant_format, load_mode=load_mode,
                    grad_accum=q.get("grad_accum"), ac_every_k=q.get("ac_every_k"))
-    given = {name: value if value is not None else q.get(name) for name, value in options.items()}
-    base = TrainingConfig(**{name: value for name, value in given.items() if value is not None})
+    base = TrainingConfig(**_stated(options, q))
     from shardplan import contradictions
     from shardplan.planner import SEARCHED_KNOBS
     rule_notes = contradictions.check(base, cluster, resolved.spec,  # what the search varies, its validity decides
