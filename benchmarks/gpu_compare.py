@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardplan.calibrate.gpu_compare import compare_folder
-from shardplan.atomic_write import write_text_atomic
+from shardplan.support.atomic_write import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "data" / "calibration" / "gpu"

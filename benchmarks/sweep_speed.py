@@ -10,7 +10,7 @@ includes the interpreter, numpy/pandas/pydantic imports (~150 MB) and the return
 Column sets: ``summary`` = memory + communication + step time (``fits``, peak allocated/reserved,
 device total, headroom, comm bytes, step time, tokens/s, MFU and the configuration labels);
 ``memory`` = only the memory model (``fits``, ``peak_allocated_bytes``, ``device_total_bytes``).
-The scalar path is ``shardplan.fit.evaluate`` (memory) and, for ``summary``, also
+The scalar path is ``shardplan.planning.fit.evaluate`` (memory) and, for ``summary``, also
 ``comm.comm_volume`` + ``throughput.step_time`` on one-row columns — what a peer tool's
 per-configuration Python loop does.
 """
@@ -62,11 +62,11 @@ def _child(grid_name: str, columns: str, chunk: int) -> dict:
 def _scalar(grid_name: str, sample: int, with_time: bool, seed: int = 0) -> dict:
     import numpy as np
 
-    from shardplan import strategy as st
-    from shardplan.config import TrainingConfig, columns_for
-    from shardplan.fit import evaluate
-    from shardplan.hardware import parse_gpus
-    from shardplan.models import get_model
+    from shardplan.inputs import strategy as st
+    from shardplan.inputs.config import TrainingConfig, columns_for
+    from shardplan.planning.fit import evaluate
+    from shardplan.inputs.hardware import parse_gpus
+    from shardplan.inputs.models import get_model
 
     grid = QUICK if grid_name == "quick" else GRID
     axes = {k: (list(st.STRATEGIES) if v is None else v) for k, v in grid.items()}
@@ -74,7 +74,8 @@ def _scalar(grid_name: str, sample: int, with_time: bool, seed: int = 0) -> dict
     picks = [{k: v[rng.integers(len(v))] for k, v in axes.items()} for _ in range(sample)]
     comm = tp = None
     if with_time:
-        from shardplan import comm, throughput as tp
+        from shardplan.formulas import comm
+        from shardplan.formulas import throughput as tp
     # model and cluster profiles resolved once, outside the timed loop (favours the scalar path)
     specs = {m: get_model(m) for m in axes["models"]}
     clusters = {(g, n): parse_gpus(f"{n}x{g}") for g in axes["gpus"] for n in axes["gpu_counts"]}
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
         print(f"scalar  [{columns:7}] {s['sample']:>11,} configurations in {s['seconds']:6.2f} s = "
               f"{s['configs_per_s']:,.0f} configurations/s -> sweep is {ratio:,.0f}x faster", flush=True)
     if args.json:
-        from shardplan.atomic_write import write_text_atomic
+        from shardplan.support.atomic_write import write_text_atomic
 
         write_text_atomic(args.json, json.dumps(results, indent=2))
     return 0

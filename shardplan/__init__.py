@@ -2,12 +2,23 @@
 
 import importlib
 
+from shardplan import moved as _moved
+
 __version__ = "0.1.0"
+
+_moved.install()
+
+# name -> (module, attribute): loaded on first use, so ``import shardplan`` stays cheap
+# (``sweep`` needs pandas).
+_LAZY = {
+    "sweep": ("shardplan.planning.grid_sweep", "sweep"),
+    "pareto": ("shardplan.planning.grid_sweep", "pareto"),
+    "minimum_gpus": ("shardplan.planning.grid_sweep", "minimum_gpus"),
+}
 
 
 def __getattr__(name: str):
-    # ``shardplan.sweep(...)`` and ``shardplan.pareto`` load pandas only when first used.
-    if name in ("sweep", "pareto"):
-        module = importlib.import_module("shardplan.sweep")
-        return module if name == "sweep" else module.pareto
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'shardplan' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 import sys
 
-from shardplan.cli import main
+from shardplan.cli.app import main
 
 sys.exit(main())

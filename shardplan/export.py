@@ -3,7 +3,7 @@ Hugging Face Trainer flags, torchrun/SLURM launch lines.
 
 ``plan_spec(obj)`` turns a ``FitResult`` / planner plan / dict (as written by ``--json``) into a
 ``PlanSpec``; ``export(spec, fmt)`` renders one format as text (written by
-``shardplan.atomic_write.write_text_atomic``); and
+``shardplan.support.atomic_write.write_text_atomic``); and
 ``read_back(fmt, text)`` parses an export back into the plan's knobs (the round-trip contract).
 No torch, accelerate or DeepSpeed import here: exports are plain text.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from shardplan.errors import ShardplanError
-from shardplan.limits import MAX_BYTES, MAX_GPUS, _shown, bounded_int
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import MAX_BYTES, MAX_GPUS, _shown, bounded_int
 from shardplan.exporters import deepspeed as ds_export
 from shardplan.exporters import fsdp as fsdp_export
 from shardplan.exporters import hf as hf_export
@@ -57,7 +57,7 @@ def _model_fields(model: Any, block_class: str | None) -> dict[str, Any]:
     block = block_class or model.get("block_class")
     if not block or not hf_id:
         try:
-            from shardplan.models import get_model
+            from shardplan.inputs.models import get_model
 
             spec = get_model(name)
             block = block or spec.block_class
@@ -139,8 +139,8 @@ def plan_spec(obj: Any, block_class: str | None = None) -> PlanSpec:
 
 def load_plans(path: str | Path) -> list[dict[str, Any]]:
     """Plan objects from a JSON file (one object, a list, or ``{"plans": [...]}``); '-' reads stdin."""
-    from shardplan.input_files import parse_json, read_stdin, read_text
-    from shardplan.limits import MAX_PLAN_FILE_BYTES
+    from shardplan.support.input_files import parse_json, read_stdin, read_text
+    from shardplan.support.limits import MAX_PLAN_FILE_BYTES
 
     if str(path) == "-":
         text = read_stdin("plan", MAX_PLAN_FILE_BYTES)
@@ -222,7 +222,7 @@ def export_option(value: str, path_field: str = "export") -> tuple[str, Path | N
     if fmt not in EXPORTERS:
         raise ShardplanError("export", value, f"unknown format; choose one of {', '.join(FORMATS)}")
     if path:
-        from shardplan.output_path import writable_output
+        from shardplan.support.output_path import writable_output
 
         writable_output(path, path_field)
     return fmt, Path(path) if path else None

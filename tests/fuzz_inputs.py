@@ -7,7 +7,7 @@ literals; directories, FIFOs, missing paths, over-long names, symlinks), standar
 environment (SHARDPLAN_PROFILE_PATH, COLUMNS), mixing valid values with the classes of issue 12:
 numbers (2**70, 1e309, inf, nan, 5,000 digits, 0, -1), contradictions and odd names.
 
-``run_cli_case`` runs one through ``shardplan.cli.main`` the way the ``shardplan`` script does and
+``run_cli_case`` runs one through ``shardplan.cli.app.main`` the way the ``shardplan`` script does and
 classifies the ending (``Outcome.verdict``): "ok" / "error" (exit 2 with one stderr line) /
 "check" (exit 1 of ``fit --check``) are what the promise allows; everything else
 ("traceback:TYPE", "hang", "memory", "multi-line-stderr", "warning:TYPE", "exit:N",
@@ -191,7 +191,7 @@ def seeds() -> dict[str, Any]:
 
 
 def _plan_json() -> dict:
-    from shardplan.cli import main
+    from shardplan.cli.app import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
@@ -814,8 +814,8 @@ def _innermost(exc: BaseException) -> str:
 
 
 def run_cli_case(case: Case, folder: Path) -> Outcome:
-    """Run one case through ``shardplan.cli.main`` in ``folder`` (the cwd) and classify how it ended."""
-    from shardplan.cli import main
+    """Run one case through ``shardplan.cli.app.main`` in ``folder`` (the cwd) and classify how it ended."""
+    from shardplan.cli.app import main
 
     argv, env = materialize(case, folder)
     before = _listing(WATCHED + [folder.parent])

@@ -1,9 +1,9 @@
 """Shared test helpers: build Columns from a model name and knob overrides."""
 
-from shardplan import strategy as st
-from shardplan.config import Columns, model_values
-from shardplan.models import get_model
-from shardplan.units import GiB
+from shardplan.inputs import strategy as st
+from shardplan.inputs.config import Columns, model_values
+from shardplan.inputs.models import get_model
+from shardplan.inputs.units import GiB
 
 DEFAULT_KNOBS = dict(
     world_size=8, gpus_per_node=8, gpu_memory_bytes=80 * GiB, host_ram_bytes_per_node=2048 * GiB,
@@ -29,12 +29,12 @@ class CliResult:
 
 
 def run_cli(*argv: str) -> CliResult:
-    """Run ``shardplan.cli.main`` in this process the way the ``shardplan`` script does (errors become
+    """Run ``shardplan.cli.app.main`` in this process the way the ``shardplan`` script does (errors become
     one stderr line and exit code 2), capturing what it prints."""
     import contextlib
     import io
 
-    from shardplan.cli import main
+    from shardplan.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

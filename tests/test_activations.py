@@ -2,8 +2,8 @@
 
 import pytest
 
-from shardplan import strategy as st
-from shardplan.activations import (
+from shardplan.inputs import strategy as st
+from shardplan.formulas.activations import (
     block_activation_bytes, compute_dtype_bytes, layer_bytes_per_token, logits_and_loss_bytes,
     logits_backward_bytes, logits_forward_bytes,
 )

@@ -1,4 +1,4 @@
-"""The caching-allocator model (shardplan/allocator.py) against the H100 campaign (tests/data/gpu/,
+"""The caching-allocator model (shardplan/formulas/allocator.py) against the H100 campaign (tests/data/gpu/,
 a copy of data/calibration/gpu/ from benchmarks/gpu_campaign.py)."""
 
 import json
@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.allocator import CLASSES, default_allocator, largest_transient_bytes
+from shardplan.formulas.allocator import CLASSES, default_allocator, largest_transient_bytes
 from shardplan.calibrate.gpu_compare import compare_folder, fragmentation_ratios, load_records
-from shardplan.config import TrainingConfig, columns_for
-from shardplan.hardware import parse_gpus
-from shardplan.memory import estimate_memory
-from shardplan.models import resolve_model
+from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.formulas.memory import estimate_memory
+from shardplan.inputs.models import resolve_model
 
 DATA = Path(__file__).parent / "data"
 GPU = DATA / "gpu"
@@ -107,7 +107,7 @@ def test_chunked_loss_shrinks_the_largest_transient():
 
 def test_calibration_overlay_allocator_is_read_by_fit(tmp_path, capsys):
     from shardplan.calibrate.overlay import write_calibration
-    from shardplan.cli import main
+    from shardplan.cli.app import main
 
     def run(*argv):
         code = main(list(argv))

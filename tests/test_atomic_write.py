@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from shardplan.atomic_write import atomic_path, write_text_atomic
+from shardplan.support.atomic_write import atomic_path, write_text_atomic
 from tests.helpers import run_cli
 
 posix_modes = pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")

@@ -1,5 +1,5 @@
 """Issue 12, values: every number entering from an option, a query word or the Python API is
-range-checked once (shardplan/limits.py) and refused in one line with exit 2; no contradiction
+range-checked once (shardplan/support/limits.py) and refused in one line with exit 2; no contradiction
 passes silently; a result that overflows int64 is an error, never a verdict (docs/errors.md)."""
 
 import re
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.config import TrainingConfig
-from shardplan.errors import ShardplanError
-from shardplan.limits import INT_RANGES
+from shardplan.inputs.config import TrainingConfig
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import INT_RANGES
 from tests.helpers import one_line_error, run_cli
 
 Q = "llama-3.1-8b on 8xh100-sxm"
@@ -73,7 +73,7 @@ def test_ranges_in_range_still_accepted():
 
 def test_docs_errors_lists_every_range_as_limits_states_it():
     """docs/errors.md's range tables agree with limits.INT_RANGES / FLOAT_RANGES, row by row."""
-    from shardplan.limits import FLOAT_RANGES
+    from shardplan.support.limits import FLOAT_RANGES
 
     text = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|$", text, re.M)}
@@ -90,7 +90,7 @@ def test_docs_errors_lists_every_range_as_limits_states_it():
 
 
 def test_docs_errors_lists_every_contradiction_rule():
-    from shardplan.contradictions import RULES
+    from shardplan.inputs.contradictions import RULES
 
     text = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
     table = [line for line in text.splitlines() if line.startswith("| `") and ("| error |" in line or "| note |" in line)]
@@ -118,7 +118,7 @@ def test_a_batch_no_accumulation_can_reach_is_refused_by_its_own_name(argv, name
 
 
 def test_query_numbers_take_their_fields_range():
-    from shardplan.query import parse_query
+    from shardplan.inputs.query import parse_query
 
     assert parse_query("8B on 8xh100-sxm ce-chunks 0").options["ce_chunks"] == 0  # 0 = off, as --ce-chunks 0
     with pytest.raises(ShardplanError, match="seq_len='0'"):

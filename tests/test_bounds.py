@@ -1,5 +1,5 @@
 """Issue 12: every search and size is bounded. Each test drives the CLI (or the public Python API)
-with an input that hung, ran for minutes or exhausted memory before the bounds (shardplan/limits.py),
+with an input that hung, ran for minutes or exhausted memory before the bounds (shardplan/support/limits.py),
 and asserts a fast, one-line refusal (exit 2) or a fast answer. ``_deadline`` turns a hang into a
 failure instead of a stuck test run."""
 
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from shardplan import limits
-from shardplan.planner import divisors
+from shardplan.support import limits
+from shardplan.planning.planner import divisors
 from tests.helpers import run_cli
 
 
@@ -124,7 +124,7 @@ def test_sweep_past_the_configuration_bound_is_refused_before_it_runs(tmp_path):
 
 def test_sweep_python_api_bound():
     import shardplan
-    from shardplan.errors import ShardplanError
+    from shardplan.support.errors import ShardplanError
 
     with _deadline(30), pytest.raises(ShardplanError) as err:
         shardplan.sweep(gpu_counts=range(1, 10**15))  # a range is measured, not listed
@@ -147,7 +147,7 @@ def test_sweep_cluster_table_is_bounded(tmp_path):
 def test_sweep_dedupe_is_linear(tmp_path):
     """99,998 distinct values: the list-membership dedupe was 5·10^9 comparisons; hashing is linear.
     Order and first occurrences are kept (the rows follow the order given)."""
-    from shardplan.sweep import _dedupe
+    from shardplan.planning.grid_sweep import _dedupe
 
     assert _dedupe([3, 1, 3, 2, 1, True, 1.0]) == [3, 1, 2]
     with _deadline(60):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.errors import ShardplanError
+from shardplan.support.errors import ShardplanError
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch = pytest.importorskip("torch")
@@ -36,7 +36,7 @@ def test_import_does_not_pull_torch():
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1", "gpt2", "opt-125m"])
 def test_tiny_model_matches_spec_counts(name):
     from shardplan.calibrate.tiny_model import build_tiny_model, tiny_spec
-    from shardplan.models import get_model
+    from shardplan.inputs.models import get_model
 
     spec = tiny_spec(get_model(name))
     model = build_tiny_model(spec)
@@ -47,7 +47,7 @@ def test_tiny_model_matches_spec_counts(name):
 
 def test_checkpointing_keeps_gradients():
     from shardplan.calibrate.tiny_model import build_tiny_model, tiny_spec
-    from shardplan.models import get_model
+    from shardplan.inputs.models import get_model
 
     spec = tiny_spec(get_model("llama-3.1-8b"))
     grads = []

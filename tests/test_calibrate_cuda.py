@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from shardplan import strategy as st
-from shardplan.errors import ShardplanError
+from shardplan.inputs import strategy as st
+from shardplan.support.errors import ShardplanError
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch = pytest.importorskip("torch")
@@ -220,10 +220,10 @@ def test_real_16xh100_table_alpha_is_its_small_message_time(tmp_path):
     """16 H100s over 2 nodes: the table's small messages take ~123 us (out-of-place, 8 B-1 KiB:
     135.8, 123.2, 123.3, 123.4, 123.0, 123.6, 126.6, 147.1 us; median 123.5). The overlay must give
     that α, not the large-message segment's intercept rescaled as if from an 8-rank ring."""
-    from shardplan import comm
+    from shardplan.formulas import comm
     from shardplan.calibrate.collectives import fit_all, parse_nccl_tests_file
     from shardplan.calibrate.overlay import load_calibration, write_calibration
-    from shardplan.hardware import parse_gpus
+    from shardplan.inputs.hardware import parse_gpus
 
     samples = parse_nccl_tests_file(AR_H100, tier="inter_node")
     small = float(np.median([s.time_s for s in samples if s.size_bytes <= 1024]))
@@ -333,8 +333,8 @@ def test_compute_measures_gemm_batches_and_bandwidth_on_cpu(tmp_path):
 def test_calibrated_bandwidth_and_sm_count_overlay_the_profile(tmp_path):
     from shardplan.calibrate.compute import fit_efficiency
     from shardplan.calibrate.overlay import load_calibration, write_calibration
-    from shardplan.hardware import parse_gpus
-    from shardplan.throughput import NCCL_CTAS, compute_rates
+    from shardplan.inputs.hardware import parse_gpus
+    from shardplan.formulas.throughput import NCCL_CTAS, compute_rates
 
     cluster = parse_gpus("8xh100-sxm")
     fit = fit_efficiency(_curve([256, 512, 1024, 2048, 4096, 8192, 16384]), sm_count=120)
@@ -348,8 +348,8 @@ def test_calibrated_bandwidth_and_sm_count_overlay_the_profile(tmp_path):
 
 
 def test_calibrate_errors_exit_2_through_the_main_entry_point(tmp_path, capsys):
-    """``python -m shardplan calibrate ...`` (shardplan.cli.main): a refused input exits 2."""
-    from shardplan.cli import main
+    """``python -m shardplan calibrate ...`` (shardplan.cli.app.main): a refused input exits 2."""
+    from shardplan.cli.app import main
 
     assert main(["calibrate", "collectives", "--nccl-tests", str(tmp_path / "missing.txt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

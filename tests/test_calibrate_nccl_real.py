@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardplan.calibrate.collectives import bus_factor, fit_link, parse_nccl_tests_file
-from shardplan.errors import ShardplanError
+from shardplan.support.errors import ShardplanError
 
 DATA = Path(__file__).resolve().parent / "data"
 AR_H100 = DATA / "nccl_tests_real_all_reduce_perf_h100_2x8.txt"

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 from shardplan.calibrate.gpu_compare import compare_folder, training_config
-from shardplan.config import TrainingConfig, columns_for
-from shardplan.hardware import parse_gpus
-from shardplan.hf_config import spec_from_hf_config
-from shardplan.memory import estimate_memory, wrapper_leftover_bytes
+from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.inputs.hf_config import spec_from_hf_config
+from shardplan.formulas.memory import estimate_memory, wrapper_leftover_bytes
 
 DATA = Path(__file__).parent / "data"
 RECORDS = json.loads((DATA / "checkpoint_wrapper_cpu.json").read_text())["records"]
@@ -66,7 +66,7 @@ def test_h100_fsdp_runs_with_activation_checkpointing():
 
 
 def test_hf_stack_uses_the_wrapper_under_fsdp_only():
-    from shardplan.stacks import resolve_stack
+    from shardplan.inputs.stacks import resolve_stack
 
     assert resolve_stack(TrainingConfig(stack="hf"), 8).checkpoint_wrapper is True
     assert resolve_stack(TrainingConfig(stack="hf"), 1).checkpoint_wrapper is False

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from shardplan.cli import main
+from shardplan.cli.app import main
 
 
 def run(capsys, *argv):
@@ -146,7 +146,7 @@ def test_models_hardware_profiles_commands(tmp_path, capsys):
     assert code == 0 and "h100-sxm" in out and "nvlink4" in out
     code, out, _ = run(capsys, "hardware", "show", "h100-sxm")
     assert code == 0 and "sources" in out
-    from shardplan.profiles import DATA_DIR
+    from shardplan.inputs.profiles import DATA_DIR
     code, out, _ = run(capsys, "profiles", "validate", str(DATA_DIR))
     assert code == 0 and out.count(": ok") >= 19 + 12 + 15
     bad = _write(tmp_path, "gpu.json", json.dumps({"name": "x", "vendor": "nvidia"}))

@@ -1,4 +1,4 @@
-"""Communication volumes and α-β times (shardplan/comm.py)."""
+"""Communication volumes and α-β times (shardplan/formulas/comm.py)."""
 
 import dataclasses
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as hs
 
-from shardplan import strategy as st
-from shardplan.comm import (algbw_to_busbw, busbw_to_algbw, collective_time_s, comm_times, comm_volume, link_rates,
+from shardplan.inputs import strategy as st
+from shardplan.formulas.comm import (algbw_to_busbw, busbw_to_algbw, collective_time_s, comm_times, comm_volume, link_rates,
                             no_sync_grad_bytes, ring_bus_bytes_per_s, ring_factor)
-from shardplan.config import TrainingConfig, columns_for
-from shardplan.hardware import parse_gpus
-from shardplan.models import resolve_model
+from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.inputs.models import resolve_model
 
 SPEC = resolve_model("llama-3.1-8b").spec
 
@@ -137,7 +137,7 @@ def test_hsdp_cross_node_bytes_follow_reduce_dtype():
 
 
 def test_reduce_dtype_param_is_compute_dtype_and_unknown_is_an_error():
-    from shardplan.errors import ShardplanError
+    from shardplan.support.errors import ShardplanError
     c, _ = cols(reduce_dtype="param")
     assert int(comm_volume(c)["rs_grad_message_bytes"]) == SPEC.total_params * 2
     c, _ = cols(precision="fp32", reduce_dtype="param")

@@ -1,9 +1,9 @@
 """Issue 12, contradictions: settings the frameworks refuse (or would silently ignore) are one-line
-errors; settings they run with a consequence get a note (shardplan/contradictions.py, docs/errors.md)."""
+errors; settings they run with a consequence get a note (shardplan/inputs/contradictions.py, docs/errors.md)."""
 
 import pytest
 
-from shardplan.contradictions import RULES
+from shardplan.inputs.contradictions import RULES
 from tests.helpers import run_cli
 from tests.test_bad_values import Q, one_line_error
 

@@ -1,4 +1,4 @@
-"""Issue 12, the one error path: ``shardplan.cli.main`` turns every ShardplanError, pydantic
+"""Issue 12, the one error path: ``shardplan.cli.app.main`` turns every ShardplanError, pydantic
 ValidationError and click usage error into one stderr line and exit 2 (calibrate included); any
 other exception is a bug, reported in one line with exit 3, never a traceback."""
 
@@ -44,7 +44,7 @@ def test_calibrate_value_errors_write_nothing(tmp_path):
 
 
 def test_a_bug_is_one_line_with_exit_3(monkeypatch):
-    import shardplan.cli as cli
+    import shardplan.cli.app as cli
 
     def broken(*args, **kwargs):
         raise KeyError("an unexpected failure")
@@ -57,7 +57,7 @@ def test_a_bug_is_one_line_with_exit_3(monkeypatch):
 
 
 def test_a_bug_shows_its_traceback_when_asked(monkeypatch):
-    import shardplan.cli as cli
+    import shardplan.cli.app as cli
 
     monkeypatch.setattr(cli, "parse_query", lambda *a, **k: 1 / 0)
     monkeypatch.setenv("SHARDPLAN_TRACEBACK", "1")

@@ -1,4 +1,4 @@
-"""Exit codes a script can rely on, through ``shardplan.cli.main`` as the ``shardplan`` script runs it:
+"""Exit codes a script can rely on, through ``shardplan.cli.app.main`` as the ``shardplan`` script runs it:
 0 done, 1 ``fit --check`` found nothing that fits, 2 bad input or a refused result (one stderr line)."""
 
 import json

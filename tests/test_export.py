@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from shardplan.atomic_write import write_text_atomic as write_atomic
+from shardplan.support.atomic_write import write_text_atomic as write_atomic
 from shardplan.export import export, load_plans, plan_spec, read_back
 from shardplan.exporters.spec import PlanSpec
-from shardplan.errors import ShardplanError
+from shardplan.support.errors import ShardplanError
 
 BASE = dict(model_name="llama-3.1-8b", hf_id="meta-llama/Llama-3.1-8B", block_class="LlamaDecoderLayer",
             nodes=2, gpus_per_node=8, gpu="h100-sxm", micro_batch=2, grad_accum=4, seq_len=4096)
@@ -127,7 +127,7 @@ def test_inexpressible_combinations_raise():
 
 # --- from fit results, files, CLI -------------------------------------------------------------------
 def _fit_json(tmp_path, *args):
-    from shardplan.cli import main
+    from shardplan.cli.app import main
 
     out = tmp_path / "fit.json"
     import contextlib
@@ -152,7 +152,7 @@ def test_plan_spec_from_fit_result(tmp_path):
 
 
 def test_cli_export_writes_atomically(tmp_path, capsys):
-    from shardplan.cli import main
+    from shardplan.cli.app import main
 
     path = _fit_json(tmp_path, "-m", "llama-3.1-8b", "--gpus", "8xh100-sxm")  # a list, one per strategy
     out = tmp_path / "sub" / "ds.json"
@@ -168,7 +168,7 @@ def test_cli_export_writes_atomically(tmp_path, capsys):
 
 
 def test_fit_export_option(tmp_path, capsys):
-    from shardplan.cli import main
+    from shardplan.cli.app import main
 
     out = tmp_path / "acc.yaml"
     assert main(["fit", "-m", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--strategy", "full_shard",
@@ -358,11 +358,11 @@ def test_fsdp_snippet_runs_and_matches_predicted_state_bytes(engine, strategy, a
     import torch
 
     from shardplan.calibrate.tiny_model import build_tiny_model, tiny_spec
-    from shardplan.config import TrainingConfig, columns_for
-    from shardplan.model_states import model_states
-    from shardplan.fit import evaluate
-    from shardplan.hardware import parse_gpus
-    from shardplan.models import get_model
+    from shardplan.inputs.config import TrainingConfig, columns_for
+    from shardplan.formulas.model_states import model_states
+    from shardplan.planning.fit import evaluate
+    from shardplan.inputs.hardware import parse_gpus
+    from shardplan.inputs.models import get_model
 
     # rebuilt from its fields: model_copy would carry the 8B profile's cached counts (cached_property)
     model_spec = type(get_model("llama-3.1-8b")).model_validate(tiny_spec(get_model("llama-3.1-8b")).model_dump())

@@ -61,38 +61,38 @@ def config_kwargs(draw) -> dict:
 
 def _spec(source):
     """A ModelSpec from a profile name or an HF config dict (both may be hostile)."""
-    from shardplan.hf_config import spec_from_hf_config
-    from shardplan.models import resolve_model
+    from shardplan.inputs.hf_config import spec_from_hf_config
+    from shardplan.inputs.models import resolve_model
 
     return resolve_model(source).spec if isinstance(source, str) else spec_from_hf_config(source, "fuzz")
 
 
 def _cluster(text):
-    from shardplan.hardware import parse_gpus
+    from shardplan.inputs.hardware import parse_gpus
 
     return parse_gpus(text)
 
 
 def _config(kw):
-    from shardplan.config import TrainingConfig
+    from shardplan.inputs.config import TrainingConfig
 
     return TrainingConfig(**kw)
 
 
 def call_fit(model, gpus, kw, strategies):
-    from shardplan.fit import fit
+    from shardplan.planning.fit import fit
 
     return fit(_spec(model), _cluster(gpus), _config(kw), strategies)
 
 
 def call_evaluate(model, gpus, kw):
-    from shardplan.fit import evaluate
+    from shardplan.planning.fit import evaluate
 
     return evaluate(_spec(model), _cluster(gpus), _config(kw))
 
 
 def call_plan(model, gpus, kw, gbt, top, train_tokens, price):
-    from shardplan.planner import plan, resolve_workload
+    from shardplan.planning.planner import plan, resolve_workload
 
     spec, cluster, base = _spec(model), _cluster(gpus), _config(kw)
     workload = resolve_workload(base.seq_len, cluster.world_size, gbt, None, context=spec.max_position_embeddings)
@@ -100,7 +100,7 @@ def call_plan(model, gpus, kw, gbt, top, train_tokens, price):
 
 
 def call_resolve_workload(seq_len, world_size, gbt, gb):
-    from shardplan.planner import resolve_workload
+    from shardplan.planning.planner import resolve_workload
 
     return resolve_workload(seq_len, world_size, gbt, gb)
 
@@ -155,16 +155,16 @@ def api_calls(draw) -> tuple[str, Any, tuple, dict]:
     if which == "resolve_model":
         arg = draw(hs.one_of(fz.text_values(fz.MODEL_NAMES), fz.file_args("hf", "config.json"),
                              fz.file_args("model", "m.json")))
-        return which, _fn("shardplan.models.resolve_model"), (arg,), {}
+        return which, _fn("shardplan.inputs.models.resolve_model"), (arg,), {}
     if which == "parse_gpus":
-        return which, _fn("shardplan.hardware.parse_gpus"), (draw(gpus),), dict(
+        return which, _fn("shardplan.inputs.hardware.parse_gpus"), (draw(gpus),), dict(
             intra_link=draw(hs.one_of(hs.none(), fz.text_values(fz.LINK_NAMES))),
             inter_link=draw(hs.one_of(hs.none(), fz.text_values(fz.LINK_NAMES))),
             host_ram_bytes_per_node=draw(hs.one_of(hs.none(), values([2**40]))),
             nics_per_node=draw(hs.one_of(hs.none(), values([1, 8]))))
     if which == "parse_query":
         query = draw(fz.queries())
-        return which, _fn("shardplan.query.parse_query"), (query if isinstance(query, str) else "x on 8xh100",), {}
+        return which, _fn("shardplan.inputs.query.parse_query"), (query if isinstance(query, str) else "x on 8xh100",), {}
     if which == "TrainingConfig":
         return which, _config, (draw(config_kwargs()),), {}
     if which == "fit":
@@ -206,17 +206,17 @@ def api_calls(draw) -> tuple[str, Any, tuple, dict]:
                                                              draw(hs.one_of(hs.none(), values([0, 1])))), {}
     if which == "spec_from_hf_config":
         cfg = _config_dict(draw(fz.mutated_json(seeds[draw(hs.sampled_from(["hf", "hf_moe", "hf_gpt2"]))])))
-        return which, _fn("shardplan.hf_config.spec_from_hf_config"), (cfg, draw(fz.text_values(["fuzz"]))), {}
+        return which, _fn("shardplan.inputs.hf_config.spec_from_hf_config"), (cfg, draw(fz.text_values(["fuzz"]))), {}
     if which == "spec_from_hf_config_file":
-        return which, _fn("shardplan.hf_config.spec_from_hf_config_file"), (draw(fz.file_args("hf", "config.json")),), {}
+        return which, _fn("shardplan.inputs.hf_config.spec_from_hf_config_file"), (draw(fz.file_args("hf", "config.json")),), {}
     if which == "load_profile":
-        from shardplan.hardware import GPUProfile, LinkProfile
-        from shardplan.model import ModelSpec
+        from shardplan.inputs.hardware import GPUProfile, LinkProfile
+        from shardplan.inputs.model import ModelSpec
 
         seed, schema = draw(hs.sampled_from([("model", ModelSpec), ("gpu", GPUProfile), ("link", LinkProfile)]))
-        return which, _fn("shardplan.profiles.load_profile"), (draw(fz.file_args(seed, f"{seed}.json")), schema), {}
+        return which, _fn("shardplan.inputs.profiles.load_profile"), (draw(fz.file_args(seed, f"{seed}.json")), schema), {}
     if which == "read_json":
-        return which, _fn("shardplan.profiles.read_json"), (draw(fz.file_args("gpu", "g.json")),), {}
+        return which, _fn("shardplan.inputs.profiles.read_json"), (draw(fz.file_args("gpu", "g.json")),), {}
     if which == "parse_nccl_tests":
         text = draw(fz.payloads("nccl")).decode("utf-8", errors="replace")
         return which, _fn("shardplan.calibrate.collectives.parse_nccl_tests"), (text,), dict(
@@ -249,8 +249,8 @@ def api_calls(draw) -> tuple[str, Any, tuple, dict]:
         return which, _fn("shardplan.calibrate.collectives.default_sizes"), (
             draw(values([1024])), draw(values([2**20])), draw(values([2, 4]))), dict(cuda=False)
     if which == "parse_count":
-        return which, _fn("shardplan.units.parse_count"), (draw(hs.one_of(fz.int_texts(), values([1]))),), {}
-    return which, _fn("shardplan.units.parse_capacity_bytes"), (draw(hs.one_of(
+        return which, _fn("shardplan.inputs.units.parse_count"), (draw(hs.one_of(fz.int_texts(), values([1]))),), {}
+    return which, _fn("shardplan.inputs.units.parse_capacity_bytes"), (draw(hs.one_of(
         hs.sampled_from(["24GB", "1e309GB", "nanGB", "-1GB", "9" * 5000 + "GB", "1TB", "0.5GiB"]), fz.int_texts())),), {}
 
 
@@ -265,7 +265,7 @@ def _materialized(value, folder: Path, counter: list):
 
 def run_api_call(label, fn, args, kwargs, folder: Path) -> str:
     """'ok', 'error' (ShardplanError), or a failure class."""
-    from shardplan.errors import ShardplanError
+    from shardplan.support.errors import ShardplanError
 
     counter = [0]
     args = tuple(_materialized(a, folder, counter) for a in args)

@@ -4,7 +4,7 @@ through the CLI, each failing on the code before its fix (named per test)."""
 import pytest
 
 from shardplan.calibrate.compute import MatmulSample, fit_efficiency
-from shardplan.errors import ShardplanError
+from shardplan.support.errors import ShardplanError
 from tests.helpers import run_cli
 
 pytest.importorskip("torch")
@@ -43,7 +43,7 @@ def test_fit_efficiency_refuses_unmeasured_times(time_s):
 
 def test_profiles_validate_walks_a_bounded_folder(tmp_path, monkeypatch):
     # found by the 10,000-case fuzz run: `profiles validate /` walked the whole file system (a hang)
-    from shardplan import limits
+    from shardplan.support import limits
 
     monkeypatch.setattr(limits, "MAX_VALIDATE_ENTRIES", 20)
     for i in range(30):

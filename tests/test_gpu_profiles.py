@@ -9,15 +9,15 @@ import time
 
 import pytest
 
-from shardplan.cli import main
-from shardplan.config import TrainingConfig
-from shardplan.errors import ShardplanError
-from shardplan.fit import fit
-from shardplan.hardware import (CAPACITY_DEFAULTS, MAX_GPUS, cluster_notes, even_layout, get_gpu, get_link,
+from shardplan.cli.app import main
+from shardplan.inputs.config import TrainingConfig
+from shardplan.support.errors import ShardplanError
+from shardplan.planning.fit import fit
+from shardplan.inputs.hardware import (CAPACITY_DEFAULTS, MAX_GPUS, cluster_notes, even_layout, get_gpu, get_link,
                                 gpu_profiles, parse_gpus)
-from shardplan.models import resolve_model
-from shardplan.names import normalize
-from shardplan.units import GiB
+from shardplan.inputs.models import resolve_model
+from shardplan.support.names import normalize
+from shardplan.inputs.units import GiB
 
 NEW_GPUS = ("a10g", "l4", "l40", "rtx-a6000", "rtx6000-ada", "v100-16gb", "v100-32gb", "t4", "h20",
             "gh200-96gb", "gh200-144gb", "mi250x", "mi325x", "rtx5080")
@@ -252,7 +252,7 @@ def test_capacity_of_a_new_size_is_noted(capsys):
 
 
 def test_sweep_marks_bf16_rows_on_v100_not_valid():
-    from shardplan.sweep import sweep
+    from shardplan.planning.grid_sweep import sweep
 
     df = sweep(gpus=["v100-32gb", "h100-sxm"], precision=["bf16-mixed", "fp16-mixed", "bf16-pure"],
                method="lora", gpu_counts=8)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.errors import ShardplanError
-from shardplan.hardware import (
+from shardplan.support.errors import ShardplanError
+from shardplan.inputs.hardware import (
     CAPACITY_DEFAULTS,
     GPUProfile,
     LinkProfile,
@@ -18,8 +18,8 @@ from shardplan.hardware import (
     link_profiles,
     parse_gpus,
 )
-from shardplan.profiles import DATA_DIR, PROFILE_PATH_ENV, load_profile, normalize_name
-from shardplan.units import GiB
+from shardplan.inputs.profiles import DATA_DIR, PROFILE_PATH_ENV, load_profile, normalize_name
+from shardplan.inputs.units import GiB
 
 GPU_DIR = DATA_DIR / "hardware_profiles" / "gpus"
 LINK_DIR = DATA_DIR / "hardware_profiles" / "links"
@@ -89,7 +89,7 @@ def test_names_and_aliases_are_unambiguous_across_files():
 
 def test_no_gpu_alias_is_shadowed_by_the_capacity_syntax():
     # parse_gpus reads '<number>GB' as a capacity before looking up names.
-    from shardplan.hardware import _CAPACITY_GPU
+    from shardplan.inputs.hardware import _CAPACITY_GPU
 
     for gpu in gpu_profiles():
         for alias in (gpu.name, *gpu.aliases):
@@ -316,8 +316,8 @@ def test_user_profile_is_found_by_name_and_capacity(tmp_path, monkeypatch):
 
 
 def test_links_must_serve_their_tier():
-    from shardplan.errors import ShardplanError
-    from shardplan.hardware import parse_gpus
+    from shardplan.support.errors import ShardplanError
+    from shardplan.inputs.hardware import parse_gpus
 
     with pytest.raises(ShardplanError, match="intra_link='ib-ndr'"):
         parse_gpus("8xh100-sxm", intra_link="ib-ndr")
@@ -333,10 +333,10 @@ def test_renamed_gpu_profile_predicts_exactly_the_same(tmp_path, monkeypatch):
 
     import numpy as np
 
-    from shardplan.config import TrainingConfig, columns_for
-    from shardplan.models import resolve_model
-    from shardplan.planner import evaluate_grid
-    from shardplan.profiles import DATA_DIR
+    from shardplan.inputs.config import TrainingConfig, columns_for
+    from shardplan.inputs.models import resolve_model
+    from shardplan.planning.planner import evaluate_grid
+    from shardplan.inputs.profiles import DATA_DIR
 
     data = json.loads((DATA_DIR / "hardware_profiles/gpus/h100-sxm.json").read_text())
     data.update(name="my-lab-gpu", display_name="a lab's renamed copy", aliases=[])
@@ -360,8 +360,8 @@ def test_renamed_gpu_profile_predicts_exactly_the_same(tmp_path, monkeypatch):
 def test_profile_coefficients_need_a_source(tmp_path):
     import json
 
-    from shardplan.hardware import DEFAULT_GEMM_EFFICIENCY, GPUProfile, LinkProfile
-    from shardplan.profiles import DATA_DIR
+    from shardplan.inputs.hardware import DEFAULT_GEMM_EFFICIENCY, GPUProfile, LinkProfile
+    from shardplan.inputs.profiles import DATA_DIR
 
     data = json.loads((DATA_DIR / "hardware_profiles/gpus/l40s.json").read_text())
     assert GPUProfile.model_validate(data).gemm_efficiency == DEFAULT_GEMM_EFFICIENCY  # not set: the default
@@ -375,8 +375,8 @@ def test_profile_coefficients_need_a_source(tmp_path):
 
 
 def test_nccl_buffers_come_from_the_link_profile():
-    from shardplan.hardware import get_link
-    from shardplan.overheads import NCCL_BYTES_PER_CHANNEL, nccl_bytes_for_link
+    from shardplan.inputs.hardware import get_link
+    from shardplan.formulas.overheads import NCCL_BYTES_PER_CHANNEL, nccl_bytes_for_link
 
     assert nccl_bytes_for_link(get_link("nvlink4")) == 32 * NCCL_BYTES_PER_CHANNEL
     assert nccl_bytes_for_link("nvlink3") == 16 * NCCL_BYTES_PER_CHANNEL

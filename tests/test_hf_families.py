@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.errors import ShardplanError
-from shardplan.hf_config import spec_from_hf_config
-from shardplan.model import block_linear_bias_params
-from shardplan.models import get_model, resolve_model
-from shardplan.cli import main
+from shardplan.support.errors import ShardplanError
+from shardplan.inputs.hf_config import spec_from_hf_config
+from shardplan.inputs.model import block_linear_bias_params
+from shardplan.inputs.models import get_model, resolve_model
+from shardplan.cli.app import main
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)
@@ -188,7 +188,7 @@ def test_lora_adapters_equal_peft(variant, targets):
     import torch
     import transformers
 
-    from shardplan.model import lora_blocks_params
+    from shardplan.inputs.model import lora_blocks_params
 
     if targets == "attention" and variant.startswith("deepseek"):
         pytest.skip("MLA has no q/k/v/o modules: 'attention' is an approximation there (lora_params_per_block)")
@@ -253,9 +253,9 @@ def test_block_activations_equal_autograd_saves(model_type, method):
     more norms; Phi-3 the o_proj input copy (+2·256)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from shardplan import strategy as st
-    from shardplan.activations import layer_bytes_per_token
-    from shardplan.config import Columns, model_values
+    from shardplan.inputs import strategy as st
+    from shardplan.formulas.activations import layer_bytes_per_token
+    from shardplan.inputs.config import Columns, model_values
     from tests.helpers import DEFAULT_KNOBS
 
     frozen = method == "lora"

@@ -136,8 +136,8 @@ def test_single_device_block_backward_moment():
         assert abs(_err(r)) <= TOLERANCE
         # as a DDP-less, FSDP-less run without block moments would be predicted: the loss moment
         c = record_columns(r)
-        from shardplan.activations import block_activation_bytes, head_activation_bytes, logits_backward_bytes
-        from shardplan.model_states import model_states
+        from shardplan.formulas.activations import block_activation_bytes, head_activation_bytes, logits_backward_bytes
+        from shardplan.formulas.model_states import model_states
         s = model_states(c, optimizer_step_on_device=True)
         loss_moment = int(s["params"] + s["optimizer_states"] + block_activation_bytes(c) + head_activation_bytes(c)
                           + logits_backward_bytes(c))
@@ -194,7 +194,7 @@ def test_lora_recompute_moment(monkeypatch):
     """A checkpointed LoRA block recomputed at the start of its backward holds PEFT's fp32
     transients (lora_B's output and its scaled copy) on top of its saved set: without that moment
     the small-vocabulary LoRA runs' peaks are missed by more than the tolerance."""
-    import shardplan.memory as memory
+    import shardplan.formulas.memory as memory
 
     records = [r for r in _pick(vocab_size=256, gradient_checkpointing=True) if r["config"]["method"] == "lora"
                and r["config"]["lora_targets"] == "all-linear"]
@@ -222,7 +222,7 @@ def test_h100_lora_and_qlora_runs_within_two_percent():
     formulas with CUDA's defaults (1-byte dropout mask, foreach AdamW, Adam step on the host)."""
     from shardplan.calibrate.compare_hf import campaign_peft_records
     from shardplan.calibrate.gpu_compare import campaign_columns, campaign_held_logits_bytes
-    from shardplan.memory import BACKWARD, estimate_memory
+    from shardplan.formulas.memory import BACKWARD, estimate_memory
 
     records = campaign_peft_records(GPU)
     assert len(records) >= 10
@@ -241,7 +241,7 @@ def test_h100_lora_dropout_delta_is_the_mask_and_copy():
     element, less block 0's q/k/v masks: predicted to within 0.01 % of the measured 2.52 GB."""
     from shardplan.calibrate.compare_hf import campaign_peft_records
     from shardplan.calibrate.gpu_compare import campaign_columns
-    from shardplan.memory import estimate_memory
+    from shardplan.formulas.memory import estimate_memory
 
     runs = {(r["config"]["method"], r["config"]["lora_dropout"]): r for r in campaign_peft_records(GPU[:1])
             if r["config"]["ac"] == "none" and r["config"]["micro_batch"] == 1}
@@ -259,7 +259,7 @@ def test_h100_kbit_prep_fp32_stream_and_sdpa_math_fallback():
     checkpointing is missed by far more than the tolerance."""
     from shardplan.calibrate.compare_hf import campaign_peft_records
     from shardplan.calibrate.gpu_compare import campaign_columns, campaign_held_logits_bytes, kbit_prep
-    from shardplan.memory import estimate_memory
+    from shardplan.formulas.memory import estimate_memory
 
     runs = [r for r in campaign_peft_records(GPU) if kbit_prep(r)]
     assert len(runs) >= 4

@@ -1,5 +1,5 @@
 """Issue 12, files that are not what they claim: every file shardplan reads goes through one bounded
-reader (shardplan/input_files.py) and each file's pydantic model. Each case here ended in a
+reader (shardplan/support/input_files.py) and each file's pydantic model. Each case here ended in a
 traceback, a hang or a wrong answer before; now it is one stderr line naming the field and the
 file, and exit code 2 (tests/test_exit_codes.py's contract)."""
 
@@ -111,7 +111,7 @@ def test_missing_files_name_the_field(tmp_path):
 
 
 def test_oversized_file_is_refused_before_reading(tmp_path):
-    from shardplan.limits import MAX_PROFILE_FILE_BYTES
+    from shardplan.support.limits import MAX_PROFILE_FILE_BYTES
 
     path = tmp_path / "big.json"
     with open(path, "wb") as f:  # sparse: no disk used
@@ -144,7 +144,7 @@ def test_a_broken_user_profile_is_one_warning_not_a_crash(tmp_path, monkeypatch)
 
 
 def test_a_valid_user_profile_beside_a_broken_one_is_found(tmp_path, monkeypatch):
-    from shardplan.models import get_model
+    from shardplan.inputs.models import get_model
 
     folder = tmp_path / "p"
     folder.mkdir()
@@ -186,7 +186,7 @@ def test_hf_config_values_are_checked_by_name(tmp_path, change, named, reason):
 
 
 def test_hf_booleans_are_read_strictly_and_correctly(tmp_path):
-    from shardplan.hf_config import spec_from_hf_config_file
+    from shardplan.inputs.hf_config import spec_from_hf_config_file
 
     tied = spec_from_hf_config_file(write(tmp_path / "a.json", {**LLAMA, "tie_word_embeddings": True}))
     untied = spec_from_hf_config_file(write(tmp_path / "b.json", {**LLAMA, "tie_word_embeddings": False}))
@@ -202,7 +202,7 @@ def test_multimodal_config_without_a_text_config_object(tmp_path, text_config):
 
 
 def test_name_or_path_of_the_wrong_type_falls_back_to_the_folder(tmp_path):
-    from shardplan.hf_config import spec_from_hf_config_file
+    from shardplan.inputs.hf_config import spec_from_hf_config_file
 
     folder = tmp_path / "my-model"
     folder.mkdir()
@@ -211,7 +211,7 @@ def test_name_or_path_of_the_wrong_type_falls_back_to_the_folder(tmp_path):
 
 
 def test_model_profile_json_is_bounded_too(tmp_path):
-    from shardplan.models import get_model
+    from shardplan.inputs.models import get_model
 
     data = json.loads(get_model("llama-3.1-8b").model_dump_json())
     path = write(tmp_path / "mine.json", {**data, "num_layers": 10**9})
@@ -318,7 +318,7 @@ def test_a_nan_quality_threshold_is_refused(tmp_path, option):
 
 def test_nan_threshold_through_the_api():
     from shardplan.calibrate.collectives import Sample, fit_link
-    from shardplan.errors import ShardplanError
+    from shardplan.support.errors import ShardplanError
 
     samples = [Sample("all_gather", 2, 2**k, 1e-5 + 2**k / 1e9) for k in range(10, 20)]
     with pytest.raises(ShardplanError, match="min_r2_log"):
@@ -346,7 +346,7 @@ def test_plan_records_of_the_wrong_shape(tmp_path, plan, named):
 def test_one_size_repeated_is_not_a_fit(tmp_path):
     # before: three samples of one size "fitted" a curve (and a link slope) through a single point
     from shardplan.calibrate.compute import MatmulSample, fit_efficiency
-    from shardplan.errors import ShardplanError
+    from shardplan.support.errors import ShardplanError
 
     with pytest.raises(ShardplanError, match="3 distinct matmul sizes"):
         fit_efficiency([MatmulSample("float32", 64, 1e-4 * (1 + k / 10)) for k in range(3)])

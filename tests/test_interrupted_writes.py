@@ -1,7 +1,7 @@
 """Issue 12, item 4: writes survive interruption. A target is whole or absent after SIGKILL at any
 point; the killed writer's temporary file (which no process can remove at its own death) is removed
 by the next write to the same target; a torn JSONL tail resumes without losing earlier records;
-writing through a symlink replaces the file it points to (shardplan/atomic_write.py)."""
+writing through a symlink replaces the file it points to (shardplan/support/atomic_write.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.atomic_write import _host_tag, _temp_prefix, atomic_path, clean_stale_temps, write_text_atomic
+from shardplan.support.atomic_write import _host_tag, _temp_prefix, atomic_path, clean_stale_temps, write_text_atomic
 from tests.helpers import run_cli
 
 posix = pytest.mark.skipif(os.name != "posix" or not hasattr(os, "fork"), reason="SIGKILL and fork are POSIX")
@@ -86,7 +86,7 @@ def test_a_folder_at_the_target_is_one_line_and_no_temp(tmp_path):
 
 def test_the_writer_itself_refuses_a_folder_at_the_target_in_one_line(tmp_path):
     # API callers skip the CLI's output check; the atomic writer's own refusal names the path
-    from shardplan.errors import ShardplanError
+    from shardplan.support.errors import ShardplanError
 
     (tmp_path / "out.csv").mkdir()
     with pytest.raises(ShardplanError, match="cannot write") as info:
@@ -148,7 +148,7 @@ def _forked(argv: list[str]) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
-            from shardplan.cli import main
+            from shardplan.cli.app import main
 
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 code = main(argv)

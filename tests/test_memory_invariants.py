@@ -4,10 +4,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from shardplan import strategy as st
-from shardplan.activations import block_activation_bytes, compute_dtype_bytes, recompute_extra_bytes_per_token
-from shardplan.config import Columns
-from shardplan.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.inputs import strategy as st
+from shardplan.formulas.activations import block_activation_bytes, compute_dtype_bytes, recompute_extra_bytes_per_token
+from shardplan.inputs.config import Columns
+from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
 from tests.helpers import DEFAULT_KNOBS
 
 STATE_KEYS = ("params", "grads", "grad_buckets", "master_params", "optimizer_states")
@@ -142,7 +142,7 @@ def test_vectorized_equals_scalar_loop_on_1000_random_configurations():
 def test_deepspeed_ddp_and_no_shard_are_one_engine_stage_0(dims, method, precision, world):
     # strategy.FRAMEWORK_NAMES: DeepSpeed runs both as stage 0, so every byte and every collective agree
     # (they did not: PEFT's fp32 input casts and no reduce bucket were charged to 'ddp' as if torch DDP)
-    from shardplan.comm import comm_volume
+    from shardplan.formulas.comm import comm_volume
 
     ddp = build(dims, strategy=st.STRATEGIES.index("ddp"), engine=st.ENGINES.index("deepspeed"), method=method,
                 precision=precision, world_size=world)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.hf_config import spec_from_hf_config
-from shardplan.models import get_model, model_profiles, resolve_model
+from shardplan.inputs.hf_config import spec_from_hf_config
+from shardplan.inputs.models import get_model, model_profiles, resolve_model
 from tools.make_model_profiles import NAMES, hf_config
 
 DATA = Path(__file__).parent / "data"
@@ -107,7 +107,7 @@ def test_llama_3_keeps_its_8k_context():
 
 def test_aliases_are_unique():
     seen = {}
-    from shardplan.names import normalize
+    from shardplan.support.names import normalize
 
     for spec in model_profiles():
         for name in (spec.name, *spec.aliases):

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan import strategy as st
-from shardplan.memory import deepspeed_estimator_host_bytes, estimate_memory
-from shardplan.model_states import zero_paper_model_state_bytes
+from shardplan.inputs import strategy as st
+from shardplan.formulas.memory import deepspeed_estimator_host_bytes, estimate_memory
+from shardplan.formulas.model_states import zero_paper_model_state_bytes
 from tests.helpers import columns
 
 DATA = Path(__file__).parent / "data"
@@ -92,11 +92,11 @@ def test_ddp_default_buckets_double_gradients():
 def test_qlora_base_is_nf4_with_double_quantization():
     # Dettmers et al. 2023: 4-bit NF4 + 8-bit absmax per 64 + fp32 per 256 blocks.
     m = estimate_memory(columns("llama-2-7b", method=st.QLORA, world_size=1, gpus_per_node=1, shard_group_size=1))
-    from shardplan.model import block_linear_params
-    from shardplan.models import get_model
+    from shardplan.inputs.model import block_linear_params
+    from shardplan.inputs.models import get_model
     spec = get_model("llama-2-7b")
     quantized = block_linear_params(spec)
-    from shardplan.model import lora_params_per_block
+    from shardplan.inputs.model import lora_params_per_block
     adapters = 32 * lora_params_per_block(spec, 16)  # fp32 LoRA A/B on every Linear, rank 16
     assert adapters == 32 * 16 * (4 * (4096 + 4096) + 3 * (4096 + 11008))
     # + per quantized tensor the NF4 code, the nested code and the offset (bitsandbytes QuantState:

@@ -1,13 +1,13 @@
 """Output paths that cannot be written are one-line errors (exit 2) naming the option and the path,
-raised before any work is done (shardplan/output_path.py; issue 12, found by tests/test_fuzz_cli.py)."""
+raised before any work is done (shardplan/support/output_path.py; issue 12, found by tests/test_fuzz_cli.py)."""
 
 import os
 from pathlib import Path
 
 import pytest
 
-from shardplan.errors import ShardplanError
-from shardplan.output_path import writable_output
+from shardplan.support.errors import ShardplanError
+from shardplan.support.output_path import writable_output
 from tests.helpers import run_cli
 
 NCCL = Path(__file__).parent / "data" / "nccl_tests_sample_all_gather_perf.txt"

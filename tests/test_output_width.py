@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from shardplan.cli import main
-from shardplan.layout import output_width, table, wrap
+from shardplan.cli.app import main
+from shardplan.cli.layout import output_width, table, wrap
 
 COMMANDS = [
     ("fit", "70B on 4x24GB"),                                 # all strategies, alternatives with long limits

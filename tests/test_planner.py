@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from shardplan.cli import main
-from shardplan.config import TrainingConfig
-from shardplan.errors import ShardplanError
-from shardplan.hardware import parse_gpus
-from shardplan.models import resolve_model
-from shardplan.planner import plan, resolve_workload
+from shardplan.cli.app import main
+from shardplan.inputs.config import TrainingConfig
+from shardplan.support.errors import ShardplanError
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.inputs.models import resolve_model
+from shardplan.planning.planner import plan, resolve_workload
 
 SPEC = resolve_model("llama-3.1-8b").spec
 
@@ -42,7 +42,7 @@ def test_nothing_fits_gives_no_plan_and_explanation():
 
 
 @pytest.mark.parametrize("args, words", [
-    # each range from shardplan/limits.py, checked where the workload is resolved
+    # each range from shardplan/support/limits.py, checked where the workload is resolved
     (dict(seq_len=8192, world_size=0, global_batch_tokens=1), r"gpus=0: out of range \[1,"),
     (dict(seq_len=8192, world_size=8, global_batch_tokens=-5), r"global_batch_tokens=-5: out of range \[1,"),
     (dict(seq_len=8192, world_size=8, global_batch_sequences=0), r"global_batch=0: out of range \[1,"),
@@ -80,7 +80,7 @@ def test_cli_plan_errors_are_one_line(capsys):
 
 def test_cli_plan_text_under_a_second():
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "shardplan.cli", "plan", "llama-3.1-8b", "--gpus", "8xh100-sxm",
+    out = subprocess.run([sys.executable, "-m", "shardplan.cli.app", "plan", "llama-3.1-8b", "--gpus", "8xh100-sxm",
                           "--seq-len", "8192", "--global-batch-tokens", "1M"], capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
     assert out.returncode == 0, out.stderr
@@ -89,10 +89,10 @@ def test_cli_plan_text_under_a_second():
 
 def test_plan_reduce_dtype_is_a_user_choice_not_searched():
     """--reduce-dtype is applied to every candidate; without it each engine keeps its default."""
-    from shardplan.config import TrainingConfig
-    from shardplan.hardware import parse_gpus
-    from shardplan.models import resolve_model
-    from shardplan.planner import plan, resolve_workload
+    from shardplan.inputs.config import TrainingConfig
+    from shardplan.inputs.hardware import parse_gpus
+    from shardplan.inputs.models import resolve_model
+    from shardplan.planning.planner import plan, resolve_workload
     spec, cluster = resolve_model("llama-3.1-8b").spec, parse_gpus("2x8xa100-80gb")
     w = resolve_workload(4096, cluster.world_size, 2**20, None)
     default = plan(spec, cluster, TrainingConfig(seq_len=4096), w, top=20)
@@ -106,7 +106,7 @@ def test_plan_reduce_dtype_is_a_user_choice_not_searched():
 def test_reduce_dtype_cli_option_query_word_and_export(capsys, tmp_path):
     """--reduce-dtype / "reduce bf16" reach the config, the step time and the exported policy."""
     import json
-    from shardplan.cli import main
+    from shardplan.cli.app import main
 
     def run(*argv):
         code = main(list(argv))

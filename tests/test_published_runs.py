@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.comm import link_rates
-from shardplan.config import TrainingConfig, columns_for
-from shardplan.hardware import parse_gpus
-from shardplan.models import resolve_model
-from shardplan.throughput import compute_rates, step_time
+from shardplan.formulas.comm import link_rates
+from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.inputs.models import resolve_model
+from shardplan.formulas.throughput import compute_rates, step_time
 
 DATA = Path(__file__).parent / "data" / "published_runs.csv"
 ROWS = list(csv.DictReader(DATA.open()))

@@ -1,4 +1,4 @@
-"""Training stacks (shardplan/stacks.py) and the knobs they set: every knob is a memory term, and
+"""Training stacks (shardplan/inputs/stacks.py) and the knobs they set: every knob is a memory term, and
 each test here fails if its knob is ignored. Expected values are derived in the comments from the
 formulas' cited mechanisms; integer byte counts compare exactly unless a tolerance is stated."""
 
@@ -12,18 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.allocator import default_allocator
+from shardplan.formulas.allocator import default_allocator
 
-from shardplan import strategy as st
-from shardplan.config import TrainingConfig, columns_for, model_values
-from shardplan.errors import ShardplanError
-from shardplan.fit import evaluate, fit
-from shardplan.hardware import parse_gpus
-from shardplan.memory import estimate_memory
-from shardplan.model_states import AWQ_BYTES_PER_PARAM, GPTQ_BYTES_PER_PARAM, NF4_BYTES_PER_PARAM
-from shardplan.models import get_model
-from shardplan.query import parse_query
-from shardplan.stacks import ENGINE_DEFAULTS, get_stack, resolve_stack, stack_profiles
+from shardplan.inputs import strategy as st
+from shardplan.inputs.config import TrainingConfig, columns_for, model_values
+from shardplan.support.errors import ShardplanError
+from shardplan.planning.fit import evaluate, fit
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.formulas.memory import estimate_memory
+from shardplan.formulas.model_states import AWQ_BYTES_PER_PARAM, GPTQ_BYTES_PER_PARAM, NF4_BYTES_PER_PARAM
+from shardplan.inputs.models import get_model
+from shardplan.inputs.query import parse_query
+from shardplan.inputs.stacks import ENGINE_DEFAULTS, get_stack, resolve_stack, stack_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = get_model("llama-2-7b")
@@ -79,11 +79,11 @@ def test_explicit_knobs_beat_the_stack_and_single_gpu_defaults_apply_on_one_gpu(
 def test_plain_stack_with_knobs_off_reproduces_the_stackless_numbers():
     """Columns built without stack knobs (the numbers before stacks) equal an explicit config
     with every knob at ENGINE_DEFAULTS."""
-    from shardplan.config import Columns, cluster_values
+    from shardplan.inputs.config import Columns, cluster_values
     cluster = parse_gpus("4xh100-sxm")
     cfg = TrainingConfig(strategy="full_shard", **{k: v for k, v in ENGINE_DEFAULTS.items() if v is not None})
     with_knobs = estimate_memory(columns_for(SPEC, cluster, cfg))
-    from shardplan.config import knob_values
+    from shardplan.inputs.config import knob_values
     knobs = {k: v for k, v in knob_values(cfg, cluster).items()
              if k not in ENGINE_DEFAULTS and k != "stack"}
     bare = estimate_memory(Columns.build(**model_values(SPEC), **cluster_values(cluster), **knobs))
@@ -133,7 +133,7 @@ def test_optimizer_in_backward_frees_the_full_gradient_but_keeps_optimizer_state
 def test_chunked_ce_holds_one_chunk_upcast():
     """bf16, C = 8: 16-bit logits (2) + saved fp32 log-softmax of every chunk (4) + one chunk's fp32
     upcast (4/8) = 6.5 bytes per logit, vs 2 + 4 + 4 = 10 unchunked."""
-    from shardplan.activations import (
+    from shardplan.formulas.activations import (
         chunked_logits_backward_bytes, chunked_logits_forward_bytes, logits_backward_bytes, logits_forward_bytes,
     )
     # unchunked, the loss upcasts the whole logits (logits_fp32, as HF does); chunked, one chunk's
@@ -156,7 +156,7 @@ def test_activation_offload_keeps_two_layers_on_the_gpu_and_moves_the_rest_to_ho
     off, cluster = mem(base)
     on, _ = mem(base.model_copy(update={"activation_offload": True}))
     L = SPEC.num_layers
-    from shardplan.activations import block_activation_bytes, offloaded_activation_bytes
+    from shardplan.formulas.activations import block_activation_bytes, offloaded_activation_bytes
     c = columns_for(SPEC, cluster, base.model_copy(update={"activation_offload": True}))
     c_off = columns_for(SPEC, cluster, base)
     per_blocks = int(block_activation_bytes(c_off))  # every block's saved set (no AC), all on the GPU
@@ -258,7 +258,7 @@ def test_query_words():
 
 
 def test_cli_states_the_stack_and_the_load_peak(capsys):
-    from shardplan.cli import main
+    from shardplan.cli.app import main
     assert main(["fit", "llama-2-7b on 1x24GB lora", "--stack", "torchtune", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)[0]
     assert data["stack"].startswith("torchtune (") and data["strategy"] == "single"
@@ -290,7 +290,7 @@ def test_sweep_stack_column_fills_each_rows_knobs():
 
 
 def test_plan_states_the_stack_and_counts_the_load_peak():
-    from shardplan.planner import plan, resolve_workload
+    from shardplan.planning.planner import plan, resolve_workload
     cluster = parse_gpus("4x24GB")
     workload = resolve_workload(1024, cluster.world_size)
     base = TrainingConfig(method="qlora", stack="plain")  # plain loads the whole model on every GPU
@@ -306,7 +306,7 @@ def test_plan_states_the_stack_and_counts_the_load_peak():
 
 def test_columns_without_an_fp32_master_are_bf16_pure():
     """A library caller building Columns directly gets the same fold as resolve_stack."""
-    from shardplan.config import Columns, cluster_values, knob_values
+    from shardplan.inputs.config import Columns, cluster_values, knob_values
     cluster = parse_gpus("4xh100-sxm")
     knobs = knob_values(TrainingConfig(strategy="full_shard", stack="plain"), cluster)
     knobs.pop("reduce_dtype")
@@ -316,7 +316,7 @@ def test_columns_without_an_fp32_master_are_bf16_pure():
 
 
 def test_a_bad_stack_profile_is_a_one_line_error(tmp_path, capsys):
-    from shardplan.cli import main
+    from shardplan.cli.app import main
     good = json.loads((ROOT / "shardplan/data/stack_profiles/torchtune.json").read_text())
     bad = dict(good, defaults={**good["defaults"], "ce_chunkz": {"value": 4, "source": "a typo, no such knob"}})
     (tmp_path / "bad.json").write_text(json.dumps(bad))

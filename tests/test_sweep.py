@@ -1,4 +1,4 @@
-"""shardplan.sweep: rows equal the scalar path, the product is laid out right, helpers, CLI."""
+"""shardplan.planning.grid_sweep: rows equal the scalar path, the product is laid out right, helpers, CLI."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import pandas as pd
 import pytest
 
 import shardplan
-from shardplan import strategy as st
-from shardplan.cli import main
-from shardplan.config import TrainingConfig
-from shardplan.errors import ShardplanError
-from shardplan.fit import evaluate
-from shardplan.hardware import parse_gpus
-from shardplan.memory import BREAKDOWN_TERMS
-from shardplan.models import get_model
-from shardplan.sweep import minimum_gpus, pareto, sweep
+from shardplan.inputs import strategy as st
+from shardplan.cli.app import main
+from shardplan.inputs.config import TrainingConfig
+from shardplan.support.errors import ShardplanError
+from shardplan.planning.fit import evaluate
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.formulas.memory import BREAKDOWN_TERMS
+from shardplan.inputs.models import get_model
+from shardplan.planning.grid_sweep import minimum_gpus, pareto, sweep
 
 GRID = dict(
     models=["gpt2", "llama-3.1-8b", "mixtral-8x7b", "llama-3.1-70b", "deepseek-v2-lite"],
@@ -109,9 +109,9 @@ def test_random_one_row_sweeps_cover_every_knob_value():
 
 
 def test_comm_and_throughput_columns_equal_scalar_path(grid):
-    comm = pytest.importorskip("shardplan.comm")
-    tp = pytest.importorskip("shardplan.throughput")
-    from shardplan.config import columns_for
+    comm = pytest.importorskip("shardplan.formulas.comm")
+    tp = pytest.importorskip("shardplan.formulas.throughput")
+    from shardplan.inputs.config import columns_for
 
     rng = np.random.default_rng(7)
     sample = grid.iloc[rng.choice(len(grid), size=80, replace=False)]
@@ -198,7 +198,7 @@ def test_pareto_front():
 
 
 def test_minimum_gpus_matches_fit_minimum_gpus():
-    from shardplan.fit import minimum_gpus as fit_minimum
+    from shardplan.planning.fit import minimum_gpus as fit_minimum
 
     counts = [1, 2, 4, 8, 16, 32, 64, 128]
     df = sweep(models=["llama-3.1-8b", "llama-3.1-70b"], gpus="a100-80gb", gpu_counts=counts,

@@ -1,4 +1,4 @@
-"""Compute, step time, MFU (shardplan/throughput.py)."""
+"""Compute, step time, MFU (shardplan/formulas/throughput.py)."""
 
 import dataclasses
 
@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as hs
 
-from shardplan.comm import link_rates
-from shardplan.config import TrainingConfig, columns_for
-from shardplan.hardware import parse_gpus
-from shardplan.models import resolve_model
-from shardplan.throughput import compute_rates, flops_per_token, step_time, training_cost
+from shardplan.formulas.comm import link_rates
+from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.inputs.models import resolve_model
+from shardplan.formulas.throughput import compute_rates, flops_per_token, step_time, training_cost
 
 SPEC = resolve_model("llama-3.1-8b").spec
 
@@ -99,7 +99,7 @@ def test_training_cost():
 
 
 def test_contended_interval():
-    from shardplan.throughput import contended_interval_s
+    from shardplan.formulas.throughput import contended_interval_s
     # compute-bound: overlapped compute pays φ × the overlapped communication time
     assert float(contended_interval_s(1.0, 0.2, 0.5)) == pytest.approx(1.1)
     # communication-bound: the collective hides the (stretched) compute
@@ -111,7 +111,7 @@ def test_contended_interval():
 
 
 def test_nccl_sm_fraction_from_sm_count():
-    from shardplan.throughput import NCCL_CTAS, nccl_sm_fraction
+    from shardplan.formulas.throughput import NCCL_CTAS, nccl_sm_fraction
     a100, h100 = compute_rates(parse_gpus("8xa100-80gb")), compute_rates(parse_gpus("8xh100-sxm"))
     assert float(a100.nccl_sm_fraction) == pytest.approx(NCCL_CTAS / 108)
     assert float(h100.nccl_sm_fraction) == pytest.approx(NCCL_CTAS / 132)
@@ -120,7 +120,7 @@ def test_nccl_sm_fraction_from_sm_count():
 
 def test_elementwise_eager_count():
     """RMSNorm 36 B and RoPE 20 B per element (16-bit), GQA repeat_kv, fp32 cross-entropy 42 B/V."""
-    from shardplan.throughput import elementwise_bytes_per_token
+    from shardplan.formulas.throughput import elementwise_bytes_per_token
     c, _ = run(seq_len=4096)
     h, q, kv, i, L, V = 4096, 4096, 1024, 14336, 32, SPEC.vocab_size
     layer = 2 * 36 * h + 20 * (q + kv) + 2 * 2 * (kv + q) + 2 * 2 * q + 6 * 2 * h + 5 * 2 * i
@@ -128,8 +128,8 @@ def test_elementwise_eager_count():
 
 
 def test_fsdp_copies_by_engine():
-    from shardplan.comm import gathered_param_bytes
-    from shardplan.throughput import fsdp_copy_bytes
+    from shardplan.formulas.comm import gathered_param_bytes
+    from shardplan.formulas.throughput import fsdp_copy_bytes
     c2, _ = run(strategy="full_shard", engine="fsdp2")
     f, b, rs = fsdp_copy_bytes(c2)
     blocks, root = gathered_param_bytes(c2)

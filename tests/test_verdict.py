@@ -1,4 +1,4 @@
-"""The honest verdict (shardplan/verdict.py, data in shardplan/data/accuracy_bands.json, docs/accuracy.md):
+"""The honest verdict (shardplan/formulas/verdict.py, data in shardplan/data/accuracy_bands.json, docs/accuracy.md):
 the band data is what the committed measurements say, the three states follow the rule, no
 ``fits`` over a 10⁵-configuration sweep has peak + band above capacity, risk term and advice
 point at the class carrying the band, and the outputs carry the keys."""
@@ -12,12 +12,12 @@ import pytest
 from pathlib import Path
 
 import shardplan
-from shardplan import strategy as st
-from shardplan.accuracy_bands import BAND_CLASSES, BASES, AccuracyOverlay, load_bands
-from shardplan.cli import main
-from shardplan.errors import ShardplanError
-from shardplan.memory import ACTIVATION_TERMS, BREAKDOWN_TERMS, STATE_TERMS
-from shardplan.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge, throughput_band
+from shardplan.inputs import strategy as st
+from shardplan.formulas.accuracy_bands import BAND_CLASSES, BASES, AccuracyOverlay, load_bands
+from shardplan.cli.app import main
+from shardplan.support.errors import ShardplanError
+from shardplan.formulas.memory import ACTIVATION_TERMS, BREAKDOWN_TERMS, STATE_TERMS
+from shardplan.formulas.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge, throughput_band
 from tests.test_published_runs import ROWS, predict
 
 BANDS = load_bands()
@@ -82,7 +82,7 @@ def test_allocator_band_covers_every_measured_gpu_run():
     campaign's runs, measured reserved - allocated lies within the predicted slack +- that band
     (given the measured allocated peak; data/calibration/gpu, tests/data/gpu)."""
     from shardplan.calibrate.gpu_compare import campaign_columns, load_records
-    from shardplan.memory import estimate_memory
+    from shardplan.formulas.memory import estimate_memory
 
     band = BANDS.cls("allocator")
     assert band.status == "measured" and band.of == "allocator_band" and band.relative_error == 1.0
@@ -240,8 +240,8 @@ def _recomputed_band(df: pd.DataFrame) -> np.ndarray:
 
 def test_no_fits_verdict_exceeds_capacity_with_its_band_over_1e5_sweep():
     rng = np.random.default_rng(9)
-    models = [m.name for m in shardplan.models.model_profiles()]
-    gpus = [g.name for g in shardplan.hardware.gpu_profiles()]
+    models = [m.name for m in shardplan.inputs.models.model_profiles()]
+    gpus = [g.name for g in shardplan.inputs.hardware.gpu_profiles()]
     df = shardplan.sweep(
         models=list(rng.choice(models, 6, replace=False)), gpus=list(rng.choice(gpus, 4, replace=False)) + ["24GB"],
         gpu_counts=[1, 2, 8, 16], strategies=None, engines=["fsdp2", "fsdp1", "deepspeed"],
@@ -308,7 +308,7 @@ def test_calibration_accuracy_overlay_tightens_the_band(tmp_path, capsys):
 
 
 def test_malformed_band_data_is_a_one_line_error(tmp_path, capsys):
-    data = json.loads((shardplan.accuracy_bands.BANDS_FILE).read_text())
+    data = json.loads((shardplan.formulas.accuracy_bands.BANDS_FILE).read_text())
     data["classes"]["activations"]["relative_error"] = -0.1
     bad = tmp_path / "bands.json"
     bad.write_text(json.dumps(data))

@@ -1,4 +1,4 @@
-"""One vocabulary (shardplan/vocabulary.py): every query word equals its --option twin, the help
+"""One vocabulary (shardplan/inputs/vocabulary.py): every query word equals its --option twin, the help
 lists exactly the accepted words, 'bf16' follows the stack, GPU phrases with spaces, and plan
 speaks the same query and exports."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from shardplan import vocabulary as vocab
-from shardplan.cli import app, main
-from shardplan.config import TrainingConfig
-from shardplan.errors import ShardplanError
+from shardplan.inputs import vocabulary as vocab
+from shardplan.cli.app import app, main
+from shardplan.inputs.config import TrainingConfig
+from shardplan.support.errors import ShardplanError
 from shardplan.export import read_back
-from shardplan.query import parse_query
+from shardplan.inputs.query import parse_query
 
 BASE = "8b on 8xh100-sxm"
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,7 +241,7 @@ def test_docs_vocabulary_is_the_generated_table():
 
 
 def test_a_stack_word_must_be_a_dependent_word_naming_a_precision(tmp_path):
-    from shardplan.stacks import StackProfile, _check
+    from shardplan.inputs.stacks import StackProfile, _check
 
     base = {"name": "hf", "display_name": "x", "description": "x", "defaults": {}}
     for words, named in (({"precision": {"bf16": {"value": "bf17", "source": "s"}}}, "bf17"),

@@ -2,9 +2,9 @@
 ``app.add_typer(calibrate_app, name="calibrate")``). Thin: parse, call the library, write files
 atomically, print a short table. torch is imported inside the commands only.
 
-Errors are raised as ``ShardplanError``, never printed here: ``shardplan.cli.main`` turns them
+Errors are raised as ``ShardplanError``, never printed here: ``shardplan.cli.app.main`` turns them
 into one stderr line and exit code 2 (a refused fit, a too-small sample, nothing to compare, no
-configuration measured). Run the commands through ``shardplan.cli.main`` (as the ``shardplan``
+configuration measured). Run the commands through ``shardplan.cli.app.main`` (as the ``shardplan``
 script and ``python -m shardplan.calibrate.cli`` do), not by calling ``calibrate_app`` directly."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import List, Optional
 
 import typer
 
-from shardplan.errors import ShardplanError
-from shardplan.extras import require
-from shardplan.limits import MAX_BYTES, MAX_MATMUL_SIZE, bounded_int
+from shardplan.support.errors import ShardplanError
+from shardplan.support.extras import require
+from shardplan.support.limits import MAX_BYTES, MAX_MATMUL_SIZE, bounded_int
 
 calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute coefficients.",
                             no_args_is_help=True, add_completion=False)
@@ -26,7 +26,7 @@ calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute
 
 def _check_outputs(**paths: Optional[Path]) -> None:
     """Every file the command will write, checked before anything is measured (output_path.py)."""
-    from shardplan.output_path import writable_output
+    from shardplan.support.output_path import writable_output
 
     for field, path in paths.items():
         writable_output(path, field)
@@ -91,7 +91,7 @@ def fsdp_cmd(
         if grid == "default":
             configs = [c.model_copy(update=extra) for c in default_grid(launch=launch)]
         elif config is not None:
-            from shardplan.input_files import read_json
+            from shardplan.support.input_files import read_json
 
             data = read_json(config, "config")
             configs = [RunConfig.model_validate(d) for d in (data if isinstance(data, list) else [data])]
@@ -290,7 +290,7 @@ def compute_cmd(
 def _check_options(**values) -> None:
     """Numbers and thresholds within limits.INT_RANGES / FLOAT_RANGES before anything runs (a NaN
     threshold would switch its check off; 0 iterations leave nothing to time)."""
-    from shardplan.limits import INT_RANGES, checked_float, checked_int
+    from shardplan.support.limits import INT_RANGES, checked_float, checked_int
 
     for name, value in values.items():
         for v in (value if isinstance(value, list) else [value]):
@@ -317,7 +317,7 @@ def _env() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:  # standalone: python -m shardplan.calibrate.cli
-    from shardplan.cli import main as shardplan_main
+    from shardplan.cli.app import main as shardplan_main
 
     return shardplan_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
 

@@ -34,10 +34,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardplan.atomic_write import write_text_atomic
+from shardplan.support.atomic_write import write_text_atomic
 from shardplan.calibrate.timing import seconds_per_call
-from shardplan.errors import ShardplanError
-from shardplan.limits import (MAX_BYTES, MAX_FIT_POINTS, MAX_GPUS, MAX_ITERS, MAX_LINK_BYTES_PER_S, MAX_LOCAL_CPU_RANKS,
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import (MAX_BYTES, MAX_FIT_POINTS, MAX_GPUS, MAX_ITERS, MAX_LINK_BYTES_PER_S, MAX_LOCAL_CPU_RANKS,
                               MAX_SIZE_LADDER, bounded_float, bounded_int)
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -326,8 +326,8 @@ def parse_nccl_tests(text: str, op: str | None = None, world_size: int | None = 
 
 
 def parse_nccl_tests_file(path, **kw) -> list[Sample]:
-    from shardplan.input_files import read_bytes
-    from shardplan.limits import MAX_RECORDS_FILE_BYTES
+    from shardplan.support.input_files import read_bytes
+    from shardplan.support.limits import MAX_RECORDS_FILE_BYTES
 
     p = Path(path)
     # nccl-tests logs are ASCII; other bytes (a GPU name in another locale) are replaced, not refused
@@ -550,8 +550,8 @@ def sample_from_dict(data: object, where: str) -> Sample:
 
 def load_samples(path) -> list[Sample]:
     """Samples written by ``torchrun ... -m shardplan.calibrate.collectives --out FILE``."""
-    from shardplan.input_files import read_json
-    from shardplan.limits import MAX_RECORDS_FILE_BYTES
+    from shardplan.support.input_files import read_json
+    from shardplan.support.limits import MAX_RECORDS_FILE_BYTES
 
     data = read_json(path, "samples", MAX_RECORDS_FILE_BYTES)
     if not isinstance(data, list) or not data:

@@ -39,18 +39,18 @@ from typing import Annotated, Iterable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardplan import strategy as st
-from shardplan.config import Columns, model_values
+from shardplan.inputs import strategy as st
+from shardplan.inputs.config import Columns, model_values
 from shardplan.calibrate.config import RunConfig, tiny_spec
-from shardplan.limits import MAX_BYTES
-from shardplan.memory import estimate_memory
-from shardplan.model import ModelSpec
-from shardplan.model_states import model_states
-from shardplan.activations import compute_dtype_bytes
-from shardplan.buffers import fsdp_units
-from shardplan.errors import ShardplanError
-from shardplan.input_files import check_file
-from shardplan.models import resolve_model
+from shardplan.support.limits import MAX_BYTES
+from shardplan.formulas.memory import estimate_memory
+from shardplan.inputs.model import ModelSpec
+from shardplan.formulas.model_states import model_states
+from shardplan.formulas.activations import compute_dtype_bytes
+from shardplan.formulas.buffers import fsdp_units
+from shardplan.support.errors import ShardplanError
+from shardplan.support.input_files import check_file
+from shardplan.inputs.models import resolve_model
 
 CATEGORIES = ("params_sharded", "grads_sharded", "optimizer", "all_gather_buffers", "reduce_scatter_buffers",
               "unsharded_params", "unsharded_grads", "activations", "forward_peak", "backward_peak", "total_peak")
@@ -196,7 +196,7 @@ def predict(record: dict) -> dict[str, int]:
         "total_peak": int(max(m["forward_peak_bytes"], m["backward_peak_bytes"], m["optimizer_step_peak_bytes"])) + extra,
     }
     if out["activations"] is None:
-        from shardplan.activations import block_activation_bytes, head_activation_bytes, logits_forward_bytes
+        from shardplan.formulas.activations import block_activation_bytes, head_activation_bytes, logits_forward_bytes
 
         out["activations"] = int(block_activation_bytes(c) + head_activation_bytes(c) + logits_forward_bytes(c))
     if record["config"]["engine"] == "fsdp1":
@@ -289,8 +289,8 @@ def _fsdp1_categories(c, states, n_p, alloc=int) -> dict[str, int]:
 
     ``alloc`` maps one allocation's bytes to what the run counts (``cuda_bytes`` on CUDA).
     """
-    from shardplan.buffers import reduce_dtype_bytes
-    from shardplan.activations import compute_dtype_bytes
+    from shardplan.formulas.buffers import reduce_dtype_bytes
+    from shardplan.formulas.activations import compute_dtype_bytes
 
     L = int(c.num_layers)
     n = max(int(n_p), 1)
@@ -413,7 +413,7 @@ def print_table(rows: list[dict], echo=print) -> None:
 
 
 def write_outputs(rows: list[dict], csv_path=None, json_path=None, md_path=None, command: str = "") -> None:
-    from shardplan.atomic_write import write_text_atomic
+    from shardplan.support.atomic_write import write_text_atomic
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
     if csv_path:

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from shardplan.calibrate.timing import seconds_per_call
-from shardplan.errors import ShardplanError
-from shardplan.limits import MAX_FLOPS_PER_S, MAX_MATMUL_SIZE, bounded_float, checked_float
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import MAX_FLOPS_PER_S, MAX_MATMUL_SIZE, bounded_float, checked_float
 
 
 @dataclass

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shardplan import strategy as st
-from shardplan.allocator import default_allocator
-from shardplan.config import Columns, TrainingConfig, columns_for
-from shardplan.hardware import parse_gpus
-from shardplan.hf_config import spec_from_hf_config
-from shardplan.memory import estimate_memory
-from shardplan.model import ModelSpec
+from shardplan.inputs import strategy as st
+from shardplan.formulas.allocator import default_allocator
+from shardplan.inputs.config import Columns, TrainingConfig, columns_for
+from shardplan.inputs.hardware import parse_gpus
+from shardplan.inputs.hf_config import spec_from_hf_config
+from shardplan.formulas.memory import estimate_memory
+from shardplan.inputs.model import ModelSpec
 
 # Llama-3.2-1B has no built-in profile; the campaign's copy of its published config.
 LLAMA_32_1B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
@@ -29,7 +29,7 @@ LLAMA_32_1B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
 
 def campaign_spec(name: str) -> ModelSpec:
     """The campaign's model names (Hugging Face names of built-in profiles, and Llama-3.2-1B)."""
-    from shardplan.models import resolve_model
+    from shardplan.inputs.models import resolve_model
 
     if name == "Llama-3.2-1B":
         return spec_from_hf_config(dict(LLAMA_32_1B), name)
@@ -135,7 +135,7 @@ def fragmentation_ratios(records: list[dict], gpu: str = "h100-sxm") -> dict[str
     """Per allocator class (``allocator.CLASSES``): measured (reserved − allocated − the predicted
     side-stream pools) over the largest transient — the data behind ``allocator.json``'s
     ``fragmentation_per_transient``."""
-    from shardplan.allocator import CLASSES, allocator_class, largest_transient_bytes
+    from shardplan.formulas.allocator import CLASSES, allocator_class, largest_transient_bytes
 
     out: dict[str, list[float]] = {k: [] for k in CLASSES}
     for rec in records:

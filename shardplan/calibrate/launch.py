@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from shardplan.atomic_write import write_text_atomic
+from shardplan.support.atomic_write import write_text_atomic
 from shardplan.calibrate.config import RunConfig
 from shardplan.calibrate.results import append_jsonl, done_keys
 
@@ -84,8 +84,8 @@ def check_world_size(cfg: RunConfig) -> None:
     ``limits.MAX_LOCAL_CPU_RANKS`` processes. Raises ShardplanError (one line)."""
     import torch
 
-    from shardplan.errors import ShardplanError
-    from shardplan.limits import MAX_LOCAL_CPU_RANKS
+    from shardplan.support.errors import ShardplanError
+    from shardplan.support.limits import MAX_LOCAL_CPU_RANKS
 
     cuda = torch.cuda.is_available()
     if cfg.device == "cuda" and not cuda:

@@ -11,7 +11,7 @@ File format (JSON, ``schema: "shardplan.calibration/1"``)::
      "allocator": {"cuda_context_bytes": int, "fragmentation_per_transient": {CLASS: {median, low, high,
                    runs}}, "calibrated": true} | null,
      "accuracy": {"classes": {CLASS: {"relative_error", "derivation", "source"}}, "stacks": {STACK: {...}},
-                  "throughput": {...}} | null}     (errors measured on your runs; shardplan.accuracy_bands)
+                  "throughput": {...}} | null}     (errors measured on your runs; shardplan.formulas.accuracy_bands)
 
 Link fits are used per size regime as fitted (``comm.link_rates``: each segment's α and bus
 bandwidth B for the messages in its size range, α not rescaled to another ring length).
@@ -27,13 +27,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardplan.allocator import FragmentationCoefficient
+from shardplan.formulas.allocator import FragmentationCoefficient
 
-from shardplan.accuracy_bands import AccuracyOverlay
+from shardplan.formulas.accuracy_bands import AccuracyOverlay
 from shardplan.calibrate.results import write_json_atomic
-from shardplan.errors import ShardplanError
-from shardplan.input_files import read_json
-from shardplan.limits import (MAX_BYTES, MAX_FLOPS_PER_S, MAX_GPUS, MAX_LATENCY_S, MAX_LINK_BYTES_PER_S,
+from shardplan.support.errors import ShardplanError
+from shardplan.support.input_files import read_json
+from shardplan.support.limits import (MAX_BYTES, MAX_FLOPS_PER_S, MAX_GPUS, MAX_LATENCY_S, MAX_LINK_BYTES_PER_S,
                               MAX_MEMORY_BYTES_PER_S, MAX_PROFILE_FILE_BYTES)
 
 SCHEMA = "shardplan.calibration/1"
@@ -114,7 +114,7 @@ class AllocatorCalibration(_Frozen):
     @field_validator("fragmentation_per_transient")
     @classmethod
     def _known_classes(cls, value):
-        from shardplan.allocator import CLASSES
+        from shardplan.formulas.allocator import CLASSES
 
         for name in value or {}:
             if name not in CLASSES:
@@ -134,7 +134,7 @@ class Calibration(_Frozen):
 
     def allocator_model(self):
         """The shipped ``allocator.AllocatorModel`` with this overlay's measured terms in place."""
-        from shardplan.allocator import default_allocator
+        from shardplan.formulas.allocator import default_allocator
 
         base = default_allocator()
         if self.allocator is None:

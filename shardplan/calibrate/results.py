@@ -1,6 +1,6 @@
 """Atomic result files: JSONL (one record per configuration, resumable), CSV and JSON.
 
-Every write goes through ``shardplan.atomic_write`` (temporary file in the destination folder,
+Every write goes through ``shardplan.support.atomic_write`` (temporary file in the destination folder,
 fsync, ``os.replace``, the user's umask), so a reader (or an interrupted calibration) sees either
 the old file or the new one, never a torn line. No torch import here.
 """
@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from shardplan.atomic_write import write_text_atomic
-from shardplan.errors import ShardplanError
-from shardplan.input_files import parse_json, path_kind, read_text
-from shardplan.limits import MAX_RECORDS_FILE_BYTES
+from shardplan.support.atomic_write import write_text_atomic
+from shardplan.support.errors import ShardplanError
+from shardplan.support.input_files import parse_json, path_kind, read_text
+from shardplan.support.limits import MAX_RECORDS_FILE_BYTES
 
 
 def write_json_atomic(path, data) -> Path:

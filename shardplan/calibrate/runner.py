@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardplan.calibrate.config import RunConfig
 from shardplan.calibrate.tiny_model import build_tiny_model, tiny_spec
-from shardplan.models import resolve_model
+from shardplan.inputs.models import resolve_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

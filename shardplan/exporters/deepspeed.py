@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardplan.buffers import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-from shardplan.errors import ShardplanError
+from shardplan.formulas.buffers import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+from shardplan.support.errors import ShardplanError
 from shardplan.exporters.spec import PlanSpec
 
 OPTIMIZER_TYPES = {"adamw": "AdamW", "sgd": "SGD", "lion": "Lion"}  # DeepSpeed-native; others: client optimizer

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from shardplan.errors import ShardplanError
+from shardplan.support.errors import ShardplanError
 from shardplan.exporters.spec import LORA_TARGET_MODULES, PlanSpec
 
 FSDP1_STRATEGY = {"no_shard": "NO_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "full_shard": "FULL_SHARD",

@@ -15,8 +15,8 @@ import shlex
 from typing import Any
 
 
-from shardplan.errors import ShardplanError
-from shardplan.extras import require
+from shardplan.support.errors import ShardplanError
+from shardplan.support.extras import require
 from shardplan.exporters.deepspeed import deepspeed_config
 from shardplan.exporters.fsdp import FSDP1_STRATEGY
 from shardplan.exporters.launch import launcher_prefix

@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PositiveInt, model_validator
 
-from shardplan import strategy as st
-from shardplan.config import TrainingConfig
-from shardplan.errors import ShardplanError
+from shardplan.inputs import strategy as st
+from shardplan.inputs.config import TrainingConfig
+from shardplan.support.errors import ShardplanError
 
 KNOBS = ("strategy", "engine", "precision", "optimizer", "ac", "ac_every_k", "offload", "method", "lora_rank",
          "lora_targets", "micro_batch", "grad_accum", "seq_len", "shard_group_size", "reduce_dtype")

@@ -1,0 +1,1 @@
+"""The face: thin typer commands (``app``) and the renderers that format their output."""

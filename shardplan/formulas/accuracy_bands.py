@@ -1,0 +1,149 @@
+"""The accuracy band's data: per term class, the relative error the model is known to make, how it
+was derived and its source (``shardplan/data/accuracy_bands.json``; docs/accuracy.md).
+
+Frozen pydantic models with ``extra="forbid"``: a malformed file is a one-line error naming the
+file, the field and the value. A calibration overlay's ``accuracy`` section (``--calibration``)
+replaces the classes it names with errors measured on the user's own runs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shardplan.support.errors import ShardplanError
+
+BANDS_FILE = Path(__file__).parents[1] / "data" / "accuracy_bands.json"
+SCHEMA = "shardplan.accuracy/1"
+# The term classes, in the order reports list them; verdict.py codes ``risk_term`` by this tuple.
+BAND_CLASSES = ("model_states", "activations", "engine_buffers", "peak_moments", "allocator", "non_torch",
+                "unknown_stack")
+# What a class's relative error multiplies (bytes at the peak moment; see verdict.class_bytes).
+BASES = ("model_states", "activations", "engine_buffers", "peak_allocated", "allocator_slack", "allocator_band", "non_torch")
+Status = Literal["measured", "assumption", "placeholder"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StackBand(_Frozen):
+    """A stack measured against real runs: its own relative error replaces the default."""
+
+    relative_error: float = Field(ge=0)
+    status: Status
+    derivation: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+
+class ClassBand(_Frozen):
+    relative_error: float = Field(ge=0)
+    of: Literal["model_states", "activations", "engine_buffers", "peak_allocated", "allocator_slack", "allocator_band", "non_torch"]
+    status: Status
+    derivation: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+
+class UnknownStackBand(ClassBand):
+    stacks: dict[str, StackBand] = {}
+
+
+class BandClasses(_Frozen):
+    model_states: ClassBand
+    activations: ClassBand
+    engine_buffers: ClassBand
+    peak_moments: ClassBand
+    allocator: ClassBand
+    non_torch: ClassBand
+    unknown_stack: UnknownStackBand
+
+
+class ThroughputBand(_Frozen):
+    """tokens/s: low = estimate / (1 + slower_than_predicted), high = estimate × (1 + faster_than_predicted)."""
+
+    slower_than_predicted: float = Field(ge=0)
+    faster_than_predicted: float = Field(ge=0)
+    runs: int = Field(ge=1)
+    median_error: float
+    status: Status
+    derivation: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+
+class AccuracyBands(_Frozen):
+    schema_: Literal["shardplan.accuracy/1"] = Field(alias="schema")
+    combine: Literal["sum"]
+    classes: BandClasses
+    throughput: ThroughputBand
+
+    def cls(self, name: str) -> ClassBand:
+        return getattr(self.classes, name)
+
+    def stack_error(self, stack: str) -> float:
+        """Relative error of the code around the engine for one stack (the default when unmeasured)."""
+        measured = self.classes.unknown_stack.stacks.get(stack)
+        return measured.relative_error if measured else self.classes.unknown_stack.relative_error
+
+    def with_overlay(self, overlay: "AccuracyOverlay | None") -> "AccuracyBands":
+        """These bands with the classes (and stacks, and throughput) an overlay measured replaced."""
+        if overlay is None:
+            return self
+        data = self.model_dump(by_alias=True)
+        for name, band in overlay.classes.items():
+            merged = {**data["classes"][name], **band.model_dump(exclude_none=True)}
+            if name == "unknown_stack":
+                merged["stacks"] = {**data["classes"][name]["stacks"],
+                                    **{k: v.model_dump() for k, v in overlay.stacks.items()}}
+            data["classes"][name] = merged
+        if overlay.stacks and "unknown_stack" not in overlay.classes:
+            data["classes"]["unknown_stack"]["stacks"].update({k: v.model_dump() for k, v in overlay.stacks.items()})
+        if overlay.throughput is not None:
+            data["throughput"] = overlay.throughput.model_dump()
+        return AccuracyBands.model_validate(data)
+
+
+class OverlayClassBand(_Frozen):
+    relative_error: float = Field(ge=0)
+    status: Status = "measured"
+    derivation: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    of: Literal["model_states", "activations", "engine_buffers", "peak_allocated", "allocator_slack", "allocator_band", "non_torch"] | None = None
+
+
+class AccuracyOverlay(_Frozen):
+    """The ``accuracy`` section of a calibration overlay: errors measured on the user's own runs."""
+
+    classes: dict[Literal["model_states", "activations", "engine_buffers", "peak_moments", "allocator", "non_torch",
+                          "unknown_stack"], OverlayClassBand] = {}
+    stacks: dict[str, StackBand] = {}
+    throughput: ThroughputBand | None = None
+
+
+def load_bands(path: str | Path | None = None) -> AccuracyBands:
+    """The band data (the built-in file when ``path`` is None); one-line errors for a bad file."""
+    if path is None:
+        return _default_bands()
+    return _read(Path(path))
+
+
+@lru_cache(maxsize=1)
+def _default_bands() -> AccuracyBands:
+    return _read(BANDS_FILE)
+
+
+def _read(path: Path) -> AccuracyBands:
+    from shardplan.inputs.profiles import read_json
+
+    data = read_json(path, field="accuracy_bands")
+    try:
+        return AccuracyBands.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        value = first.get("input")
+        if isinstance(value, dict):
+            value = "{...}"
+        raise ShardplanError(f"{path.name}: {'.'.join(str(p) for p in first['loc']) or '(root)'}", value,
+                             first["msg"]) from None

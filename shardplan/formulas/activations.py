@@ -1,0 +1,457 @@
+"""Activation bytes saved for backward, counted tensor by tensor.
+
+Per decoder layer and per token, each term is a tensor that autograd keeps alive from forward to
+backward, at the compute dtype's width ``a`` bytes (2 for 16-bit, 4 for fp32):
+
+* norm input — LayerNorm (torch native kernel) saves its input (a·h) and its fp32 mean and rstd
+  (8 bytes). Hugging Face's eager RMSNorm upcasts to fp32 and saves that copy (4·h; in fp32 the
+  "copy" is the input itself), its fp32 rstd (4 bytes) and the normalized 16-bit tensor that the
+  weight multiply saves (a·h).
+* norm output, saved by the next Linear for its weight gradient: a·h.
+* attention, SDPA (flash / memory-efficient / CPU flash kernels; DESIGN.md §4): q and k after
+  RoPE, v, the output O and the per-head log-sum-exp (fp32): a·(2·q + 2·kv) + 4·heads. O is also
+  what ``o_proj`` saves: the kernels return O in (b, s, heads, d) layout, so HF's
+  ``transpose(1, 2).contiguous()`` is a no-op and no second copy exists (measured:
+  data/calibration/fsdp2_facts.json, 2712 B/token/layer = 16h + 8 + 4q + 4kv + 4·heads + 8i).
+* attention, eager (Korthikanti et al. 2022, arXiv 2205.05198, §4.1): Q and K for QKᵀ, V, the
+  softmax output (a·heads·s), and with dropout its 1-byte mask and its output (a·heads·s), and
+  the ``contiguous()`` copy of the context that the output projection saves (a·q).
+* MLP, gated (SwiGLU/GeGLU): gate output, activation output, up output, their product: 4·a·i.
+  Non-gated (GELU/ReLU): fc1 output and activation output: 2·a·i.
+* dropout masks (1 byte per element) after attention and after the MLP when dropout is on.
+
+Under the paper's assumptions (LayerNorm, GELU MLP with i = 4h, eager attention, dropout, a = 2)
+the sum is s·b·h·(34 + 5·a_heads·s/h) + the LayerNorm statistics the paper leaves out (2 norms ×
+8 bytes per token), Korthikanti et al. Table 2 — pinned in tests/test_activations.py. Logits and
+the cross-entropy loss are counted separately (``logits_forward_bytes`` / ``logits_backward_bytes``).
+
+Checkpointing (measured, torch 2.13 non-reentrant ``checkpoint``): during forward and at the start
+of backward a checkpointed block holds only its input (full AC) or the matmul/attention outputs
+(selective). Inside its own backward the block holds its recomputed full set *and* its input
+(distinct storage unless the first norm saves the input itself: fp32, or LayerNorm).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardplan.inputs import strategy as st
+
+
+def compute_dtype_bytes(precision):
+    return np.where(np.asarray(precision) == st.FP32, 4, 2)
+
+
+LAYERNORM_STATS_BYTES = 8   # fp32 mean + rstd per token (native layer_norm saves both)
+RMSNORM_STATS_BYTES = 4     # fp32 rstd per token (HF RMSNorm: x * torch.rsqrt(var + eps) saves rsqrt)
+
+
+def norm_stats_bytes_per_token(c):
+    return np.where(c.layernorm, LAYERNORM_STATS_BYTES, RMSNORM_STATS_BYTES)
+
+
+def rmsnorm_normalized_bytes(c, a):
+    """Bytes per element of the normalized tensor an RMSNorm saves for its weight's gradient: the
+    compute dtype when it casts before the weight multiply (Llama, Qwen, Mistral, DeepSeek:
+    ``weight * x.to(input_dtype)``), fp32 when it multiplies first (Gemma ``(1 + weight.float()) * x``,
+    OLMo 2 ``(weight * x).to(input_dtype)``). Measured: saved-tensor hooks on tiny HF OLMo 2 / Qwen3
+    / Llama blocks in bf16 (tests/test_activations.py)."""
+    return np.where(c.norm_fp32, 4, a)
+
+
+def norm_saved_bytes_per_token(c, a):
+    """What one norm saves of its input, plus its per-token statistics (see module docstring)."""
+    return (np.where(c.layernorm, a * c.hidden_size, (4 + rmsnorm_normalized_bytes(c, a)) * c.hidden_size)
+            + norm_stats_bytes_per_token(c))
+
+
+def attention_norm_bytes_per_token(c, a, frozen=False):
+    """Norms inside the attention (Qwen3 / Gemma 3 / OLMo 2 q/k norms, DeepSeek MLA's latent norms):
+    like a block RMSNorm over ``attn_norm_width`` elements with one fp32 rstd per normalized row —
+    the fp32 upcast, the rstd, and (trainable weight) the normalized tensor. Their output is what
+    RoPE and the attention kernel use, already counted there (RoPE's multiply saves cos/sin only).
+    Measured: tiny HF Qwen3 vs Llama block, bf16: +(4 + 2)·(q + kv) + 4·(heads + kv_heads) B/token."""
+    normalized = np.where(frozen, 0, rmsnorm_normalized_bytes(c, a))
+    return (4 + normalized) * c.attn_norm_width + RMSNORM_STATS_BYTES * c.attn_norm_rows
+
+
+def sdpa_math_fallback(c, a):
+    """SDPA runs its math backend: fp32 inputs with grouped-query attention on CUDA. Flash needs
+    16-bit inputs and the memory-efficient / cuDNN kernels reject ``enable_gqa`` (mismatched head
+    counts), so ``_fused_sdp_choice`` falls back to math (pytorch/torchtitan#2259, a PyTorch SDPA
+    maintainer: "it will just fall back to the math impl"; transformers#46960 for head_dim > 256;
+    facebookresearch/sapiens2#3). transformers' ``sdpa_attention_forward`` passes ``enable_gqa``.
+    ``sdpa_fp32_gqa_math=False``: CPU, whose flash kernel takes fp32 and GQA (measured, hf_stack_cpu).
+    Measured: the H100 QLoRA runs with ``prepare_model_for_kbit_training`` (fp32 stream)."""
+    return (c.attention == st.SDPA) & (a >= 4) & (c.kv_width < c.q_width) & np.asarray(c.sdpa_fp32_gqa_math, dtype=bool)
+
+
+def attention_saved_bytes_per_token(c, a):
+    """Attention core + projections' saved inputs, per token (the s² part of eager separately).
+    SDPA's math backend (``sdpa_math_fallback``, torch ``_scaled_dot_product_attention_math``)
+    saves the scaled q, the repeated scaled k and the repeated v (GQA expanded to every head) for
+    its two matmuls, and O: a·4·q."""
+    sdpa = a * (2 * c.q_width + 2 * c.kv_width) + 4 * c.num_heads
+    sdpa = np.where(sdpa_math_fallback(c, a), 4 * a * c.q_width, sdpa)
+    eager = a * (c.q_width + 2 * c.kv_width) + a * c.attn_out_width
+    return np.where(c.attention == st.SDPA, sdpa, eager)
+
+
+def fused_qkv_output_copy_bytes(c, a):
+    """With a fused qkv projection (Phi-3 ``qkv_proj``, GPT-2, Falcon) q, k, v reach SDPA as strided
+    slices of one tensor, and the kernel's output is not already in the (b, s, heads, d) layout,
+    so ``transpose(1, 2).contiguous()`` copies it and a trainable o_proj saves that copy besides
+    the O SDPA keeps: + a·(heads·head_dim). Measured: saved-tensor hooks on a tiny HF Phi-3 block
+    in bf16 on CPU (tests/test_hf_families.py), +512 B/token at heads·d = 256; a frozen o_proj saves
+    nothing (LoRA/QLoRA: 0). ASSUMPTION: CUDA's flash / memory-efficient kernels return the same
+    layout for strided inputs as the CPU flash kernel."""
+    return np.where(c.fused_qkv & (c.attention == st.SDPA) & ~sdpa_math_fallback(c, a), a * c.attn_out_width, 0)
+
+
+def attention_quadratic_bytes_per_token(c, a):
+    """Eager attention's softmax output (+ dropout mask and output): per token, grows with s; and
+    the softmax output SDPA's math backend keeps (a·heads·s)."""
+    per_score = np.where(c.dropout, 2 * a + 1, a)
+    math = np.where(sdpa_math_fallback(c, a), a * c.num_heads * c.seq_len, 0)
+    return np.where(c.attention == st.EAGER, per_score * c.num_heads * c.seq_len, math)
+
+
+def mlp_saved_bytes_per_token(c, a):
+    return np.where(c.gated_mlp, 4 * a * c.mlp_width, 2 * a * c.mlp_width)
+
+
+def dropout_mask_bytes_per_token(c):
+    return np.where(c.dropout, 2 * c.hidden_size, 0)
+
+
+def layer_bytes_per_token(c, a):
+    """One layer without checkpointing: two norms with their outputs, attention, MLP, masks
+    (LoRA/QLoRA: ``frozen_layer_bytes_per_token``); Gemma's extra post-attention/post-MLP norms
+    save their input and statistics (their output goes to the residual add, which saves nothing);
+    q/k norms as ``attention_norm_bytes_per_token``."""
+    norms = (2 * (norm_saved_bytes_per_token(c, a) + a * c.hidden_size) + c.extra_norms * norm_saved_bytes_per_token(c, a)
+             + attention_norm_bytes_per_token(c, a))
+    full = (norms + attention_saved_bytes_per_token(c, a) + fused_qkv_output_copy_bytes(c, a)
+            + attention_quadratic_bytes_per_token(c, a)
+            + mlp_saved_bytes_per_token(c, a) + dropout_mask_bytes_per_token(c))
+    return np.where(c.method == st.FULL, full, frozen_layer_bytes_per_token(c, a))
+
+
+def frozen_norm_bytes_per_token(c, a):
+    """A norm whose weight is frozen saves only what its input gradient needs: HF RMSNorm its fp32
+    upcast (``hidden_states.to(float32)``, saved by ``pow``; in fp32 the input itself) and rstd;
+    LayerNorm its input, mean and rstd. The normalized tensor the weight multiply would save for
+    the weight's gradient is not kept (``weight * x``: autograd saves an operand only for the
+    other operand's gradient). Measured: saved-tensor hooks on HF Llama + PEFT LoRA, hf_stack_cpu."""
+    return np.where(c.layernorm, a * c.hidden_size + LAYERNORM_STATS_BYTES, 4 * c.hidden_size + RMSNORM_STATS_BYTES)
+
+
+def lora_adapter_dtype_bytes(c, a):
+    """Bytes per element the LoRA path computes in, and whether each adapted input is cast.
+    PEFT keeps adapters in fp32 over a 16-bit base (``get_peft_model(autocast_adapter_dtype=True)``)
+    and casts each adapted layer's input to the adapter dtype (peft ``tuners/lora/layer.py``
+    ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``; ``tuners/lora/bnb.py``
+    ``Linear4bit.forward`` likewise). Under FSDP's mixed precision the adapters are all-gathered in
+    the param dtype, so nothing is cast (measured: FSDP2 LoRA runs, hf_stack_cpu.jsonl).
+    ASSUMPTION: unwrapped / torch-DDP runs keep PEFT's fp32 adapters without autocast. DeepSpeed
+    (every stage, its "ddp" = stage 0 included) casts the whole module to the 16-bit dtype
+    (``engine._configure_distributed_model``: ``module.bfloat16()``/``half()``), adapters too."""
+    unwrapped = ((c.strategy == st.SINGLE) | (c.strategy == st.DDP)) & (c.engine != st.DEEPSPEED)
+    cast = unwrapped & (a < 4)
+    return np.where(cast, 4, a), cast
+
+
+def lora_saved_bytes_per_token(c, a):
+    """What PEFT's LoRA forward saves per block and token (``result + lora_B(lora_A(dropout(x))) * scaling``):
+
+    * ``lora_dropout > 0``: each adapted layer's own ``nn.Dropout`` output (adapter dtype, saved
+      by ``lora_A`` for its weight gradient) and its 1-byte mask (``native_dropout``): (d + 1)·in;
+    * no dropout, input cast (fp32 adapters over a 16-bit base): each adapted layer's fp32 copy: d·in;
+    * no dropout, no cast: ``lora_A`` saves the layer's input itself, shared by q/k/v and by
+      gate/up (``lora_unique_in``);
+    * every adapted layer: ``lora_A``'s output x·A (rank wide, adapter dtype), saved by ``lora_B``.
+    The frozen base Linear saves nothing (its weight needs no gradient; bitsandbytes ``MatMul4Bit``
+    keeps only the packed weight, ``autograd/_functions.py``)."""
+    d, cast = lora_adapter_dtype_bytes(c, a)
+    dropout = np.asarray(c.lora_dropout) > 0
+    inputs = np.where(dropout, (d + lora_dropout_mask_bytes(c, d)) * c.lora_adapted_in,
+                      np.where(cast, d * c.lora_adapted_in, a * c.lora_unique_in))
+    return np.where(c.method != st.FULL, inputs + d * c.lora_rank_out, 0)
+
+
+def lora_dropout_mask_bytes(c, d):
+    """Bytes per element the dropout keeps for its backward: CUDA's fused ``native_dropout`` a bool
+    mask (1); elsewhere (CPU) torch's composite ``_dropout_impl`` multiplies by a noise tensor in
+    the input's dtype and saves it (d). Source: torch ``aten/src/ATen/native/Dropout.cpp``
+    (``is_fused_kernel_acceptable``: CUDA/XPU/lazy/privateuse1 only); measured: MulBackward0 saving
+    an fp32 noise per adapted input on CPU, hf_stack_cpu.jsonl."""
+    return np.where(c.fused_dropout, 1, d)
+
+
+def frozen_layer_bytes_per_token(c, a):
+    """One block of a frozen base (LoRA/QLoRA) without checkpointing: two frozen norms, the attention
+    core (SDPA saves q, k, v, O, lse whatever is frozen), the MLP activations the gate/act/product
+    backward needs (gated: gate output, activation output, up output = 3·a·i; the product is saved
+    only by a trainable down projection), dropout masks, and the LoRA path."""
+    mlp = np.where(c.gated_mlp, 3, 1) * a * c.mlp_width
+    norms = (2 + c.extra_norms) * frozen_norm_bytes_per_token(c, a) + attention_norm_bytes_per_token(c, a, frozen=True)
+    return (norms + attention_saved_bytes_per_token(c, a)
+            + attention_quadratic_bytes_per_token(c, a) + mlp + dropout_mask_bytes_per_token(c)
+            + lora_saved_bytes_per_token(c, a))
+
+
+def first_block_untracked_bytes_per_token(c, a):
+    """LoRA/QLoRA without checkpointing: the frozen embedding's output needs no gradient, so the
+    first block's input norm saves nothing. With HF gradient checkpointing PEFT users call
+    ``enable_input_require_grads`` (transformers ``modeling_utils``; PEFT
+    ``prepare_model_for_kbit_training``), and it saves as usual. Likewise the dropout masks of the
+    adapters on that norm's output (q/k/v): a dropout keeps its mask only for its input's gradient."""
+    d, _ = lora_adapter_dtype_bytes(c, a)
+    masks = np.where(np.asarray(c.lora_dropout) > 0, lora_dropout_mask_bytes(c, d) * c.lora_qkv_adapted * c.hidden_size, 0)
+    return np.where((c.method != st.FULL) & (c.ac == st.AC_NONE), frozen_norm_bytes_per_token(c, a) + masks, 0)
+
+
+def selective_layer_bytes_per_token(c, a):
+    """Selective checkpointing keeps matmul and attention-kernel outputs and the block input;
+    it recomputes norms, RoPE, activation functions and dropout, and (eager) the s² softmax
+    (Korthikanti et al. 2022, §5: "selective activation recomputation")."""
+    h = c.hidden_size
+    attn = a * (c.q_width + 2 * c.kv_width) + np.where(c.attention == st.SDPA, a * c.attn_out_width + 4 * c.num_heads, 0)
+    mlp = np.where(c.gated_mlp, 2 * a * c.mlp_width, a * c.mlp_width)
+    return a * h + attn + a * h + mlp + a * h
+
+
+def checkpointed_layers(c):
+    """How many blocks are checkpointed: all (full, selective), every k-th (ceil(L/k)), none."""
+    every_k = -(-c.num_layers // np.maximum(c.ac_every_k, 1))
+    return np.select([c.ac == st.AC_NONE, c.ac == st.AC_EVERY_K], [0, every_k], c.num_layers)
+
+
+def kept_layer_bytes_per_token(c, a):
+    """What a block holds between its forward and its backward: everything (no AC), its input
+    (full AC), or the matmul/attention outputs and its input (selective)."""
+    kept = np.where(c.ac == st.AC_SELECTIVE, selective_layer_bytes_per_token(c, a), a * c.hidden_size)
+    return kept
+
+
+def recompute_extra_bytes_per_token(c, a):
+    """Inside a checkpointed block's backward its input (kept by the checkpoint) coexists with the
+    recomputed set, unless the first norm saves that very tensor (fp32 training, or LayerNorm)."""
+    shared = c.layernorm | (a >= 4)
+    extra = np.where(shared, 0, a * c.hidden_size)
+    # selective (measured, tiny runs W=2/8, fp32 and bf16): one more h-wide tensor than full AC —
+    # the block output the policy stored (down_proj's matmul output) coexists with the recompute.
+    return extra + np.where(c.ac == st.AC_SELECTIVE, a * c.hidden_size, 0)
+
+
+def block_activation_bytes(c):
+    """Saved activations of all blocks during forward and at the start of backward, one micro-batch:
+    checkpointed blocks keep only what their policy saves (measured: the forward peak of the 7B
+    FakeTensorMode runs holds L block inputs under full AC)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    full = layer_bytes_per_token(c, a)
+    n_ckpt = checkpointed_layers(c)
+    per_token = (n_ckpt * kept_layer_bytes_per_token(c, a) + (c.num_layers - n_ckpt) * full
+                 - first_block_untracked_bytes_per_token(c, a))
+    # activation offloading keeps ~2 layers' worth on the GPU (OFFLOAD_LAYERS_ON_DEVICE, below)
+    L = np.maximum(c.num_layers, 1)
+    on_device = np.where(c.activation_offload, layers_on_device(c, L) / L, 1.0)
+    return np.floor(tokens * per_token * on_device).astype(np.int64)
+
+
+def rope_bytes(c):
+    """RoPE cos and sin, computed once in the root and cast to the compute dtype (b·s·head_dim
+    each), saved by every block's rotary multiplies. None with learned positions.
+    ``rope_shared_batch``: transformers builds them from ``position_ids = cache_position.unsqueeze(0)``
+    (``LlamaModel.forward``), one row broadcast over the batch: s·head_dim each (measured:
+    saved-tensor hooks, (1, 1, s, head_dim) bf16, hf_stack_cpu)."""
+    a = compute_dtype_bytes(c.precision)
+    rows = np.where(c.rope_shared_batch, 1, c.micro_batch)
+    return (2 * a * rows * c.seq_len * c.rope_dim).astype(np.int64)
+
+
+def head_activation_bytes(c):
+    """Final norm (input, statistics and output) saved before the lm_head, and RoPE's cos/sin."""
+    a = compute_dtype_bytes(c.precision)
+    # frozen final norm and lm_head (LoRA/QLoRA): the norm's input-gradient tensors only
+    per_token = np.where(c.method == st.FULL, norm_saved_bytes_per_token(c, a) + a * c.hidden_size,
+                         frozen_norm_bytes_per_token(c, a))
+    norm = c.micro_batch * c.seq_len * per_token
+    return (norm + rope_bytes(c)).astype(np.int64)
+
+
+def logits_forward_bytes(c):
+    """Logits and loss at the forward peak (inside ``cross_entropy``'s log-softmax):
+    a·bsV logits + 4·bsV fp32 upcast (HF ``ForCausalLMLoss``: ``logits.float()``; a no-op in fp32)
+    + 4·bsV log-softmax output; plus the int64 labels HF pads and shifts (8·b·(s+1) + 8·b·s) and
+    the int64 position ids (8·s). Measured: 10 B/token/vocab entry in bf16 (fsdp2_facts.json).
+    ``logits_fp32=False`` (a loss that takes the 16-bit logits as they are) drops the upcast copy.
+    ASSUMPTION: no chunked/fused cross-entropy (e.g. Liger)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    per_entry = a + np.where((a < 4) & np.asarray(c.logits_fp32, dtype=bool), 4, 0) + 4
+    labels = 8 * c.micro_batch * (2 * c.seq_len + 1) + 8 * c.seq_len
+    # the last hidden state stays referenced by the model's forward while the loss runs
+    # (transformers ``LlamaForCausalLM.forward``: ``hidden_states = outputs.last_hidden_state``);
+    # a trainable lm_head saves it anyway (``head_activation_bytes``), a frozen one does not
+    held = np.where(c.method != st.FULL, tokens * a * c.hidden_size, 0)
+    return (tokens * c.vocab_size * per_entry + labels + held).astype(np.int64)
+
+
+def logits_backward_bytes(c):
+    """Logits and loss at the start of backward: the saved fp32 log-softmax output (4·bsV), and
+    while its backward runs the incoming fp32 gradient from nll_loss and its own fp32 result
+    (4 + 4)·bsV = 12·bsV. The 16-bit logits are gone by then: the model's forward (or the HF
+    Trainer's ``compute_loss``) drops them; a loop that keeps ``outputs.logits`` adds a·bsV.
+    Measured: 7B runs, backward peak Temp = 8·bsV, Activation = saved + 4·bsV."""
+    return (12 * c.micro_batch * c.seq_len * c.vocab_size).astype(np.int64)
+
+
+def logits_and_loss_bytes(c):
+    """Logits and loss at their larger moment (forward or start of backward)."""
+    return np.maximum(logits_forward_bytes(c), logits_backward_bytes(c))
+
+
+def block_forward_working_bytes_per_token(c, a):
+    """Bytes per token alive inside the forward of the block being run (beyond the saved tensors of
+    the blocks before it), at that block's largest sub-moment. Measured (torch 2.13, tiny Llama and
+    GPT-2 runs, FSDPMemTracker / StorageTracker per-op traces; data/calibration/):
+
+    * no AC: the end of the block (the residual add allocating the block output): the block's full
+      saved set + the down projection's output + the block output (2·a·h), + the block input and
+      the post-attention residual when no norm saves them (16-bit RMSNorm saves its fp32 upcast
+      instead: +2·a·h; fp32 RMSNorm and LayerNorm save the input itself). GPT-2 fp32, W=4: forward
+      peak at the last block's residual add, −4.4 % before this moment was modelled.
+    * full AC: the MLP product (``act(gate(x)) * up(x)``): the block input (kept by the checkpoint),
+      the residual, the norm output, and the activation output, up output and product (3·a·i gated,
+      2·a·i plain: fc1 and activation outputs); nothing of the block is saved. Tiny Llama fp32 W=4
+      FSDP1: 172,288 B activations at ``aten.mul`` in block 1 = 64 tokens × (a·h + 3·a·h + 3·a·i)
+      + RoPE + position ids.
+    * selective AC: the MLP product again, with what the policy saved so far (all of
+      ``selective_layer_bytes_per_token`` but the down projection's output) + residual, norm output,
+      activation output and product: sel + a·h + 2·a·i (gated; plain: sel + a·h + a·i). Tiny Llama
+      fp32 W=8 FSDP2: 420,096 B activations, exact.
+
+    Every-k checkpointing takes the no-AC value (the last block may be unchecked). ASSUMPTION: the MLP
+    dominates the attention sub-moment (i ≥ 2h); eager attention's s² temporaries are not modelled
+    here."""
+    h, i = c.hidden_size, c.mlp_width
+    full = layer_bytes_per_token(c, a)
+    shared = c.layernorm | (a >= 4)
+    none = full + np.where(shared, 0, 2 * a * h) + 2 * a * h
+    full_ac = np.maximum(3 * a * h + np.where(c.gated_mlp, 3, 2) * a * i, 4 * a * h)
+    sel = selective_layer_bytes_per_token(c, a)
+    selective = np.maximum(sel + a * h + np.where(c.gated_mlp, 2, 1) * a * i, sel + 2 * a * h)
+    all_ckpt = checkpointed_layers(c) >= c.num_layers
+    return np.where(all_ckpt, np.where(c.ac == st.AC_SELECTIVE, selective, full_ac), none)
+
+
+def position_ids_bytes(c):
+    """int64 position ids (b rows expanded from one arange: 8·s bytes), alive through forward."""
+    return np.asarray(8 * c.seq_len, dtype=np.int64)
+
+
+def backward_working_bytes_per_token(c, a):
+    """Activation gradients alive at a block's backward peak beyond its saved tensors, per token
+    (measured: the MLP's product backward). The block output's gradient (a·h), and for a gated MLP
+    the gradients of both factors while the product's gradient is still held and the product is
+    freed: +2·a·i; non-gated: the activation's input gradient, +a·i. LoRA/QLoRA with the MLP not
+    adapted: + the product's gradient (a·i), the product was never saved."""
+    # a frozen, unadapted down projection never saved the product: its gradient (a·i) comes on top
+    # (measured: HF Llama + PEFT LoRA on q,v, per-op trace of block 0's backward, hf_stack)
+    unsaved_product = np.where((c.method != st.FULL) & (c.lora_mlp_adapted == 0), a * c.mlp_width, 0)
+    return a * c.hidden_size + np.where(c.gated_mlp, 2, 1) * a * c.mlp_width + unsaved_product
+
+
+def lora_recompute_bytes_per_token(c, a):
+    """A checkpointed LoRA/QLoRA block being recomputed at the start of its backward, per token, at
+    its largest sub-moment (measured per op on HF Llama + PEFT, h=64, i=176, V=256, s=128, b=2;
+    PEFT's LoRA forward: peft ``tuners/lora/layer.py`` ``Linear.forward``):
+
+    * MLP adapted, inside the up projection's LoRA forward: everything the block saves but the down
+      projection's LoRA inputs, the MLP norm's output (a·h, alive as the MLP's input), PEFT's
+      ``lora_B(...)`` and ``* scaling`` transients (2·d·i) and, with dropout, the cast input (d·h)
+      that is not the saved tensor (no dropout: 5,240 B/token, exact);
+    * MLP adapted, inside the down projection's LoRA forward: the whole saved set, the norm output,
+      down's base output (a·h), the MLP product (a·i, down's input) unless it is itself the saved
+      LoRA input (no cast, no dropout), and with dropout the cast product (d·i);
+    * MLP not adapted: the MLP product (a·i) with the block's saved set and the norm output.
+    Plus the gradients in flight when it starts: the block output's (a·h) and the next block's
+    input-norm backward (its fp32 upcast's gradient, 4·h, and that cast back, a·h)."""
+    d, cast = lora_adapter_dtype_bytes(c, a)
+    h, i = c.hidden_size, c.mlp_width
+    dropout = np.asarray(c.lora_dropout) > 0
+    copied = dropout | cast  # down's LoRA input is a copy, not the product itself
+    rank = c.lora_rank_out // np.maximum(c.lora_adapted_linears, 1)
+    down = np.where(dropout, d + lora_dropout_mask_bytes(c, d), d) * i + d * rank
+    frozen = frozen_layer_bytes_per_token(c, a)
+    up_moment = frozen - down + a * h + 2 * d * i + np.where(dropout & cast, d * h, 0)
+    down_moment = frozen + 2 * a * h + np.where(copied, a * i, 0) + np.where(dropout & cast, d * i, 0)
+    working = np.where(c.lora_mlp_adapted > 0, np.maximum(up_moment, down_moment), frozen + a * h + a * i)
+    in_flight = 2 * a * h + 4 * h
+    return np.where(c.method != st.FULL, working + in_flight, 0)
+
+
+def chunked_logits_forward_bytes(c):
+    """Logits and loss at the forward peak with torchtune's chunked cross-entropy (``ce_chunks`` =
+    C > 0; ``torchtune/modules/loss/ce_chunked_output_loss.py`` ``CEWithChunkedOutputLoss``).
+
+    Mechanism: the model's output projection runs per chunk of tokens (``h.tensor_split(C, dim=1)``),
+    so the 16-bit logits exist as C chunk tensors that are all alive until the loss returns
+    (a·bsV in all); the loss loops over the chunks and, for each, upcasts it to fp32 and calls
+    ``cross_entropy``. The fp32 upcast is an input of log-softmax, not saved by it, so it is freed
+    after its chunk: one chunk's upcast (4·bsV/C) is alive at a time — this is the saving. Each
+    chunk's fp32 log-softmax output IS saved for backward, so all C of them (4·bsV) are alive when
+    the last chunk runs, plus the last chunk's upcast. Total a·bsV + 4·bsV + 4·bsV/C (fp32 training:
+    no upcast, a + 4 per entry) + the int64 labels and position ids as unchunked.
+    ASSUMPTION: the loss is not compiled (torchtune ``compile: False``, its default)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    chunks = np.maximum(c.ce_chunks, 1)
+    per_entry = a + 4 + np.where(a < 4, 4.0 / chunks, 0.0)
+    labels = 8 * c.micro_batch * (2 * c.seq_len + 1) + 8 * c.seq_len
+    # the model's forward still holds the last hidden state (see ``logits_forward_bytes``)
+    held = np.where(c.method != st.FULL, tokens * a * c.hidden_size, 0)
+    return (np.ceil(tokens * c.vocab_size * per_entry) + labels + held).astype(np.int64)
+
+
+def chunked_logits_backward_bytes(c):
+    """The start of backward with chunked cross-entropy: the recipe dropped the 16-bit logits
+    (``del logits`` before ``backward()``); the C saved fp32 log-softmax outputs (4·bsV) stay until
+    their chunk's backward, and one chunk at a time has its incoming fp32 gradient, its
+    log-softmax backward result (8·bsV/C) and the cast back to the 16-bit dtype (a·bsV/C)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    chunks = np.maximum(c.ce_chunks, 1)
+    per_entry = 4 + (8 + np.where(a < 4, a, 0)) / chunks
+    return np.ceil(tokens * c.vocab_size * per_entry).astype(np.int64)
+
+
+# Activation offloading (torchtune ``training/_activation_offloading.py`` ``OffloadActivations``,
+# ported to TRL as ``trl.models.activation_offloading``): every saved tensor of at least 1 KiB
+# is copied to pinned host memory on a side stream during forward; the GPU copy is released once
+# the copy is done (a forward stash of a few tensors), and in backward the next layer's tensors
+# are brought back while the current one computes. So about two layers' saved tensors are on the
+# GPU at any time. ASSUMPTION: two layers (the one computing and the one in flight), and the
+# final norm's output (the lm_head's input, which OffloadActivations keeps) stays on the GPU.
+OFFLOAD_LAYERS_ON_DEVICE = 2
+
+
+def layers_on_device(c, k):
+    """How many of the ``k`` blocks' saved tensors are on the GPU (k without offloading)."""
+    return np.where(c.activation_offload, np.minimum(k, OFFLOAD_LAYERS_ON_DEVICE), k)
+
+
+def offloaded_activation_bytes(c):
+    """Saved activation bytes a rank keeps in host (pinned) memory with activation offloading:
+    every block's but the ones on the GPU (``layers_on_device``)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    full = layer_bytes_per_token(c, a)
+    n_ckpt = checkpointed_layers(c)
+    per_token = (n_ckpt * kept_layer_bytes_per_token(c, a) + (c.num_layers - n_ckpt) * full
+                 - first_block_untracked_bytes_per_token(c, a))  # as block_activation_bytes counts them
+    L = np.maximum(c.num_layers, 1)
+    host = tokens * per_token * (L - layers_on_device(c, L)) / L
+    return np.where(c.activation_offload, np.floor(host), 0).astype(np.int64)

@@ -1,0 +1,128 @@
+"""Reserved vs allocated: what the CUDA caching allocator holds beyond the live tensors.
+
+Mechanisms (torch ``c10/cuda/CUDACachingAllocator.cpp``; measured on an H100,
+data/calibration/gpu/, ``benchmarks/gpu_campaign.py``):
+
+1. **Rounding and segments.** Every block is rounded up to 512 B; requests up to 1 MiB come
+   from 2 MiB small-pool segments, 1–10 MiB from 20 MiB segments, larger ones are rounded to
+   2 MiB (``probes.jsonl`` "rounding": all ten sizes exactly so). At GiB scale this is below
+   0.1 %. ASSUMPTION: not counted separately; it is inside the measured fragmentation.
+2. **Per-stream pools.** A freed block is cached for the stream that allocated it, and only
+   that stream reuses it. FSDP all-gathers on its own stream and reduce-scatters on another
+   (torch ``_fsdp_param_group.py``: ``all_gather_stream``, ``reduce_scatter_stream``). Their
+   cached blocks are reserved, but the default stream cannot use them at its own peak:
+   * all-gather pool: the root's and one block's all-gather outputs, in the param dtype;
+   * reduce-scatter pool: the sharded gradients. ``foreach_reduce`` allocates the reduce-scatter
+     output on the reduce-scatter stream, and the sharded gradient is a view of it.
+   Measured with ``expandable_segments`` (no fragmentation inside a pool): Llama-3.1-8B FSDP2
+   W=8 AC full, reserved − allocated = 6.45 GiB; pools 6.10 GiB. W=4 no AC: 10.44 vs 9.84 GiB.
+   ASSUMPTION: with a bf16 reduce the fp32 cast of the gradient is also made on the
+   reduce-scatter stream (same code path); FSDP1's unshard / post-backward streams hold the
+   same two pools.
+3. **Fragmentation.** A transient block larger than what follows it leaves holes. The largest
+   transient of a step is the fp32 copy of the logits (4·b·s·V; per chunk with chunked
+   cross-entropy). Measured (reserved − allocated − pools) / that block: a median of 0.90 on one
+   GPU without side streams, 3.42 under FSDP2, 5.28 under FSDP1, and 0.69 with
+   ``expandable_segments:True``. ``shardplan/data/allocator.json`` holds the medians and the
+   measured low/high, which bound the verdict band. A ``--calibration`` overlay replaces them.
+
+The CUDA context, cuBLAS handles and lazily loaded kernels are outside the allocator: 764 MiB
+measured (``allocator.json``). NCCL buffers are added per link (``overheads.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from shardplan.inputs import strategy as st
+
+CLASSES = ("no_side_streams", "fsdp2", "fsdp1", "expandable_segments")
+
+
+class FragmentationCoefficient(BaseModel):
+    """Measured (reserved − allocated − pools) / largest transient, per allocator class."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    median: float = Field(ge=0)
+    low: float = Field(ge=0)
+    high: float = Field(ge=0)
+    runs: int = Field(ge=0)
+
+
+class AllocatorModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    cuda_context_bytes: int = Field(ge=0)
+    fragmentation_per_transient: dict[str, FragmentationCoefficient]
+    sources: dict[str, str]
+    calibrated: bool = False
+
+    def coefficient(self, name: str) -> FragmentationCoefficient:
+        return self.fragmentation_per_transient[name]
+
+
+@lru_cache(maxsize=1)
+def default_allocator() -> AllocatorModel:
+    text = resources.files("shardplan").joinpath("data/allocator.json").read_text()
+    return AllocatorModel.model_validate(json.loads(text))
+
+
+def allocator_class(c, expandable_segments=False):
+    """Index into ``CLASSES`` per configuration."""
+    fsdp = (c.engine != st.DEEPSPEED) & (c.strategy != st.DDP) & (c.world_size > 1)
+    cls = np.where(fsdp & (c.engine == st.FSDP2), 1, np.where(fsdp & (c.engine == st.FSDP1), 2, 0))
+    return np.where(np.asarray(expandable_segments, dtype=bool), 3, cls)
+
+
+def side_stream_pool_bytes(c, units, sharded_grad_bytes, live_at_peak=None):
+    """Bytes cached in FSDP's all-gather and reduce-scatter stream pools (mechanism 2) that are not
+    live at the allocated peak: each pool's high-water mark less what of it the peak moment holds
+    (``live_at_peak``: the breakdown's ``all_gather_buffers`` and ``grads`` at that moment)."""
+    sharded = (units["all_gather_block"] > 0) | ((c.engine == st.FSDP1) & units["fsdp"] & (c.world_size > 1))
+    all_gather = np.where(units["fsdp"] & sharded,
+                          np.maximum(units["all_gather_root"], units["root_unsharded"])
+                          + np.maximum(units["all_gather_block"], units["block_unsharded"]), 0)
+    reduce_scatter = np.where(units["fsdp"] & sharded, sharded_grad_bytes, 0)
+    if live_at_peak is not None:
+        all_gather = np.maximum(all_gather - live_at_peak["all_gather_buffers"], 0)
+        reduce_scatter = np.maximum(reduce_scatter - live_at_peak["grads"], 0)
+    return np.asarray(all_gather + reduce_scatter, dtype=np.int64)
+
+
+def largest_transient_bytes(c):
+    """The fp32 logits copy (HF ``ForCausalLMLoss`` ``logits.float()``), per chunk when the loss is
+    chunked (``ce_chunks``), the step's largest short-lived block (mechanism 3)."""
+    chunks = np.maximum(np.asarray(getattr(c, "ce_chunks", 0)), 1)
+    return np.asarray(np.ceil(4 * c.micro_batch * c.seq_len * c.vocab_size / chunks), dtype=np.int64)
+
+
+def fragmentation_bytes(c, model: AllocatorModel, expandable_segments=False):
+    """Fragmentation slack (the class's median coefficient times the largest transient) and the
+    band around it: the larger distance to the measured low / high coefficient, in bytes."""
+    cls = allocator_class(c, expandable_segments)
+    transient = largest_transient_bytes(c)
+
+    def at(which):
+        coeff = np.choose(cls, [getattr(model.coefficient(name), which) for name in CLASSES])
+        return np.asarray(np.ceil(coeff * transient), dtype=np.int64)
+
+    frag, high, low = at("median"), at("high"), at("low")
+    return frag, np.maximum(high - frag, frag - low).astype(np.int64)
+
+
+def reserved_terms(c, peak_allocated, units, sharded_grad_bytes, live_at_peak=None,
+                   model: AllocatorModel | None = None, expandable_segments=False):
+    """``peak_reserved_bytes`` and its parts, plus the band's bound on the allocator slack."""
+    model = model or default_allocator()
+    pools = side_stream_pool_bytes(c, units, sharded_grad_bytes, live_at_peak)
+    frag, band = fragmentation_bytes(c, model, expandable_segments)
+    return {
+        "peak_reserved_bytes": np.asarray(peak_allocated, dtype=np.int64) + pools + frag,
+        "stream_pool_bytes": pools,
+        "fragmentation_bytes": frag,
+        "allocator_band_bytes": band,
+    }

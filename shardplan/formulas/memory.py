@@ -1,0 +1,407 @@
+"""Per-GPU and per-node memory: every term, the peak, and whether it fits.
+
+The peak is the largest of the moments of a training step (measured with torch's FSDPMemTracker;
+docs/calibration.md, data/calibration/predicted_vs_measured.md):
+
+* forward (inside the loss): persistent states + all blocks' saved activations + logits with
+  their fp32 upcast and log-softmax + the root's unsharded params + the last all-gather buffer
+  (SHARD_GRAD_OP: every unit unsharded);
+* inside a block's forward (``_block_forward``, np.maximum with the loss moment): FSDP2's
+  all-gather copy-out in block 0's / block L-1's pre-forward (three unit-sized buffers), and block
+  L-1's own forward at its largest sub-moment (MLP product under AC, residual add without);
+* start of backward (the loss's backward; FSDP1: + the last block, prefetched): the same, with the logits' backward (12·bsV) instead;
+* inside a block's backward (block k, at its MLP's product backward): states + the sharded
+  gradients of the blocks already reduced + the previous block's reduce-scatter input + root and
+  block k unsharded + the next block's prefetched all-gather + root gradients + the saved
+  activations of blocks ≤ k (block k recomputed in full under AC) + activation gradients. Linear
+  in k apart from the buffers at the ends, so its maximum is at k ∈ {0, 1, L-2, L-1};
+* LoRA/QLoRA under checkpointing, block k being recomputed at the start of its backward (PEFT's
+  transients, ``activations.lora_recompute_bytes_per_token``; no dequantized 4-bit weight then);
+* unwrapped runs (``single``) take the block moments too, with gradients landing in ``.grad``;
+* optimizer step — persistent states + full gradients + the optimizer's temporaries.
+
+The breakdown reported is the one of the moment that is the peak, so its terms add up to
+``peak_allocated_bytes`` exactly; ``peak_moment`` codes the moment (``PEAK_MOMENTS``). Each term
+comes from one function; see docs/formulas.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardplan.inputs import strategy as st
+from shardplan.formulas.activations import (
+    backward_working_bytes_per_token, block_activation_bytes, block_forward_working_bytes_per_token, checkpointed_layers, compute_dtype_bytes,
+    chunked_logits_backward_bytes, chunked_logits_forward_bytes, head_activation_bytes, kept_layer_bytes_per_token,
+    layer_bytes_per_token, layers_on_device, logits_backward_bytes, logits_forward_bytes, lora_recompute_bytes_per_token,
+    offloaded_activation_bytes, position_ids_bytes, recompute_extra_bytes_per_token, rope_bytes,
+)
+from shardplan.formulas.allocator import default_allocator, reserved_terms
+from shardplan.formulas.buffers import engine_buffers, fsdp_units, optimizer_step_temporaries, trainable_fraction
+from shardplan.formulas.load import load_peak_allocated_bytes, model_load_bytes
+from shardplan.formulas.model_states import fsdp1_shard_elements, model_states, padded_shard_elements
+from shardplan.formulas.overheads import HOST_PROCESS_BYTES, non_torch_device_bytes
+
+# Order of the breakdown table; also the DataFrame column names.
+STATE_TERMS = ("params", "grads", "grad_buckets", "master_params", "optimizer_states")
+ACTIVATION_TERMS = ("activations", "logits_and_loss")
+BUFFER_TERMS = ("unsharded_params", "all_gather_buffers", "unsharded_grads", "reduce_scatter_buffers",
+                "root_unsharded", "root_grads", "autocast_weight_copies", "gathered_params", "comm_buckets",
+                "qlora_dequant", "optimizer_step_temporaries")
+BREAKDOWN_TERMS = STATE_TERMS + ACTIVATION_TERMS + BUFFER_TERMS
+PEAK_MOMENTS = ("forward", "backward", "optimizer_step")   # codes of ``peak_moment``
+FORWARD, BACKWARD, OPTIMIZER_STEP = 0, 1, 2
+
+
+def deepspeed_estimator_host_bytes(total_params, largest_module_params, gpus_per_node, nodes, strategy, offload,
+                                   zero_init=True, buffer_factor=1.5):
+    """Host RAM per node as DeepSpeed's estimators compute it (deepspeed ``runtime/zero/stage_1_and_2.py``
+    ``estimate_zero2_model_states_mem_needs`` and ``stage3.py`` ``estimate_zero3_...``).
+
+    ZeRO-1/2: 4Ψ·g·f, or Ψ·max(4G, 16)·f with optimizer offload. ZeRO-3 (with ``zero.Init``):
+    4L·g·f; optimizer offload 16Ψ/nodes·f; + params offload 18Ψ/nodes·f. Without ``zero.Init``
+    every process first materialises the fp32 model: max(4Ψ·g, …).
+    """
+    p = np.asarray(total_params, dtype=np.float64)
+    g = np.asarray(gpus_per_node)
+    nodes = np.asarray(nodes)
+    world = g * nodes
+    stage3 = (np.asarray(strategy) == st.FULL_SHARD) | (np.asarray(strategy) == st.HYBRID_SHARD)
+    off = np.asarray(offload)
+    z2 = np.where(off != st.OFFLOAD_NONE, p * np.maximum(4 * world, 16) * buffer_factor, p * 4 * g * buffer_factor)
+    per_node = 1.0 / nodes
+    if zero_init:
+        z3 = np.select([off == st.OFFLOAD_ALL, off == st.OFFLOAD_OPTIMIZER],
+                       [p * 18 * per_node * buffer_factor, p * 16 * per_node * buffer_factor],
+                       np.asarray(largest_module_params) * 4 * g * buffer_factor)
+    else:
+        z3 = np.select([off == st.OFFLOAD_ALL, off == st.OFFLOAD_OPTIMIZER],
+                       [p * np.maximum(4 * g, 18 * per_node) * buffer_factor,
+                        p * np.maximum(4 * g, 16 * per_node) * buffer_factor],
+                       p * 4 * g * buffer_factor)
+    return np.floor(np.where(stage3, z3, z2)).astype(np.int64)
+
+
+def host_bytes_per_node(c, host_offloaded):
+    """Host RAM a node needs: each rank's process, plus the larger of the ranks' offloaded states
+    (and offloaded activations) and the checkpoint copies read before sharding: one (rank 0, Hugging
+    Face ``from_pretrained`` with FSDP's ``cpu_ram_efficient_loading``; meta-device init reads
+    shards) or one per rank (``load_mode`` full_per_gpu: every process reads the whole model),
+    in the load dtype (``load.model_load_bytes``).
+
+    DeepSpeed uses its estimator's figures (``deepspeed_estimator_host_bytes``).
+    ASSUMPTION: loading ends before offloaded optimizer states are created.
+    """
+    copies = np.where(c.load_mode == st.LOAD_FULL_PER_GPU, c.gpus_per_node, 1)
+    loading = copies * model_load_bytes(c)
+    ours = c.gpus_per_node * HOST_PROCESS_BYTES + np.maximum(loading, c.gpus_per_node * host_offloaded)
+    is_ds = c.engine == st.DEEPSPEED
+    if not np.any(is_ds):  # the estimator only matters for DeepSpeed rows
+        return np.asarray(ours, dtype=np.int64)
+    nodes = np.maximum(c.world_size // np.maximum(c.gpus_per_node, 1), 1)
+    ds = deepspeed_estimator_host_bytes(c.total_params, c.largest_module_params, c.gpus_per_node, nodes,
+                                        c.strategy, c.offload)
+    return np.where(is_ds, ds, ours).astype(np.int64)
+
+
+def _block_forward(c, k, units, grads_held, pre):
+    """Terms inside block k's forward (FSDP engines; zeros elsewhere).
+
+    ``pre`` — FSDP2's all-gather copy-out in block k's pre-forward: the previous unit's all-gather
+    buffer (root for k = 0) is kept until this wait, this unit's buffer is alive, and its unsharded
+    parameters are being allocated: three unit-sized buffers at once. Activations: the kept
+    tensors of blocks < k and block k's input. Measured: tiny Llama fp32 full AC W=8 FSDP2 forward
+    peak 777,812 B at the last ``aten.view`` of block 1's copy-out = states + root unsharded +
+    2 × 147,968 all-gather + 147,968 being copied + 41,216 activations (−14.7 % before).
+    FSDP1 gathers straight into the flat parameter: no such moment.
+
+    otherwise — inside block k's own computation (``block_forward_working_bytes_per_token``): root
+    and block k unsharded (SHARD_GRAD_OP: blocks ≤ k), block k's all-gather buffer (FSDP2, kept
+    until the next unit's wait), the kept tensors of blocks < k and block k's working set.
+    Measured: tiny Llama fp32 full AC W=4 FSDP1 forward peak 773,100 B at block 1's MLP product
+    (−12.6 % before); selective W=8 FSDP2 1,008,724 B (−4.8 % before); GPT-2 fp32 W=4 at the last
+    block's residual add (−4.4 % before).
+    """
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    fsdp = units["fsdp"]
+    keep = units["keep_unsharded"]
+    full_layer = layer_bytes_per_token(c, a)
+    n_ckpt = checkpointed_layers(c)
+    L = np.maximum(c.num_layers, 1)
+    kept_avg = (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * full_layer) / L
+    small = rope_bytes(c) + position_ids_bytes(c)
+    if pre:
+        fsdp2 = fsdp & (c.engine == st.FSDP2) & (units["all_gather_block"] > 0)
+        per_token = layers_on_device(c, k) * kept_avg + a * c.hidden_size
+        prior = np.where(k == 0, units["all_gather_root"], units["all_gather_block"])
+        acts = np.ceil(tokens * per_token).astype(np.int64) + small
+        return {
+            "grads": grads_held,
+            "activations": np.where(fsdp2, acts, 0),
+            "unsharded_params": np.where(fsdp2, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
+            "all_gather_buffers": np.where(fsdp2, prior + units["all_gather_block"], 0),
+            "root_unsharded": np.where(fsdp2, units["root_unsharded"], 0),
+        }
+    per_token = layers_on_device(c, k) * kept_avg + block_forward_working_bytes_per_token(c, a)
+    acts = np.ceil(tokens * per_token).astype(np.int64) + small
+    return {
+        "grads": grads_held,
+        "activations": np.where(fsdp | (c.strategy == st.SINGLE), acts, 0),
+        "unsharded_params": np.where(fsdp, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
+        "all_gather_buffers": np.where(fsdp, units["all_gather_block"], 0),
+        "root_unsharded": np.where(fsdp, units["root_unsharded"], 0),
+    }
+
+
+def wrapper_leftover_bytes(c, a, blocks_done, n_ckpt):
+    """torch's ``checkpoint_wrapper`` (non-reentrant) around each Hugging Face decoder block: every
+    block whose backward has run leaves one RMSNorm's forward intermediates alive until the end of
+    backward — the fp32 input copy (4h), the fp32 variance (4), the fp32 normalized input (4h), its
+    16-bit cast (a·h) and the weighted output (a·h): 12·h + 4 bytes per token at 16-bit
+    (fp32: no cast copies, 8·h + 4). Measured with FSDPMemTracker (FSDP2, fake process group, HF
+    Llama, ``apply_activation_checkpointing`` as accelerate's FSDP ``activation_checkpointing``
+    does): "Temp" grows by 256 tokens x (12·h + 4) per block at h = 128 (394,240 B) and h = 256
+    (787,456 B), data/calibration/checkpoint_wrapper_cpu.json; on the H100 the FSDP runs with AC
+    were 2-21 GiB above the model without it. HF's own ``gradient_checkpointing_enable`` leaves
+    nothing (hf_stack_cpu.jsonl, exact). ASSUMPTION: RMSNorm models (LayerNorm unmeasured: 0)."""
+    h = c.hidden_size
+    per_token = np.where(a < 4, 8 * h + 4 + 2 * a * h, 8 * h + 4)
+    on = np.asarray(c.checkpoint_wrapper, dtype=bool) & (n_ckpt > 0) & ~np.asarray(c.layernorm, dtype=bool)
+    return np.where(on, np.maximum(blocks_done, 0) * c.micro_batch * c.seq_len * per_token, 0).astype(np.int64)
+
+
+def _block_backward(c, k, states, units, n_g, grads_held, recompute=False):
+    """Terms inside block k's backward (FSDP engines and unwrapped runs; zeros elsewhere). See the
+    module docstring. ``recompute``: the moment a checkpointed LoRA/QLoRA block is being recomputed
+    (``activations.lora_recompute_bytes_per_token``; no dequantized 4-bit weight is alive then)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    L = c.num_layers
+    fsdp = units["fsdp"]
+    full = c.method == st.FULL
+    g_bytes = np.where(states["grads"] > 0, 1, 0)  # offloaded grads: none on the device
+    fsdp1 = c.engine == st.FSDP1
+    block_shard = np.where(fsdp1, fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1)),
+                           padded_shard_elements(c, n_g, "block") * np.maximum(n_g, 1) // np.maximum(n_g, 1))
+    block_shard = np.where(fsdp1, block_shard // np.maximum(L, 1), padded_shard_elements(c, n_g, "block"))
+    per_block_grad = np.where(full, block_shard * np.where(c.precision == st.BF16_PURE, 2, 4),
+                              states["grads"] // np.maximum(L, 1)) * g_bytes
+    # optimizer in backward: each reduced gradient is stepped and freed at once
+    reduced = np.where((grads_held > 0) | c.optimizer_in_backward, 0, (L - 1 - k) * per_block_grad)
+    full_layer = layer_bytes_per_token(c, a)
+    n_ckpt = checkpointed_layers(c)
+    kept_avg = (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * full_layer) / np.maximum(L, 1)
+    extra = np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0)
+    acts = np.ceil(tokens * (layers_on_device(c, k) * kept_avg + full_layer + extra)).astype(np.int64) + rope_bytes(c)
+    keep = units["keep_unsharded"]
+    # One device without a wrapper (``single``): gradients land in ``.grad`` in their own dtype as
+    # backward produces them — the root's (lm_head + final norm) first, then each block's, block
+    # k's down projection first (measured: HF stack CPU runs with a small vocabulary, whose peak is
+    # inside a block's backward: −26 % before these moments existed for unwrapped runs)
+    single = c.strategy == st.SINGLE
+    tracked = fsdp | single
+    g_elem = np.where(c.precision == st.BF16_PURE, 2, 4) * g_bytes
+    single_root = np.where(single & full, (c.vocab_size * c.hidden_size + c.hidden_size) * g_elem, 0)
+    single_first = np.where(single, np.ceil(c.hidden_size * c.mlp_width * g_elem * trainable_fraction(c)), 0)
+    # HF gradient checkpointing with use_reentrant=True: ``CheckpointFunction.backward`` re-runs the
+    # block and back-propagates through the recomputed output it holds (torch ``utils/checkpoint.py``),
+    # one more a·h tensor than the non-reentrant unpack hooks, through the recomputation and the
+    # block's backward (measured: FSDP2 W=4 full and QLoRA pairs, +32,768 B = 256 tokens x 64 x 2)
+    reentrant = np.where(np.asarray(c.reentrant_checkpointing, dtype=bool) & (n_ckpt > 0), a * c.hidden_size, 0)
+    in_backward = (acts + tokens * (backward_working_bytes_per_token(c, a) + reentrant)
+                   + wrapper_leftover_bytes(c, a, L - 1 - k, n_ckpt))
+    if recompute:  # LoRA/QLoRA: the checkpointed block's recomputation (PEFT's fp32 transients)
+        lora = (np.ceil(tokens * (k * kept_avg + extra + reentrant + lora_recompute_bytes_per_token(c, a)))
+                + wrapper_leftover_bytes(c, a, L - 1 - k, n_ckpt)
+                .astype(np.int64) + rope_bytes(c))
+        in_backward = np.where((c.method != st.FULL) & (n_ckpt > 0), lora, 0)
+    return {
+        "grads": grads_held + np.where(tracked, reduced, 0) + single_first.astype(np.int64),
+        # saved tensors of blocks <= k, and the activation gradients in flight in block k
+        "activations": np.where(tracked, in_backward, 0),
+        "unsharded_params": units["block_unsharded"] * np.where(keep, k + 1, 1),
+        # the next block's prefetched all-gather (FSDP1: straight into its unsharded flat parameter)
+        "all_gather_buffers": np.where((k >= 1) & ~keep, np.where(fsdp1 & (units["all_gather_block"] == 0) & fsdp,
+                                                                  units["block_unsharded"], units["all_gather_block"]), 0),
+        "unsharded_grads": units["first_block_grad"],
+        # FSDP2 keeps the previous block's reduce-scatter input until the next reduce-scatter
+        # (``reduce_scatter_state``); FSDP1 frees it inside the post-backward hook (measured: no
+        # "Reduce Scatter" bytes inside block 0's backward, tiny bf16 full AC W=4: +12.8 % before)
+        "reduce_scatter_buffers": np.where((k < L - 1) & ~fsdp1, units["reduce_scatter_block"], 0),
+        "root_unsharded": units["root_unsharded"],
+        "root_grads": units["root_grads"] + single_root,
+    }
+
+
+def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakdown=True):
+    """All memory columns for the configurations in ``c`` (a ``Columns``).
+
+    ``optimizer_step_on_device``: count Adam's per-tensor ``step`` scalars in device memory (CPU
+    runs, or fused/capturable Adam); torch's default on CUDA keeps them on the host.
+    ``breakdown=False`` leaves out the per-term columns at the peak moment (sweeps that only want
+    totals); the totals are the same either way.
+    """
+    states = model_states(c, optimizer_step_on_device=optimizer_step_on_device)
+    n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    units = fsdp_units(c, n_p)
+    fsdp = units["fsdp"]
+    keep = units["keep_unsharded"]
+    saved = block_activation_bytes(c) + head_activation_bytes(c)
+    other = engine_buffers(c)
+    step_temps = optimizer_step_temporaries(c, n_o)
+    L = c.num_layers
+
+    persistent = states["params"] + states["grad_buckets"] + states["master_params"] + states["optimizer_states"]
+    grads_held = np.where(c.grad_accum > 1, states["grads"], 0)
+    zero = np.zeros(np.broadcast(persistent, saved).shape, dtype=np.int64)
+    # blocks unsharded outside their own computation: none (full_shard) or all (SHARD_GRAD_OP)
+    blocks_held = np.where(keep, L * units["block_unsharded"], 0)
+    # bitsandbytes dequantizes a 4-bit weight inside its Linear's forward and backward only
+    # (``autograd/_functions.py`` ``MatMul4Bit``: ``F.dequantize_4bit(B, quant_state)``, freed on
+    # return): it exists in the moments inside a block, not at the loss (measured: QLoRA runs whose
+    # peak is the logits' backward hold no dequantized weight, hf_stack_cpu.jsonl: +2.3 % before)
+    common = {name: other[name] for name in other if name != "qlora_dequant"}
+    in_block = dict(common, qlora_dequant=other["qlora_dequant"])
+    logits_fw, logits_bw = logits_forward_bytes(c), logits_backward_bytes(c)
+    if np.any(c.ce_chunks > 0):  # only rows with chunked cross-entropy need its terms
+        chunked = c.ce_chunks > 0
+        logits_fw = np.where(chunked, chunked_logits_forward_bytes(c), logits_fw)
+        logits_bw = np.where(chunked, chunked_logits_backward_bytes(c), logits_bw)
+    forward = dict(common, grads=grads_held, activations=saved, logits_and_loss=logits_fw,
+                   unsharded_params=blocks_held, all_gather_buffers=units["all_gather_block"],
+                   root_unsharded=units["root_unsharded"])
+    # FSDP1 prefetches the last block (BACKWARD_PRE) in the root's pre-backward hook, before the
+    # loss's backward runs (measured: tiny bf16 W=4/64 no AC, root + one block unsharded at the
+    # logits' backward; −6.5 % / −9.2 % before)
+    fsdp1_prefetch = np.where((c.engine == st.FSDP1) & fsdp & ~keep & (L > 0), units["block_unsharded"], 0)
+    start_bw = dict(common, grads=grads_held, activations=saved, logits_and_loss=logits_bw,
+                    unsharded_params=blocks_held + fsdp1_prefetch, all_gather_buffers=np.where(keep, 0, units["all_gather_block"]),
+                    root_unsharded=units["root_unsharded"])
+    moments = [forward, start_bw]
+    any_fsdp = bool(np.any(fsdp | (c.strategy == st.SINGLE)))  # block moments: FSDP and unwrapped runs
+    peft_recompute = bool(np.any((c.method != st.FULL) & (checkpointed_layers(c) > 0)))
+    last = np.maximum(L - 1, 0)
+    forward_moments = [forward]
+    if any_fsdp:
+        forward_moments += [dict(common, **_block_forward(c, 0, units, grads_held, pre=True)),
+                            dict(common, **_block_forward(c, last, units, grads_held, pre=True)),
+                            dict(in_block, **_block_forward(c, last, units, grads_held, pre=False))]
+    moments = forward_moments + [start_bw]
+    first_bw = len(forward_moments)
+    if any_fsdp:
+        for k in (0, 1, L - 2, L - 1):
+            kk = np.clip(k, 0, np.maximum(L - 1, 0))
+            moments.append(dict(in_block, **_block_backward(c, kk, states, units, n_g, grads_held)))
+            if peft_recompute:
+                moments.append(dict(common, **_block_backward(c, kk, states, units, n_g, grads_held, recompute=True)))
+    # optimizer in backward: no moment holds every gradient; each parameter's gradient is freed by
+    # its own step (torchtune ``register_optim_in_bwd_hooks``), so the step moment holds one
+    # parameter's gradient (the largest module's share) and its temporaries.
+    one_grad = np.ceil(states["grads"] * np.minimum(c.largest_module_params / np.maximum(c.total_params, 1), 1.0))
+    step = dict(grads=np.where(c.optimizer_in_backward, one_grad, states["grads"]).astype(np.int64),
+                optimizer_step_temporaries=step_temps)
+
+    def total(m):
+        return sum((m.get(name, 0) for name in ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)), zero) + persistent
+
+    totals = [total(m) for m in moments]
+    # the largest of the forward moments (in the loss, block pre-forward / inside a block's forward)
+    best_fw = np.zeros_like(totals[0], dtype=np.int64)
+    fw_total = totals[0]
+    for i in range(1, first_bw):
+        best_fw = np.where(totals[i] > fw_total, i, best_fw)
+        fw_total = np.maximum(fw_total, totals[i])
+    # the largest of the backward moments (start of backward, inside block k's backward)
+    best_bw = np.zeros_like(totals[first_bw], dtype=np.int64) + first_bw
+    bw_total = totals[first_bw]
+    for i in range(first_bw + 1, len(totals)):
+        better = totals[i] > bw_total
+        best_bw = np.where(better, i, best_bw)
+        bw_total = np.maximum(bw_total, totals[i])
+    step_total = total(step)
+    moment = np.where(fw_total > bw_total, FORWARD, BACKWARD)
+    moment = np.where(step_total > np.maximum(fw_total, bw_total), OPTIMIZER_STEP, moment).astype(np.int8)
+    which = np.where(moment == FORWARD, best_fw, np.where(moment == BACKWARD, best_bw, -1))
+
+    def at_peak(name):
+        value = np.where(moment == OPTIMIZER_STEP, step.get(name, 0), 0)
+        for i, m in enumerate(moments):
+            if name in m:
+                value = np.where(which == i, m[name], value)
+        return np.asarray(value, dtype=np.int64) + zero
+
+    out = {name: states[name] for name in ("params", "grad_buckets", "master_params", "optimizer_states")}
+    if breakdown:
+        for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS:
+            out[name] = at_peak(name)
+
+    # every moment's total sums the same terms, so the peak is the largest total
+    peak_allocated = np.maximum(np.maximum(fw_total, bw_total), step_total) + zero
+    # Reserved = allocated + FSDP's side-stream pools + fragmentation (allocator.py, measured on
+    # an H100). bitsandbytes paged optimizer states (cudaMallocManaged, ``functional.get_paged``)
+    # are counted as allocated on the device: the driver pages them to host RAM only under pressure.
+    allocator = allocator or default_allocator()
+    live = {name: out[name] if breakdown else at_peak(name) for name in ("grads", "all_gather_buffers")}
+    reserved = reserved_terms(c, peak_allocated, units, states["grads"], live, allocator, c.expandable_segments)
+    peak_reserved = reserved["peak_reserved_bytes"]
+    non_torch = non_torch_device_bytes(c.nccl_buffer_bytes, allocator.cuda_context_bytes)
+    device_total = peak_reserved + non_torch
+    load_peak = load_peak_allocated_bytes(c, n_p) + non_torch
+    host_acts = offloaded_activation_bytes(c) if np.any(c.activation_offload) else 0
+    host = host_bytes_per_node(c, states["host_offloaded"] + host_acts)
+    out.update(
+        peak_allocated_bytes=peak_allocated,
+        peak_reserved_bytes=peak_reserved,
+        stream_pool_bytes=reserved["stream_pool_bytes"],
+        fragmentation_bytes=reserved["fragmentation_bytes"],
+        allocator_band_bytes=reserved["allocator_band_bytes"],
+        non_torch_bytes=np.broadcast_to(non_torch, peak_allocated.shape).astype(np.int64),
+        device_total_bytes=device_total,
+        load_peak_bytes=np.asarray(load_peak, dtype=np.int64) + np.zeros_like(peak_allocated),
+        gpu_memory_bytes=c.gpu_memory_bytes,
+        headroom_bytes=c.gpu_memory_bytes - device_total,
+        model_state_bytes=(persistent + step["grads"] + other["gathered_params"]),  # OIB: one gradient at a time
+        host_offloaded_bytes_per_gpu=states["host_offloaded"] + host_acts,
+        host_bytes_per_node=host,
+        host_ram_bytes_per_node=c.host_ram_bytes_per_node,
+        forward_peak_bytes=fw_total + zero,
+        backward_peak_bytes=bw_total + zero,
+        optimizer_step_peak_bytes=step_total + zero,
+        peak_moment=moment,
+        valid=st.is_valid(c.strategy, c.engine) & valid_offload(c) & valid_method(c) & valid_stack_knobs(c)
+        & st.valid_world_size(c.strategy, c.world_size),
+    )
+    out["fits_gpu"] = device_total <= c.gpu_memory_bytes
+    out["fits_load"] = load_peak <= c.gpu_memory_bytes
+    out["fits_host"] = host <= c.host_ram_bytes_per_node
+    out["fits"] = out["fits_gpu"] & out["fits_load"] & out["fits_host"] & out["valid"]
+    return out
+
+
+def valid_stack_knobs(c):
+    """``single`` means one GPU; optimizer-in-backward steps every micro-batch, so it cannot
+    accumulate gradients (torchtune raises "Gradient accumulation is not supported with optimizer
+    in bwd") and keeps no gradients to offload."""
+    single_ok = (c.strategy != st.SINGLE) | (c.world_size == 1)
+    oib_ok = ~np.asarray(c.optimizer_in_backward, dtype=bool) | ((c.grad_accum == 1) & (c.offload == st.OFFLOAD_NONE))
+    return single_ok & oib_ok
+
+
+def valid_offload(c):
+    """Offload each engine can express: FSDP offloads params+grads+optimizer together
+    (``CPUOffloadPolicy`` / ``CPUOffload(offload_params=True)``); DeepSpeed offloads the optimizer at
+    stage 1–3 and parameters only at stage 3; DDP offloads nothing."""
+    ds = c.engine == st.DEEPSPEED
+    stage3 = (c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD)
+    ddp_like = (c.strategy == st.DDP) | (c.strategy == st.SINGLE) | ((c.strategy == st.NO_SHARD) & ds)
+    ok_fsdp = (c.offload != st.OFFLOAD_OPTIMIZER)
+    ok_ds = (c.offload != st.OFFLOAD_ALL) | stage3
+    return (c.offload == st.OFFLOAD_NONE) | (~ddp_like & np.where(ds, ok_ds, ok_fsdp))
+
+
+def valid_method(c):
+    """Every method is valid with every precision: QLoRA under fp32 is the fp32 stream of PEFT's
+    ``prepare_model_for_kbit_training`` (or ``bnb_4bit_compute_dtype=float32``); LoRA/QLoRA with
+    DeepSpeed ZeRO-3 and FSDP work."""
+    return np.ones(np.shape(c.method), dtype=bool)

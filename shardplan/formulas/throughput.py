@@ -1,0 +1,419 @@
+"""Compute, step time and throughput: FLOPs per step, their time, the comm/compute overlap per
+FSDP unit, offload and optimizer time; tokens/s, MFU/HFU, and the cost of N training tokens.
+
+Time of one micro-batch's compute, per GPU (a roofline sum; every term below has a source):
+
+* matmuls: FLOPs / (peak × GEMM efficiency(m)), peak per dtype from the GPU profile, the large-
+  GEMM efficiency from measured "maximum achievable matmul FLOPS" (``GPUProfile.gemm_efficiency``), falling
+  for small matrices by the saturation curve the calibration harness fits
+  (``shardplan/calibrate/compute.py``): eff(m) = eff_max / (1 + (m_half/m)^p);
+* attention core (flash/SDPA): FLOPs / (peak × attention efficiency) (``GPUProfile.attention_efficiency``);
+* element-wise work (norms, RoPE, SwiGLU, residual adds, cross-entropy), counted op by op for eager
+  torchtitan / Hugging Face kernels (``elementwise_bytes_per_token``), and FSDP's own copies around
+  its collectives (``fsdp_copy_bytes``): bytes / HBM bandwidth.
+
+FLOPs (PaLM, Chowdhery et al. 2022, App. B; torchtitan ``get_dense_model_nparams_and_flops``):
+6·N_matmul per token for forward + backward, N_matmul = block Linear weights + lm_head; attention
+12·L·s·q per token with full (non-causal) score matrices — half of it with a causal mask, which is
+what flash kernels execute (FlashAttention-2 paper, §4.1, counts causal FLOPs as half). Full
+activation checkpointing adds one forward (8N instead of 6N); selective (Korthikanti et al. 2022,
+§5) recomputes the attention core; LoRA skips the frozen base's weight gradients (4N for the base).
+
+Overlap (DESIGN.md §4): per micro-batch, forward Σ max(compute_i, AG_{i+1}), backward
+Σ max(compute_i, AG_{i−1} + RS_{i+1}) on one communication stream (HSDP's replica all-reduce on its
+own stream, max'ed alongside), the first all-gather and the last reduce-scatter exposed. Overlap is
+not free: a running collective holds φ = NCCL CTAs / SMs of the GPU, so each interval is
+max(compute + φ·overlapped comm, comm) (``contended_interval_s``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardplan.inputs import strategy as st
+from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
+from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, trainable_params
+from shardplan.inputs.hardware import DEFAULT_SM_COUNT
+
+# Per-GPU coefficients are profile data (``shardplan/inputs/hardware.py`` ``GPUProfile``, each number cited in
+# its JSON): ``gemm_efficiency`` (measured large-GEMM fraction of peak, MAMF), ``attention_efficiency``
+# (FlashAttention-2/3 papers), ``sm_count`` and ``host_link``; the documented defaults for a profile
+# that leaves them out are ``hardware.DEFAULT_*``.
+# eff(m) saturation: ASSUMPTION m_half = 256, p = 2 — within 2 % of eff_max from m = 2048 on,
+# consistent with MAMF's best shapes (smallest dimension ≥ 1536); calibrate to replace.
+GEMM_M_HALF = 256.0
+GEMM_P = 2.0
+# Achievable fraction of nameplate HBM bandwidth for streaming element-wise kernels.
+# ASSUMPTION 0.9 (STREAM-like copies reach ~90 % of nameplate on HBM GPUs).
+HBM_EFFICIENCY = 0.9
+# CPU optimizer (DeepSpeed CPUAdam / torch CPU AdamW) is memory-bandwidth bound: it streams the
+# fp32 master, both moments and the gradient. ASSUMPTION: 50 GB/s of host DRAM bandwidth per node
+# for it (a fraction of a 2-socket server's ~300-400 GB/s); calibrate to replace.
+CPU_OPTIMIZER_BYTES_PER_S_PER_NODE = 50e9
+# Element-wise traffic per token per layer in units of the activation width (see
+# ``elementwise_bytes_per_token``); backward moves ~2× the forward's bytes (reads the incoming
+# gradient and the saved input, writes the outgoing gradient).
+BACKWARD_ELEMENTWISE_FACTOR = 2.0
+# Eager element-wise kernels, HBM bytes per element, counted op by op from torchtitan
+# ``torchtitan/models/norms.py`` RMSNorm (``self._norm(x.float()).type_as(x) * self.weight`` with
+# ``_norm = x * rsqrt(x.pow(2).mean(-1) + eps)``) and ``models/llama/model.py`` ``apply_rotary_emb``
+# (``view_as_complex(x.float())`` × freqs, ``view_as_real(...).type_as(x)``); Hugging Face
+# ``LlamaRMSNorm`` runs the same fp32 passes. RMSNorm with 16-bit input: x.float() 2+4, pow 4+4,
+# mean 4, x·rsqrt 4+4, type_as 4+2, ·weight 2+2 = 36 B/element. RoPE on q and k: float() 2+4,
+# complex multiply 4+4, type_as 4+2 = 20 B/element. ASSUMPTION: eager mode (torch.compile fuses
+# these into ~1 read + 1 write) and 16-bit activations (the counts scale from a = 2).
+RMSNORM_EAGER_BYTES = 36.0
+ROPE_EAGER_BYTES = 20.0
+# Cross-entropy over fp32-upcast logits (torchtitan ``F.cross_entropy(pred.float(), labels)``; HF
+# ``logits.float()``), bytes per vocabulary entry per token: logits written 2, .float() 2+4,
+# log_softmax (max and sum-exp passes + output) 4+4+4, backward: nll grad written 4, log_softmax
+# backward 4+4+4, cast back to 16-bit 4+2 = 42.
+CROSS_ENTROPY_BYTES_PER_VOCAB = 42.0
+# NCCL runs one CTA (thread block) per channel, resident on an SM for the whole collective (NCCL
+# user guide, NCCL_MIN_NCHANNELS / NCCL_MAX_CTAS: more channels = more CUDA blocks). An FSDP
+# all-gather on an 8×H100 node launched 24 blocks (NVIDIA developer forum, "Compute-Communication
+# Overlap Causes Severe GEMM Performance Degradation because of Tail Effect", nsys trace: GEMM of
+# 132 blocks pushed into a second wave). ASSUMPTION: 24 CTAs per running collective on every GPU.
+NCCL_CTAS = 24
+
+
+@dataclass(frozen=True)
+class ComputeRates:
+    """Per-GPU compute coefficients; fields broadcast like ``Columns``. ``peak_flops_by_precision``
+    is indexed by the precision code (bf16-mixed, fp16-mixed, bf16-pure, fp32)."""
+
+    peak_flops_by_precision: np.ndarray
+    gemm_efficiency: np.ndarray
+    gemm_m_half: np.ndarray
+    gemm_p: np.ndarray
+    attention_efficiency: np.ndarray
+    hbm_bytes_per_s: np.ndarray
+    host_link_bytes_per_s: np.ndarray
+    cpu_optimizer_bytes_per_s_per_node: np.ndarray
+    calibrated: bool = False
+    # φ = NCCL CTAs / SMs (``nccl_sm_fraction``); a default so callers that build ComputeRates
+    # field by field (``shardplan/planning/grid_sweep.py``) keep working: A100's 24/108.
+    nccl_sm_fraction: np.ndarray = NCCL_CTAS / DEFAULT_SM_COUNT
+
+
+def compute_rates(cluster, calibration=None) -> ComputeRates:
+    """Coefficients for a cluster's GPU: nameplate and coefficients from the GPU profile (each cited
+    there), overlaid by a calibration (``shardplan.calibrate.overlay``) where it measured them: the
+    bf16 matmul curve (``ComputeCalibration``: eff_max, m_half, p; and the SM count it read from the
+    device) and the element-wise HBM bandwidth (``BandwidthCalibration``, which replaces nameplate ×
+    ``HBM_EFFICIENCY``)."""
+    from shardplan.inputs.hardware import get_link
+    gpu = cluster.gpu
+    pf = gpu.peak_flops
+    bf16 = pf.get("bf16", pf.get("fp16"))
+    fp16 = pf.get("fp16", bf16)
+    peak = np.array([bf16, fp16, bf16, pf.get("fp32", bf16 / 16)], dtype=np.float64)
+    eff, m_half, p, calibrated = gpu.gemm_efficiency, GEMM_M_HALF, GEMM_P, False
+    hbm = gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
+    sm_count = gpu.sm_count
+    if calibration is not None:
+        fits = [f for f in calibration.compute if f.dtype in ("bfloat16", "bf16") and f.device != "cpu"]
+        if fits:
+            f = fits[0]
+            eff = f.eff_max if f.eff_max else f.f_max_flops_per_s / bf16
+            m_half, p, calibrated = f.m_half, f.p, True
+            sm_count = f.sm_count or sm_count
+        bandwidth = [b for b in getattr(calibration, "bandwidth", ()) if b.device != "cpu"]
+        if bandwidth:
+            hbm, calibrated = max(b.bytes_per_s for b in bandwidth), True
+    host = get_link(gpu.host_link, "host_link")
+    return ComputeRates(
+        peak_flops_by_precision=peak, gemm_efficiency=np.asarray(eff), gemm_m_half=np.asarray(m_half),
+        gemm_p=np.asarray(p), attention_efficiency=np.asarray(gpu.attention_efficiency),
+        hbm_bytes_per_s=np.asarray(hbm),
+        host_link_bytes_per_s=np.asarray(host.achievable_bytes_per_s),
+        cpu_optimizer_bytes_per_s_per_node=np.asarray(CPU_OPTIMIZER_BYTES_PER_S_PER_NODE), calibrated=calibrated,
+        nccl_sm_fraction=np.asarray(nccl_sm_fraction(sm_count)))
+
+
+def nccl_sm_fraction(sm_count, nccl_ctas=NCCL_CTAS):
+    """φ: share of the GPU's SMs a running collective holds (one CTA per NCCL channel, see
+    ``NCCL_CTAS``). ASSUMPTION: a compute kernel overlapping it runs on the remaining 1 − φ, and
+    HBM contention from the copies the collective makes is inside the same factor."""
+    return np.minimum(np.asarray(nccl_ctas, dtype=np.float64) / np.asarray(sm_count, dtype=np.float64), 1.0)
+
+
+# --- FLOPs ------------------------------------------------------------------------------------
+def block_matmul_params(c):
+    """Weights one token multiplies in a block: q,k,v,o projections and the (active) MLP."""
+    h = c.hidden_size
+    return h * (c.q_width + 2 * c.kv_width) + c.attn_out_width * h + np.where(c.gated_mlp, 3, 2) * h * c.mlp_width
+
+
+def matmul_params_per_token(c):
+    """N_matmul = L·block + lm_head (V·h; a tied head still multiplies). Matches
+    ``ModelSpec.matmul_params_per_token`` up to biases and norms."""
+    return c.num_layers * block_matmul_params(c) + c.vocab_size * c.hidden_size
+
+
+def attention_forward_flops_per_token(c, causal=True):
+    """Scores + weighted values: 4·L·s·q per token (PaLM App. B), halved under a causal mask."""
+    full = 4.0 * c.num_layers * c.seq_len * c.q_width
+    return full / 2 if causal else full
+
+
+def model_flops_per_token(c):
+    """Model FLOPs for MFU: 6·N_matmul + 3 × causal attention forward (no recompute counted).
+    ASSUMPTION: MFU counts causal attention FLOPs (what flash kernels execute); torchtitan and PaLM
+    count the full s² scores (``palm_model_flops_per_token``) — compare tokens/s, not MFU, across them."""
+    return 6.0 * matmul_params_per_token(c) + 3.0 * attention_forward_flops_per_token(c)
+
+
+def palm_model_flops_per_token(c):
+    return 6.0 * matmul_params_per_token(c) + 3.0 * attention_forward_flops_per_token(c, causal=False)
+
+
+def recompute_fraction(c):
+    """Blocks whose forward is recomputed in backward: all (full, selective), 1/k-th (every-k), none."""
+    return checkpointed_layers(c) / np.maximum(c.num_layers, 1)
+
+
+def flops_per_token(c):
+    """Hardware FLOPs per token by kind (dict): ``matmul`` and ``attention``, forward and backward,
+    with recompute and LoRA's missing base weight gradients."""
+    peft = c.method != st.FULL
+    blocks = c.num_layers * block_matmul_params(c)
+    head = c.vocab_size * c.hidden_size
+    fwd_mm = 2.0 * (blocks + head)
+    # backward: input gradients (2N) + weight gradients (2N, only trainable weights)
+    bwd_mm = np.where(peft, 2.0 * (blocks + head) + 6.0 * c.lora_params, 4.0 * (blocks + head))
+    attn_fwd = attention_forward_flops_per_token(c)
+    # flash backward recomputes the scores: 2.5× the forward (FlashAttention-2 paper §3.2 / §4.1)
+    attn_bwd = np.where(c.attention == st.SDPA, 2.5, 2.0) * attn_fwd
+    frac = recompute_fraction(c)
+    full_like = (c.ac == st.AC_FULL) | (c.ac == st.AC_EVERY_K)
+    rec_mm = np.where(full_like, frac * 2.0 * blocks, 0.0)
+    rec_attn = np.where(c.ac == st.AC_NONE, 0.0, frac * attn_fwd)
+    return {"fwd_matmul": fwd_mm, "bwd_matmul": bwd_mm + rec_mm, "fwd_attention": attn_fwd,
+            "bwd_attention": attn_bwd + rec_attn, "recompute": rec_mm + rec_attn}
+
+
+def elementwise_bytes_per_token(c):
+    """HBM traffic of the non-matmul kernels, forward + backward (+ recompute), per token.
+
+    Forward per layer, eager kernels (counts in ``RMSNORM_EAGER_BYTES``, ``ROPE_EAGER_BYTES``, scaled
+    by a/2 for the activation width a): 2 RMSNorms 2·36·h; RoPE on q and k 20·(q + kv); GQA's
+    ``repeat_kv`` (torchtitan; HF ``repeat_kv``) materialises k and v at the query width, read kv +
+    write q each: 2a·(kv + q) when q > kv; attention output ``transpose(1, 2).contiguous()`` 2a·q;
+    2 residual adds 3a·h each; gated MLP silu(gate)·up 5a·i (2a·i non-gated). Backward moves
+    ``BACKWARD_ELEMENTWISE_FACTOR`` × the forward's bytes; recomputed blocks repeat their forward.
+    Head: ``CROSS_ENTROPY_BYTES_PER_VOCAB`` · V (fp32 cross-entropy, forward + backward).
+    ASSUMPTION: eager mode, no fused RMSNorm/RoPE/cross-entropy kernels (torch.compile or Liger
+    kernels cut these to ~1 read + 1 write per tensor).
+    """
+    a = compute_dtype_bytes(c.precision)
+    h = c.hidden_size
+    scale = a / 2.0
+    mlp = np.where(c.gated_mlp, 5, 2) * a * c.mlp_width
+    gqa = np.where(c.q_width > c.kv_width, 2 * a * (c.kv_width + c.q_width), 0)
+    layer_fwd = (2 * RMSNORM_EAGER_BYTES * h + ROPE_EAGER_BYTES * (c.q_width + c.kv_width)) * scale \
+        + gqa + 2 * a * c.q_width + 6 * a * h + mlp
+    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
+    head = CROSS_ENTROPY_BYTES_PER_VOCAB * scale * c.vocab_size
+    return layers + head
+
+
+def fsdp_copy_bytes(c):
+    """(forward, backward) HBM bytes per micro-batch of FSDP's own copies around its collectives.
+
+    FSDP2 (torch ``_fully_shard/_fsdp_collectives.py``): after each all-gather
+    ``foreach_all_gather_copy_out`` (``split_with_sizes_copy``) copies the gathered flat buffer into
+    the unsharded parameters — read + write of the gathered bytes; before each reduce-scatter
+    ``foreach_reduce`` packs the unsharded gradients with ``chunk_cat`` into the reduce-scatter
+    input in ``reduce_dtype`` — read a + write reduce bytes per trainable parameter — and casts the
+    reduced shard back to the parameter's dtype when ``reduce_dtype`` differs from it (bf16 reduce
+    of fp32 params: read 2 + write 4 per sharded element). (Copy-in of the local shard is 1/N of the
+    all-gather and left out.) FSDP1 all-gathers straight into the ``FlatParameter``
+    (no copy-out) and casts the flat gradient to ``reduce_dtype`` when it differs from the
+    parameter dtype. ASSUMPTION: DeepSpeed and DDP bucket copies are not counted; these copies
+    run on the compute stream's time (memory-bound kernels on any stream take the same HBM)."""
+    from shardplan.formulas.comm import gathered_param_bytes, grad_comm_bytes_per_element
+    n_p, n_g, _ = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    a = compute_dtype_bytes(c.precision)
+    blocks_b, root_b = gathered_param_bytes(c)
+    fsdp2 = c.engine == st.FSDP2
+    fsdp1 = c.engine == st.FSDP1
+    gather = fsdp2 & (n_p > 1)
+    reshard = gather & ((c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD))
+    fwd = np.where(gather, 2.0 * (blocks_b + root_b), 0.0)
+    bwd_gather = np.where(reshard, 2.0 * blocks_b, 0.0)
+    gb = grad_comm_bytes_per_element(c)
+    cast = np.where(fsdp2 | (fsdp1 & (gb != a)), (a + gb) * trainable_params(c), 0.0)
+    # the reduced shard is cast back to the parameter's own dtype (fp32 sharded params under mixed
+    # precision: ``_to_dtype_if_needed(reduce_output, orig_dtype)``; FSDP1 ``_cast_grad_to_param_dtype``)
+    orig = np.where(c.precision == st.BF16_PURE, 2, 4)
+    back = np.where(gb != orig, (gb + orig) * trainable_params(c) / np.maximum(n_g, 1), 0.0)
+    rs = np.where((fsdp1 | fsdp2) & (n_g > 1), cast + back, 0.0)
+    return fwd, bwd_gather, rs
+
+
+def contended_interval_s(compute_s, phi, *streams_s):
+    """Time of one overlap interval: compute alongside communication streams (each the time of its
+    collectives in the interval). While a collective runs, its CTAs hold φ of the SMs
+    (``nccl_sm_fraction``), so compute proceeds at 1 − φ: with x = Σ streams, compute finishes at
+    c + φ·min(x, c/(1−φ)), i.e. interval = max(c + φ·Σx, max x) (exact for one stream). ASSUMPTION:
+    communication speed is not slowed by compute; the exposed collectives (first all-gather, last
+    reduce-scatter) run alone and pay nothing."""
+    x = sum(streams_s)
+    longest = streams_s[0]
+    for s_ in streams_s[1:]:
+        longest = np.maximum(longest, s_)
+    return np.maximum(compute_s + phi * x, longest)
+
+
+def gemm_efficiency(c, rates: ComputeRates):
+    """eff(m) for the block GEMMs of one micro-batch: m = (tokens·h·i)^(1/3), tokens = b·s
+    (``shardplan/calibrate/compute.py`` curve)."""
+    tokens = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
+    m = np.cbrt(tokens * c.hidden_size * np.maximum(c.mlp_width, 1))
+    return rates.gemm_efficiency / (1.0 + (rates.gemm_m_half / m) ** rates.gemm_p)
+
+
+def compute_time_per_token_s(c, rates: ComputeRates):
+    """(forward, backward) seconds per token on one GPU, recompute included in backward."""
+    peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
+    f = flops_per_token(c)
+    eff = gemm_efficiency(c, rates)
+    ew = elementwise_bytes_per_token(c) / rates.hbm_bytes_per_s
+    share_fwd = 1.0 / (2.0 + BACKWARD_ELEMENTWISE_FACTOR + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c)))
+    fwd = f["fwd_matmul"] / (peak * eff) + f["fwd_attention"] / (peak * rates.attention_efficiency) + ew * share_fwd
+    bwd = f["bwd_matmul"] / (peak * eff) + f["bwd_attention"] / (peak * rates.attention_efficiency) + ew * (1 - share_fwd)
+    return fwd, bwd
+
+
+def qlora_dequant_s(c, rates: ComputeRates):
+    """QLoRA dequantizes every 4-bit Linear to 16-bit at each use (forward, backward, recompute):
+    read ~0.5 + write 2 bytes per weight per use (bitsandbytes ``dequantize_4bit``). Per micro-batch."""
+    uses = 2 + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    return np.where(c.method == st.QLORA, c.quantizable_params * 2.5 * uses / rates.hbm_bytes_per_s, 0.0)
+
+
+def optimizer_step_s(c, rates: ComputeRates):
+    """GPU optimizer step, memory-bound: reads and writes master + states, reads the gradient, per
+    sharded trainable parameter (AdamW fp32: 4·(2·3 + 1) = 28 B/param). Offloaded: the CPU does it
+    (``cpu_optimizer_step_s``)."""
+    _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    states = np.select([c.optimizer == st.ADAMW, c.optimizer == st.ADAMW_8BIT, c.optimizer == st.ADAFACTOR], [2.0, 0.5, 0.1], 1.0)
+    master = np.where(c.precision == st.BF16_PURE, 2, 4)
+    per_param = master * (2 * (1 + states) + 1)
+    shard = trainable_params(c) / n_o
+    return np.where(c.offload == st.OFFLOAD_NONE, shard * per_param / rates.hbm_bytes_per_s, 0.0)
+
+
+def cpu_optimizer_step_s(c, rates: ComputeRates):
+    """Offloaded optimizer on the host: same bytes as on the GPU, streamed by the node's DRAM for all
+    its GPUs at once (ASSUMPTION in ``CPU_OPTIMIZER_BYTES_PER_S_PER_NODE``)."""
+    _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    shard = trainable_params(c) / n_o
+    per_node = shard * 28.0 * np.minimum(c.gpus_per_node, c.world_size)
+    return np.where(c.offload != st.OFFLOAD_NONE, per_node / rates.cpu_optimizer_bytes_per_s_per_node, 0.0)
+
+
+def offload_transfer_s(c, rates: ComputeRates, syncs):
+    """PCIe time per step: gradients device→host at each sync and updated parameters host→device
+    once (optimizer offload); with parameter offload (FSDP CPUOffloadPolicy, ZeRO-Infinity) the
+    sharded parameters also go host→device before each all-gather (forward, and backward when
+    resharded). ASSUMPTION: not overlapped with compute (FSDP2 copies on the default stream)."""
+    n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    t = trainable_params(c)
+    a = compute_dtype_bytes(c.precision)
+    grads = np.where(c.offload != st.OFFLOAD_NONE, syncs * t * 4.0 / n_g, 0.0)
+    params_back = np.where(c.offload != st.OFFLOAD_NONE, t * a / n_o, 0.0)
+    fsdp = c.engine != st.DEEPSPEED
+    params_resident = (c.offload == st.OFFLOAD_ALL) | ((c.offload != st.OFFLOAD_NONE) & fsdp)
+    reshard = (c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD)
+    gathers = c.grad_accum * np.where(reshard, 2, 1)
+    params_in = np.where(params_resident, gathers * c.total_params * 4.0 / n_p, 0.0)
+    return (grads + params_back + params_in) / rates.host_link_bytes_per_s
+
+
+def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=True, volume=None):
+    """Every time column for the configurations in ``c`` (a dict of arrays; see module docstring)."""
+    v = comm_volume(c, sync_every_micro_batch) if volume is None else volume
+    t = comm_times(c, links, v)
+    k = np.asarray(c.grad_accum, dtype=np.float64)
+    syncs = np.where(v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0,
+                     np.where(~np.asarray(sync_every_micro_batch) | (c.strategy == st.ZERO1), 1, k), 0)
+    L = np.asarray(c.num_layers, dtype=np.float64)
+    units = L + 1
+    tokens_mb = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
+
+    fwd_tok, bwd_tok = compute_time_per_token_s(c, rates)
+    head_share = (c.vocab_size * c.hidden_size) / matmul_params_per_token(c)
+    cf_total = fwd_tok * tokens_mb + qlora_dequant_s(c, rates) / 2
+    cb_total = bwd_tok * tokens_mb + qlora_dequant_s(c, rates) / 2
+    cf, cb = cf_total * (1 - head_share) / L, cb_total * (1 - head_share) / L
+    head_f, head_b = cf_total * head_share, cb_total * head_share
+
+    # per-unit, per-micro-batch collective times (calls already count micro-batches / syncs)
+    def per_call(name, per):
+        return np.where(per > 0, t[f"{name}_s"] / np.maximum(per, 1), 0.0)
+
+    ag_f = per_call("ag_fwd", units * k)
+    ag_b = per_call("ag_bwd", L * k)
+    sync_den = units * np.maximum(syncs, 1)
+    rs = per_call("rs_grad", sync_den * (v["rs_grad_calls"] > 0))
+    ar = per_call("ar_grad", sync_den * (v["ar_grad_calls"] > 0))
+    rep = per_call("ar_replica", sync_den * (v["ar_replica_calls"] > 0))
+
+    # FSDP's copy-out after each all-gather and gradient packing before each reduce-scatter
+    # (``fsdp_copy_bytes``), per unit, on the compute stream's time
+    cp_f, cp_b_gather, cp_rs = (x / rates.hbm_bytes_per_s / units for x in fsdp_copy_bytes(c))
+    cf_u = cf + cp_f
+    phi = rates.nccl_sm_fraction
+    fwd = ag_f + ag_f + (L - 1) * contended_interval_s(cf_u, phi, ag_f) + cf_u + head_f
+
+    def backward(reduce, cb_u):
+        rs_, ar_, rep_ = reduce
+        # AG_{i-1} and RS_{i+1} share one stream; DDP's all-reduce and HSDP's replica all-reduce
+        # run on their own; the last block's and the root's reductions are exposed.
+        interval = contended_interval_s(cb_u, phi, ag_b + rs_, ar_ + rep_)
+        return head_b + ag_b + (L - 1) * interval + cb_u + 2 * (rs_ + ar_ + rep_)
+
+    zero = np.zeros_like(rs)
+    bwd_sync = backward((rs, ar, rep), cb + cp_b_gather + cp_rs)
+    bwd_nosync = backward((zero, zero, zero), cb + cp_b_gather)
+    micro = syncs * (fwd + bwd_sync) + (k - syncs) * (fwd + bwd_nosync)
+    opt = optimizer_step_s(c, rates)
+    cpu_opt = cpu_optimizer_step_s(c, rates)
+    offload = offload_transfer_s(c, rates, syncs)
+    step = micro + opt + cpu_opt + offload + t["ag_post_step_s"]
+
+    compute = k * (cf_total + cb_total + units * (cp_f + cp_b_gather)) + syncs * units * cp_rs
+    comm_total = sum(t[f"{n}_s"] for n in COLLECTIVE_OP)
+    peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
+    tokens_step = tokens_mb * k
+    f = flops_per_token(c)
+    hw_flops = (f["fwd_matmul"] + f["bwd_matmul"] + f["fwd_attention"] + f["bwd_attention"]) * tokens_step
+    out = {f"{n}_s": t[f"{n}_s"] for n in COLLECTIVE_OP}
+    out.update(
+        compute_s=compute, optimizer_s=opt + cpu_opt, offload_transfer_s=offload, comm_s=comm_total,
+        step_time_s=step, exposed_comm_s=np.maximum(step - compute - opt - cpu_opt - offload, 0.0),
+        tokens_per_step_per_gpu=tokens_step, tokens_per_s_per_gpu=tokens_step / step,
+        tokens_per_s=tokens_step * c.world_size / step,
+        mfu=model_flops_per_token(c) * tokens_step / (step * peak),
+        hfu=hw_flops / (step * peak),
+        # recomputed FLOPs over those the step runs without them (hfu/mfu is not this: under LoRA the
+        # model-FLOPs convention 6N exceeds what the frozen base computes, 4N)
+        recompute_extra=f["recompute"] * tokens_step / np.maximum(hw_flops - f["recompute"] * tokens_step, 1e-12),
+        gemm_efficiency=gemm_efficiency(c, rates),
+    )
+    return out
+
+
+def training_cost(tokens_per_s, world_size, train_tokens, price_per_gpu_hour=None):
+    """Time, GPU-hours and (given a $/GPU-hour) cost to train ``train_tokens`` tokens."""
+    seconds = np.asarray(train_tokens, dtype=np.float64) / tokens_per_s
+    gpu_hours = seconds * world_size / 3600.0
+    out = {"time_to_train_s": seconds, "gpu_hours": gpu_hours}
+    if price_per_gpu_hour is not None:
+        out["cost"] = gpu_hours * price_per_gpu_hour
+    return out

@@ -1,0 +1,251 @@
+"""The honest verdict: fits / tight / does not fit, with an error band derived per term class.
+
+The band is the sum over term classes of (the class's relative error × the bytes it applies to at
+the peak moment); the errors, how each was derived and its source live in
+``shardplan/data/accuracy_bands.json`` (``shardplan.formulas.accuracy_bands``; docs/accuracy.md):
+
+    band = ceil(Σ_k e_k · B_k)        B_k ∈ {model states, activations (+ logits), engine buffers,
+                                         allocated peak, reserved − allocated, non-torch bytes}
+
+ASSUMPTION (docs/accuracy.md, "Combining the classes"): errors add linearly. Each e_k is the
+largest error seen (a bound over the measured runs, not a standard deviation), and the classes are
+not independent (a stack that holds more transients also fragments the allocator more), so a
+root-sum-square would claim a coverage nothing measured supports.
+
+Rule (one-sided, because every class errs towards real runs using *more* than predicted):
+
+* ``fits``          — peak + band ≤ capacity (and host RAM fits, and the combination is valid);
+* ``tight``         — peak ≤ capacity < peak + band: it fits only if the errors stay small;
+* ``does_not_fit``  — peak > capacity (even within the band below it: the point estimate
+  already says no), or host RAM, or an invalid combination.
+
+The peak judged is the training device total, or the load-time peak (``load_peak_bytes``, when
+the memory output has that column) when that one, with its own band, is higher.
+``risk_term`` is the class carrying the most band bytes; ``advice`` the cheapest knob that
+shrinks it (codes into ``ADVICE``). Everything is numpy-broadcastable: no Python ``if`` on values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardplan.inputs import strategy as st
+from shardplan.formulas.accuracy_bands import BAND_CLASSES, BASES, AccuracyBands, load_bands
+from shardplan.formulas.memory import ACTIVATION_TERMS, STATE_TERMS
+
+VERDICTS = ("fits", "tight", "does_not_fit")
+FITS, TIGHT, DOES_NOT_FIT = range(len(VERDICTS))
+
+ADVICE = (
+    "--ac full",
+    "a smaller --micro-batch with more gradient accumulation",
+    "chunked cross-entropy (ce_chunks)",
+    "a shorter --seq-len",
+    "more GPUs or CPU offload",
+    "meta-device or rank-0 loading (load_mode)",
+    "smaller NCCL buffers (NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS)",
+)
+(ADVICE_AC, ADVICE_MICRO_BATCH, ADVICE_CHUNKED_CE, ADVICE_SEQ, ADVICE_SCALE, ADVICE_LOAD,
+ ADVICE_NCCL) = range(len(ADVICE))
+PEAKS = ("training", "load")
+
+
+def class_bytes(m, extra_allocated_bytes=0) -> dict[str, np.ndarray]:
+    """The bytes each relative error applies to, at the peak moment (``BASES``).
+
+    ``m`` is ``estimate_memory``'s output with its breakdown. Engine buffers are the allocated
+    peak minus model states and activations, so a term added to the breakdown later is counted
+    somewhere and the three add up to the allocated peak. ``extra_allocated_bytes``: device bytes
+    a caller adds on top of the memory model (the planner's no_sync gradients), counted as buffers.
+    """
+    states = sum((np.asarray(m[t]) for t in STATE_TERMS), np.int64(0))
+    acts = sum((np.asarray(m[t]) for t in ACTIVATION_TERMS), np.int64(0))
+    allocated = np.asarray(m["peak_allocated_bytes"]) + extra_allocated_bytes
+    return {"model_states": states, "activations": acts, "engine_buffers": allocated - states - acts,
+            "peak_allocated": allocated,
+            "allocator_slack": np.asarray(m["peak_reserved_bytes"]) - np.asarray(m["peak_allocated_bytes"]),
+            "allocator_band": np.asarray(m.get("allocator_band_bytes", 0)),
+            "non_torch": np.asarray(m["non_torch_bytes"])}
+
+
+def load_class_bytes(m) -> dict[str, np.ndarray]:
+    """The same bases for the load-time peak (``load_peak_bytes``, device bytes): weights being
+    loaded are model states, no activations or buffers, and the non-torch bytes are the same.
+    ASSUMPTION: the load peak includes the non-torch bytes, as the training device total does."""
+    non_torch = np.asarray(m["non_torch_bytes"])
+    loaded = np.maximum(np.asarray(m["load_peak_bytes"]) - non_torch, 0)
+    zero = np.zeros_like(loaded)
+    return {"model_states": loaded, "activations": zero, "engine_buffers": zero, "peak_allocated": loaded,
+            "allocator_slack": zero, "allocator_band": zero, "non_torch": non_torch}
+
+
+def stack_relative_error(c, bands: AccuracyBands):
+    """Unknown-stack relative error per row: the stack's measured error, else the default.
+    Columns without a ``stack`` field (or a build without ``strategy.STACKS``) take the default."""
+    stacks = getattr(st, "STACKS", ())
+    codes = getattr(c, "stack", None) if c is not None else None
+    if codes is None or not stacks:
+        return np.float64(bands.classes.unknown_stack.relative_error)
+    table = np.array([bands.stack_error(name) for name in stacks], dtype=np.float64)
+    return table[np.asarray(codes, dtype=np.int64)]
+
+
+def class_bands(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> dict[str, np.ndarray]:
+    """Band bytes per class, ceil(relative error × its base): what each class contributes (the
+    report's breakdown and ``risk_term``); they add up to ``band_bytes`` within a byte per class."""
+    out = {}
+    for name in BAND_CLASSES:
+        band = bands.cls(name)
+        rel = stack_relative_error(c, bands) if name == "unknown_stack" else band.relative_error
+        out[name] = np.ceil(rel * bases[band.of]).astype(np.int64) if np.any(rel) else np.int64(0)
+    return out
+
+
+def band_bytes(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> np.ndarray:
+    """The band: ceil(Σ_k e_k · B_k) (``band_sum``, rounded up to whole bytes)."""
+    return np.ceil(band_sum(bases, c, bands)).astype(np.int64)
+
+
+def band_sum(bases: dict[str, np.ndarray], c, bands: AccuracyBands):
+    """Σ_k e_k · B_k in float, summed base by base in ``BASES`` order (classes sharing a base add
+    their errors first): one expression for every caller, so the same bases give the same bytes;
+    monotone in every base (errors ≥ 0), which ``bounded_verdict`` relies on.
+    ASSUMPTION: every base is ≥ 0 (sums of byte terms; allocated ≥ model states + activations)."""
+    coef: dict[str, Any] = {}
+    for name in BAND_CLASSES:
+        band = bands.cls(name)
+        rel = stack_relative_error(c, bands) if name == "unknown_stack" else band.relative_error
+        coef[band.of] = coef.get(band.of, 0.0) + rel
+    total = np.float64(0.0)
+    for base in BASES:
+        if base in coef and np.any(coef[base]):
+            total = total + coef[base] * bases[base]
+    return total
+
+
+# Bases only the per-term breakdown at the peak gives; the rest come from totals.
+BREAKDOWN_BASES = ("model_states", "activations", "engine_buffers")
+
+
+def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
+    """Verdict codes from ``estimate_memory`` output *without* its breakdown (sweeps), and the rows
+    those totals cannot decide. The bases only the breakdown gives lie between 0 and the allocated
+    peak. A row is ``fits`` when its band with them at the allocated peak fits, not ``fits`` when
+    its band with them at 0 does not, and undecided in between (``judge`` on those rows gives the
+    same answer as on all rows: the band is monotone in every base). Exact: for an integer room
+    r = capacity − total, ceil(x) ≤ r ⇔ x ≤ r. ``tight`` / ``does_not_fit`` never depend on the
+    band. Returns (verdict codes, undecided mask); undecided rows carry ``TIGHT`` for now."""
+    bands = bands or load_bands()
+    allocated = np.asarray(m["peak_allocated_bytes"])
+    exact = {"peak_allocated": allocated,
+             "allocator_slack": np.asarray(m["peak_reserved_bytes"]) - allocated,
+             "allocator_band": np.asarray(m.get("allocator_band_bytes", 0)),
+             "non_torch": np.asarray(m["non_torch_bytes"])}
+    zero = np.int64(0)
+    band_low = band_sum(dict(exact, model_states=zero, activations=zero, engine_buffers=zero), c, bands)
+    needs_breakdown = any(np.any(bands.cls(k).relative_error) for k in BAND_CLASSES
+                          if bands.cls(k).of in BREAKDOWN_BASES)
+    band_high = (band_sum(dict(exact, model_states=allocated, activations=allocated, engine_buffers=allocated),
+                          c, bands) if needs_breakdown else band_low)
+    capacity = np.asarray(m["gpu_memory_bytes"])
+    room = capacity - np.asarray(m["device_total_bytes"])
+    ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
+    under = room >= 0
+    if "load_peak_bytes" in m:
+        load_peak = np.asarray(m["load_peak_bytes"])
+        ok = ok & (load_peak + band_bytes(load_class_bytes(m), c, bands) <= capacity)  # fits needs the load side too
+        under = under & (load_peak <= capacity)
+    sure = (band_high <= room) & ok
+    undecided = ~sure & (band_low <= room) & ok
+    tight_or_better = under & (np.asarray(m["fits_host"]) & np.asarray(m["valid"]))
+    verdict = (DOES_NOT_FIT - tight_or_better.astype(np.int8) - sure.astype(np.int8)).astype(np.int8)
+    return verdict, undecided
+
+
+def judge(m, c=None, bands: AccuracyBands | None = None, *, device_total_bytes=None, extra_allocated_bytes=0,
+          per_class: bool = True, with_advice: bool = True) -> dict[str, np.ndarray]:
+    """Verdict columns for ``estimate_memory`` output ``m`` (with its breakdown) and the ``Columns``
+    ``c`` it came from (read for the stack and the knobs the advice names; None: defaults).
+
+    ``device_total_bytes`` / ``extra_allocated_bytes``: a caller that adds device bytes to the
+    memory model's total (the planner's no_sync gradients) passes the new total and the addition.
+    Returns ``verdict`` (codes into ``VERDICTS``), ``band_bytes``, ``margin_bytes`` (capacity −
+    judged peak − band: the room left once the band is counted), ``judged_bytes``, ``judged_peak``
+    (codes into ``PEAKS``), ``risk_term`` (codes into ``BAND_CLASSES``), ``advice`` (codes into
+    ``ADVICE``; left out with ``with_advice=False``) and, with ``per_class``, ``band_<class>_bytes``.
+    """
+    bands = bands or load_bands()
+    total = np.asarray(m["device_total_bytes"] if device_total_bytes is None else device_total_bytes)
+    train_bases = class_bytes(m, extra_allocated_bytes)
+    train, train_band = class_bands(train_bases, c, bands), band_bytes(train_bases, c, bands)
+    capacity = np.asarray(m["gpu_memory_bytes"])
+    if "load_peak_bytes" in m:
+        load_bases = load_class_bytes(m)
+        load, load_band = class_bands(load_bases, c, bands), band_bytes(load_bases, c, bands)
+        load_peak = np.asarray(m["load_peak_bytes"])
+        # the side with less room left decides; both points must be under capacity for "tight"
+        binding = load_peak + load_band > total + train_band
+        judged = np.where(binding, load_peak, total)
+        band = np.where(binding, load_band, train_band)
+        chosen = {k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES}
+        points_under = (total <= capacity) & (load_peak <= capacity)
+    else:
+        binding = np.zeros(np.shape(total), dtype=bool)
+        judged, band, chosen = total, train_band, train
+        points_under = total <= capacity
+    other_ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
+    fits = (judged + band <= capacity) & other_ok
+    tight = ~fits & points_under & other_ok
+    verdict = np.where(fits, FITS, np.where(tight, TIGHT, DOES_NOT_FIT)).astype(np.int8)
+    shape = np.broadcast(verdict, judged).shape
+    risk = np.argmax(np.stack([np.broadcast_to(chosen[k], shape) for k in BAND_CLASSES]), axis=0).astype(np.int8)
+    out = {
+        "verdict": verdict + np.zeros(shape, dtype=np.int8),
+        "band_bytes": np.asarray(band, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
+        "margin_bytes": np.asarray(capacity - judged - band, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
+        "judged_bytes": np.asarray(judged, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
+        "judged_peak": binding.astype(np.int8) + np.zeros(shape, dtype=np.int8),
+        "risk_term": risk,
+    }
+    if with_advice:
+        out["advice"] = advice(risk, binding, m, c)
+    if per_class:
+        out.update({f"band_{k}_bytes": np.asarray(chosen[k], dtype=np.int64) + np.zeros(shape, dtype=np.int64)
+                    for k in BAND_CLASSES})
+    return out
+
+
+def advice(risk, load_binding, m, c):
+    """The cheapest knob that shrinks the class carrying the risk (codes into ``ADVICE``).
+
+    Classes that scale with the whole peak (unknown stack, allocator, unmodelled sub-moments) and
+    the activation class shrink with the largest transient at the peak: logits → chunked
+    cross-entropy when it is off; otherwise activation checkpointing, then a smaller micro-batch,
+    then a shorter sequence. When model states outweigh activations, or the risk is in model
+    states or engine buffers, only more GPUs or offload shrink them. Non-torch bytes: NCCL's
+    buffers. A binding load-time peak: load without a full copy per GPU.
+    """
+    risk = np.asarray(risk)
+    states = sum((np.asarray(m[t]) for t in STATE_TERMS), np.int64(0))
+    acts, logits = np.asarray(m["activations"]), np.asarray(m["logits_and_loss"])
+    ac = np.asarray(c.ac) if c is not None else st.AC_NONE
+    micro = np.asarray(c.micro_batch) if c is not None else 1
+    ce_chunks = np.asarray(getattr(c, "ce_chunks", 0)) if c is not None else 0
+    activation_knob = np.select([(logits > acts) & (ce_chunks == 0), ac != st.AC_FULL, micro > 1],
+                                [ADVICE_CHUNKED_CE, ADVICE_AC, ADVICE_MICRO_BATCH], ADVICE_SEQ)
+    code = {name: i for i, name in enumerate(BAND_CLASSES)}
+    whole_peak = np.isin(risk, [code["unknown_stack"], code["allocator"], code["peak_moments"]])
+    transient = (risk == code["activations"]) | (whole_peak & (acts + logits >= states))
+    out = np.select([load_binding, risk == code["non_torch"], transient],
+                    [ADVICE_LOAD, ADVICE_NCCL, activation_knob], ADVICE_SCALE)
+    return np.asarray(out, dtype=np.int8)
+
+
+def throughput_band(tokens_per_s, bands: AccuracyBands | None = None):
+    """(low, high) tokens/s: estimate / (1 + the largest slowdown seen), estimate × (1 + the
+    largest speed-up seen) over the published runs (``ThroughputBand``)."""
+    t = (bands or load_bands()).throughput
+    tps = np.asarray(tokens_per_s, dtype=np.float64)
+    return tps / (1 + t.slower_than_predicted), tps * (1 + t.faster_than_predicted)

@@ -1,0 +1,2 @@
+"""What a query states: units, model and hardware profiles, the strategy vocabulary, the training
+configuration, stacks, and the parsing of query text and names into them."""

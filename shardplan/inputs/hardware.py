@@ -1,0 +1,377 @@
+"""GPUs, links and clusters.
+
+A cluster is GPU × GPUs per node × nodes × intra-node link × inter-node link × host RAM per node.
+Profiles live in ``hardware_profiles/gpus/*.json`` and ``hardware_profiles/links/*.json``; each
+numeric field carries its source in the profile's ``sources`` mapping.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import MAX_GPUS, bounded_int, checked_int
+from shardplan.support.names import did_you_mean, normalize
+from shardplan.inputs.profiles import find_by_name, load_all
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+
+# Documented defaults of the optional per-GPU / per-link coefficients (a profile that leaves a
+# field out gets these; a profile that sets one must cite its source like every other number).
+# GEMM: the median of the MAMF table (stas00/ml-engineering ``compute/accelerator/README.md``:
+# A100 SXM 85.9 %, A100 PCIe 82.2 %, H100 SXM 80.1 %, GH200 83.0 %, MI300X 60.1 %).
+DEFAULT_GEMM_EFFICIENCY = 0.822
+# Attention: FlashAttention-2 reaches 50-73 % of peak on A100 (Dao 2023, arXiv 2307.08691,
+# abstract); the low end, since the backward (2.5x the forward's FLOPs) sits there.
+DEFAULT_ATTENTION_EFFICIENCY = 0.50
+# SMs: A100's 108 (A100 whitepaper) for a GPU whose profile does not say.
+DEFAULT_SM_COUNT = 108
+# Host interface for CPU offload transfers: PCIe Gen4 x16, the common case before Hopper.
+DEFAULT_HOST_LINK = "pcie4"
+# NCCL channels: NCCL's usual choice over PCIe (2-4; NCCL env docs, NCCL_MIN/MAX_NCHANNELS).
+DEFAULT_NCCL_CHANNELS = 4
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+OPTIONAL_GPU_FIELDS = ("gemm_efficiency", "attention_efficiency", "sm_count", "host_link", "default_nics_per_node")
+
+
+class GPUProfile(_Frozen):
+    """One accelerator. ``memory_bytes`` is what the driver exposes (torch ``total_memory``).
+
+    The throughput model's per-GPU coefficients are profile data too: ``gemm_efficiency``,
+    ``attention_efficiency``, ``sm_count`` (denominator of NCCL's share of the GPU) and
+    ``host_link`` (the offload path); each is optional with the documented ``DEFAULT_*`` above,
+    and a calibration overlay replaces what it measured (``throughput.compute_rates``)."""
+
+    name: str
+    display_name: str
+    aliases: tuple[str, ...] = ()
+    vendor: Literal["nvidia", "amd"]
+    memory_bytes: PositiveInt
+    nominal_memory_gb: PositiveInt = Field(description="the marketing capacity, e.g. 24 for '24 GB'")
+    peak_flops: dict[Dtype, PositiveFloat] = Field(description="dense (no sparsity) peak FLOP/s per dtype")
+    memory_bandwidth_bytes_per_s: PositiveFloat
+    default_intra_link: str
+    default_inter_link: str
+    default_gpus_per_node: PositiveInt
+    default_host_ram_bytes: PositiveInt = Field(description="host RAM of a typical node built around it")
+    default_nics_per_node: PositiveInt | None = Field(
+        None, description="inter-node NICs of a typical node; None: one per GPU on 8-GPU nodes, else one")
+    tdp_watts: PositiveFloat | None = None
+    gemm_efficiency: float = Field(DEFAULT_GEMM_EFFICIENCY, gt=0, le=1,
+                                   description="large-GEMM achieved / dense peak (MAMF); default 0.822")
+    attention_efficiency: float = Field(DEFAULT_ATTENTION_EFFICIENCY, gt=0, le=1,
+                                        description="flash/SDPA attention achieved / dense peak; default 0.50")
+    sm_count: PositiveInt = Field(DEFAULT_SM_COUNT, description="streaming multiprocessors (CUs); default 108")
+    host_link: str = Field(DEFAULT_HOST_LINK, description="link profile of the host interface; default pcie4")
+    generic_aliases: tuple[str, ...] = Field((), description="aliases that also fit other variants ('H100' for "
+                                             "SXM, PCIe, NVL): an answer reached through one says which it took "
+                                             "(one not among aliases is never matched)")
+    note: str = Field("", description="said in every answer on this GPU (e.g. what one 'GPU' is)")
+    sources: dict[str, str]
+
+    @property
+    def has_bf16(self) -> bool:
+        """bf16 tensor math exists (Ampere and later, CDNA 2 and later; not Volta V100 or Turing T4)."""
+        return "bf16" in self.peak_flops
+
+    @model_validator(mode="after")
+    def _every_number_sourced(self) -> "GPUProfile":
+        required = {"memory_bytes", "peak_flops", "memory_bandwidth_bytes_per_s", "default_host_ram_bytes"}
+        required |= {f for f in OPTIONAL_GPU_FIELDS if f in self.model_fields_set}
+        missing = sorted(required - set(self.sources))
+        if missing:
+            raise ValueError(f"sources lacks {', '.join(missing)}")
+        if "bf16" not in self.peak_flops and "fp16" not in self.peak_flops:
+            raise ValueError("peak_flops needs bf16 or fp16")
+        return self
+
+
+class LinkProfile(_Frozen):
+    """One interconnect tier. Bandwidth is per direction, per GPU (intra) or per NIC (inter)."""
+
+    name: str
+    display_name: str
+    aliases: tuple[str, ...] = ()
+    kind: Literal["pcie", "nvlink", "infinity_fabric", "infiniband", "ethernet", "roce"]
+    scope: Literal["intra_node", "inter_node"]
+    bandwidth_bytes_per_s: PositiveFloat = Field(description="nameplate, per direction")
+    latency_s: PositiveFloat = Field(description="per-collective start-up latency alpha")
+    efficiency: float = Field(gt=0, le=1, description="achievable bus bandwidth / nameplate")
+    peer_to_peer: bool = True
+    nccl_channels: PositiveInt = Field(DEFAULT_NCCL_CHANNELS,
+                                       description="NCCL channels a communicator rings over this fabric; default 4")
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_number_sourced(self) -> "LinkProfile":
+        required = {"bandwidth_bytes_per_s", "latency_s", "efficiency"}
+        required |= {"nccl_channels"} & self.model_fields_set
+        missing = sorted(required - set(self.sources))
+        if missing:
+            raise ValueError(f"sources lacks {', '.join(missing)}")
+        return self
+
+    @property
+    def achievable_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+class Cluster(_Frozen):
+    gpu: GPUProfile
+    gpus_per_node: PositiveInt
+    nodes: PositiveInt = 1
+    intra_link: LinkProfile
+    inter_link: LinkProfile
+    nics_per_node: PositiveInt
+    host_ram_bytes_per_node: PositiveInt
+    capacity_only: bool = Field(False, description="GPU given only by memory size ('24GB')")
+    gpu_text: str = Field("", description="the GPU as the user typed it ('h100', '24 GB')")
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def label(self) -> str:
+        gpu = f"{self.gpu.nominal_memory_gb}GB" if self.capacity_only else self.gpu.name
+        if self.nodes > 1:
+            return f"{self.nodes}x{self.gpus_per_node}x{gpu}"
+        return f"{self.gpus_per_node}x{gpu}"
+
+
+def gpu_profiles() -> tuple[GPUProfile, ...]:
+    return load_all("hardware_profiles/gpus", GPUProfile)
+
+
+def link_profiles() -> tuple[LinkProfile, ...]:
+    return load_all("hardware_profiles/links", LinkProfile)
+
+
+def get_gpu(name: str) -> GPUProfile:
+    return find_by_name(gpu_profiles(), name, "gpu")
+
+
+def get_link(name: str, field: str = "link") -> LinkProfile:
+    return find_by_name(link_profiles(), name, field)
+
+
+def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
+    """A GPU named only by its memory ('24GB'): the built-in profile with that nominal capacity.
+
+    ASSUMPTION: among GPUs of equal capacity the most common training card is listed first in
+    ``CAPACITY_DEFAULTS``; its compute and link figures stand in, and the answer says which.
+    """
+    profiles = gpu_profiles()
+    if float(nominal_gb).is_integer():  # '24.5GB' must not fall through to the 24 GB cards
+        size = int(nominal_gb)
+        for name in CAPACITY_DEFAULTS.get(size, ()):
+            return get_gpu(name)
+        for profile in profiles:  # a size CAPACITY_DEFAULTS does not list, e.g. a user profile
+            if profile.nominal_memory_gb == size:
+                return profile
+    sizes = sorted({g.nominal_memory_gb for g in profiles})
+    raise ShardplanError("gpus", f"{nominal_gb:g}GB", f"no GPU profile has that capacity; known: {sizes} GB")
+
+
+# ASSUMPTION per capacity: among GPUs of equal memory, the card people most often train on is
+# listed first; its compute and link figures stand in and the answer says which (gpu_for_capacity).
+# 16 GB: the T4 of the free Colab / Kaggle tiers (no bf16: fp16-mixed is chosen, and said);
+# 24 GB: the RTX 4090 of single-box fine-tuning; 96 GB: the H20, an 8-GPU HGX board, because
+# 'Nx96GB' describes GPUs sharing a box, which a one-superchip-per-node GH200 is not.
+# 128 GB names no torch device: an MI250X package is two 64 GB GCDs (write 'Nx64GB' or 'Nxmi250x').
+CAPACITY_DEFAULTS: dict[int, tuple[str, ...]] = {
+    16: ("t4", "v100-16gb", "rtx5080"),
+    24: ("rtx4090", "rtx3090", "a10g", "l4"),
+    32: ("rtx5090", "v100-32gb"),
+    40: ("a100-40gb",),
+    48: ("l40s", "rtx6000-ada", "rtx-a6000", "l40"),
+    64: ("mi250x",),
+    80: ("h100-sxm", "a100-80gb"),
+    96: ("h20", "gh200-96gb"),
+    141: ("h200",),
+    144: ("gh200-144gb",),
+    180: ("b200",),
+    192: ("mi300x",),
+    256: ("mi325x",),
+}
+
+# The one grammar of a GPU string: [NODES SEP] COUNT SEP GPU, where SEP is 'x', '×' or '*' (spaces
+# around it allowed) or plain whitespace, and GPU is a profile name/alias or a capacity ('24GB',
+# '24 GB'). 'GB' alone is never a GPU, so '4x24 GB' is 4 GPUs of 24 GB, not 24 GPUs of 'GB'.
+_SEP = r"(?:\s*[x×*]\s*|\s+)"
+_GPUS = re.compile(rf"^\s*(?:(\d+){_SEP})?(\d+){_SEP}((?!gi?b\s*$)\S.*?)\s*$", re.IGNORECASE)
+_CAPACITY_GPU = re.compile(r"^(\d+(?:\.\d+)?)\s*gi?b?$", re.IGNORECASE)
+# ASSUMPTION: no training cluster reaches a million GPUs (the largest announced hold a few hundred
+# thousand); a count above it is a typo, refused before any arithmetic on it (limits.MAX_GPUS).
+GPUS_GRAMMAR = "COUNTxGPU or NODESxCOUNTxGPU, e.g. '8xh100-sxm', '8 h100', '4x24GB', '2x8xa100-80gb'"
+
+
+def _scoped_link(name: str, scope: str, field: str) -> LinkProfile:
+    """A link profile that must serve the given tier (NVLink cannot join nodes, InfiniBand is not intra-node)."""
+    link = get_link(name, field)
+    if link.scope != scope:
+        raise ShardplanError(field, name, f"is an {link.scope.replace('_', '-')} link; "
+                                          f"{field} needs an {scope.replace('_', '-')} one")
+    return link
+
+
+def _bounded_count(digits: str | None, text: str, what: str) -> int:
+    """A GPU or node count from its digits, refused above ``MAX_GPUS`` before it is converted (a
+    thousand-digit count must not reach int() or any loop)."""
+    if digits is None:
+        return 1
+    if len(digits.lstrip("0")) > len(str(MAX_GPUS)) or int(digits) > MAX_GPUS:
+        raise ShardplanError("gpus", text, f"{what} above {MAX_GPUS:,} is not a cluster shardplan plans for")
+    count = int(digits)
+    if count < 1:
+        raise ShardplanError("gpus", text, "GPU and node counts must be at least 1")
+    return count
+
+
+def even_layout(count: int, node_size: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for ``count`` GPUs in equal nodes of at most ``node_size``: the largest
+    divisor of ``count`` not above ``node_size`` fills each node. Searches at most ``node_size`` values."""
+    per_node = next(d for d in range(min(node_size, count), 0, -1) if count % d == 0)
+    return count // per_node, per_node
+
+
+def default_nics(gpu: GPUProfile, gpus_per_node: int) -> int:
+    """NICs of a node of ``gpus_per_node`` such GPUs: the profile's (a DGX-1 has 4 EDR ports for 8
+    V100, a cloud instance one network interface), never more than one per GPU; without one, one per
+    GPU on 8-GPU platforms (DGX/HGX: a ConnectX per GPU) and one otherwise."""
+    if gpu.default_nics_per_node is not None:
+        return max(1, min(gpu.default_nics_per_node, gpus_per_node))
+    return max(1, gpus_per_node if gpu.default_gpus_per_node >= 8 else 1)
+
+
+def parse_gpus(
+    text: str,
+    *,
+    intra_link: str | None = None,
+    inter_link: str | None = None,
+    host_ram_bytes_per_node: int | None = None,
+    nics_per_node: int | None = None,
+) -> Cluster:
+    """'4x24GB', '4 x 24 GB', '8xh100-sxm', '8 h100', '8×H100', '2x8xa100-80gb' (nodes × GPUs per
+    node × GPU), '1xa10g'. One grammar (``_GPUS``); counts are bounded by ``MAX_GPUS``.
+
+    A bare count above the GPU's usual node size is split into nodes of that size.
+    """
+    match = _GPUS.match(str(text))
+    if not match:
+        raise ShardplanError("gpus", text, f"expected {GPUS_GRAMMAR}")
+    nodes_text, count_text, gpu_text = match.groups()
+    count = _bounded_count(count_text, text, "a GPU count")
+    nodes = _bounded_count(nodes_text, text, "a node count")
+    if count * nodes > MAX_GPUS:
+        raise ShardplanError("gpus", text, f"{count * nodes:,} GPUs is above the {MAX_GPUS:,} shardplan plans for")
+    capacity = _CAPACITY_GPU.match(gpu_text)
+    if capacity:
+        gpu = gpu_for_capacity(float(capacity.group(1)))
+    elif gpu_text.isdigit():  # '4x24': a capacity without its unit, unless a card is named by digits ('4090')
+        try:
+            gpu = get_gpu(gpu_text)
+        except ShardplanError:
+            raise ShardplanError("gpus", text, f"'{gpu_text}' is neither a GPU name nor a capacity; write "
+                                               f"'{gpu_text}GB' for cards of {gpu_text} GB") from None
+    else:
+        gpu = get_gpu(gpu_text)
+    per_node = count
+    node_size = gpu.default_gpus_per_node
+    if nodes_text is None and count > node_size:
+        if count % node_size:
+            even_nodes, even_per_node = even_layout(count, node_size)
+            raise ShardplanError(
+                "gpus", text,
+                f"{count} GPUs do not fill whole {node_size}-GPU {gpu.name} nodes; write NODESxCOUNTxGPU, "
+                f"e.g. '{even_nodes}x{even_per_node}x{gpu_text}'",
+            )
+        per_node, nodes = node_size, count // node_size
+    return Cluster(
+        gpu=gpu,
+        gpus_per_node=per_node,
+        nodes=nodes,
+        intra_link=_scoped_link(intra_link or gpu.default_intra_link, "intra_node", "intra_link"),
+        inter_link=_scoped_link(inter_link or gpu.default_inter_link, "inter_node", "inter_link"),
+        nics_per_node=bounded_int(nics_per_node, "nics_per_node", 1, MAX_GPUS) if nics_per_node else default_nics(gpu, per_node),
+        host_ram_bytes_per_node=(checked_int("host_ram", host_ram_bytes_per_node) if host_ram_bytes_per_node is not None
+                                 else gpu.default_host_ram_bytes),
+        capacity_only=bool(capacity),
+        gpu_text=gpu_text,
+    )
+
+
+def cluster_notes(cluster: Cluster) -> list[str]:
+    """What an answer must say about the GPU it assumed: a capacity that stood for a card, a
+    family name that stood for one variant ('h100' -> h100-sxm), and the profile's own note."""
+    gpu, notes = cluster.gpu, []
+    if cluster.capacity_only:
+        notes.append(f"gpus: '{cluster.gpu_text}' names only a capacity; using the {gpu.display_name} profile "
+                     f"({gpu.memory_bytes / 2**30:.2f} GiB usable) for it")
+    elif any(normalize(a) == normalize(cluster.gpu_text) for a in gpu.generic_aliases):
+        key = normalize(cluster.gpu_text)
+        others = [g.name for g in gpu_profiles() if g.name != gpu.name and key in normalize(g.name)]
+        notes.append(f"gpus: '{cluster.gpu_text}' taken as {gpu.name} ({gpu.display_name}, "
+                     f"{gpu.memory_bytes / 2**30:.2f} GiB usable)"
+                     + (f"; name {' or '.join(others)} for another variant" if others else ""))
+    if gpu.note:
+        notes.append(f"gpus: {gpu.note}")
+    return notes
+
+
+PRECISION_FALLBACK = "fp16-mixed"
+
+
+def check_precision(gpu: GPUProfile, precision: str) -> None:
+    """bf16 precisions need bf16 tensor math: Volta (V100) and Turing (T4) have none (their
+    datasheets list FP16 tensor rates only; torch may emulate bf16, far below any peak the model
+    could use), so a bf16 precision on them is a one-line error that suggests fp16 mixed precision."""
+    if str(precision).startswith("bf16") and not gpu.has_bf16:
+        raise ShardplanError("precision", precision,
+                             f"{gpu.display_name} has no bf16 tensor cores; use --precision {PRECISION_FALLBACK} "
+                             f"(query word 'fp16'; HF Trainer fp16=True)")
+
+
+def adapt_precision(config, cluster: Cluster):
+    """(config, notes): a precision the user did not state, whose default (the stack's) is bf16, becomes
+    fp16-mixed on a GPU without bf16, and the answer says so; a stated bf16 precision is refused
+    (``check_precision``). ``config`` is a ``TrainingConfig``."""
+    from shardplan.inputs.stacks import resolve_stack
+
+    precision = resolve_stack(config, cluster.world_size).precision
+    if not str(precision).startswith("bf16") or cluster.gpu.has_bf16:
+        return config, []
+    if "precision" in config.model_fields_set:
+        check_precision(cluster.gpu, precision)
+    note = (f"precision: {cluster.gpu.display_name} has no bf16 tensor cores; using {PRECISION_FALLBACK} "
+            f"instead of the stack's {precision}")
+    return config.model_copy(update={"precision": PRECISION_FALLBACK}), [note]
+
+
+def get_hardware(name: str) -> GPUProfile | LinkProfile:
+    """A GPU or link profile by name; unknown names get one line listing both kinds."""
+    key = normalize(name)
+    for profile in (*gpu_profiles(), *link_profiles()):
+        if key in {normalize(n) for n in (profile.name, *profile.aliases)}:
+            return profile
+    gpus, links = gpu_profiles(), link_profiles()
+    owner = {n: p.name for p in (*gpus, *links) for n in (p.name, *p.aliases)}
+    raise ShardplanError("hardware", name, f"unknown{did_you_mean(name, owner)}; GPUs: "
+                                           f"{', '.join(sorted(g.name for g in gpus))}; links: "
+                                           f"{', '.join(sorted(l.name for l in links))}")
+
+
+__all__ = [
+    "GPUProfile", "LinkProfile", "Cluster", "DEFAULT_GEMM_EFFICIENCY", "DEFAULT_ATTENTION_EFFICIENCY",
+    "DEFAULT_SM_COUNT", "DEFAULT_HOST_LINK", "DEFAULT_NCCL_CHANNELS", "gpu_profiles", "link_profiles", "get_gpu", "get_link",
+    "parse_gpus", "gpu_for_capacity", "cluster_notes", "check_precision", "adapt_precision", "get_hardware",
+    "even_layout", "MAX_GPUS",
+]

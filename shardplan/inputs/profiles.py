@@ -1,0 +1,125 @@
+"""Find, load and validate profile files (models, GPUs, links).
+
+Profiles are data: JSON files validated by frozen pydantic models with ``extra="forbid"``.
+Built-in profiles ship inside the package (``shardplan/data``); users add their own by passing a
+path, or by listing folders in the ``SHARDPLAN_PROFILE_PATH`` environment variable (os.pathsep
+separated). Every error names the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from shardplan.support.errors import ShardplanError
+from shardplan.support.input_files import path_kind, read_json_object
+from shardplan.support.limits import MAX_PROFILE_FILE_BYTES
+from shardplan.support.names import did_you_mean, normalize
+
+DATA_DIR = Path(__file__).parents[1] / "data"
+PROFILE_PATH_ENV = "SHARDPLAN_PROFILE_PATH"
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def _describe_validation_error(path: Path, err: ValidationError) -> ShardplanError:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(root)"
+    value = first.get("input")
+    if isinstance(value, dict):
+        value = "{...}"
+    return ShardplanError(f"{path.name}: {field}", value, first["msg"])
+
+
+def read_json(path: Path, field: str = "profile") -> dict:
+    """Read one JSON object from a file through the bounded reader (input_files.py): one-line
+    errors for a missing, oversized, binary, malformed or too deeply nested file."""
+    return read_json_object(path, field, MAX_PROFILE_FILE_BYTES)
+
+
+def load_profile(path: Path, model: type[T]) -> T:
+    """Validate one profile file against its schema."""
+    data = read_json(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise _describe_validation_error(Path(path), err) from None
+
+
+def search_dirs(kind: str) -> list[Path]:
+    """Folders holding profiles of ``kind`` ('model_profiles', 'hardware_profiles/gpus', ...).
+
+    User folders (from the environment) come first so a user profile can shadow a built-in one.
+    """
+    dirs: list[Path] = []
+    for entry in os.environ.get(PROFILE_PATH_ENV, "").split(os.pathsep):
+        if entry:
+            candidate = Path(entry).expanduser() / kind
+            dirs.append(candidate if path_kind(candidate) == "dir" else Path(entry).expanduser())
+    dirs.append(DATA_DIR / kind)
+    return dirs
+
+
+@lru_cache(maxsize=None)
+def _load_dir(kind: str, model: type[T], env_value: str) -> tuple[T, ...]:
+    seen: dict[str, T] = {}
+    for folder in search_dirs(kind):
+        if path_kind(folder) != "dir":
+            continue
+        for path in sorted(folder.glob("*.json")):
+            if folder.is_relative_to(DATA_DIR):
+                profile = load_profile(path, model)
+            else:
+                try:
+                    data = read_json(path)
+                except ShardplanError as err:
+                    _warn_unreadable(path, err)
+                    continue
+                try:
+                    profile = model.model_validate(data)
+                except ValidationError:
+                    continue  # valid JSON of another kind (a GPU profile beside model profiles): not this kind's
+            seen.setdefault(profile.name, profile)
+    return tuple(seen.values())
+
+
+_warned: set[str] = set()
+
+
+def _warn_unreadable(path: Path, err: ShardplanError) -> None:
+    """One stderr line per broken file on SHARDPLAN_PROFILE_PATH, once per process.
+
+    Why a warning and not an error: the folders are the user's and may hold other files; one
+    broken file (binary, truncated, not UTF-8, a FIFO named *.json) must not stop every command,
+    including those that never use its kind. Why not silence: the user who put a profile there
+    must learn why it is not found. A file that is valid JSON but another kind's schema is skipped
+    silently (a folder without kind subfolders is searched for every kind)."""
+    key = str(path)
+    if key not in _warned:
+        _warned.add(key)
+        print(f"shardplan: warning: {PROFILE_PATH_ENV}: skipped {err}", file=sys.stderr)
+
+
+def load_all(kind: str, model: type[T]) -> tuple[T, ...]:
+    """Every profile of one kind: user folders first, then the built-in ones."""
+    return _load_dir(kind, model, os.environ.get(PROFILE_PATH_ENV, ""))
+
+
+normalize_name = normalize  # the one rule for names (shardplan/support/names.py)
+
+
+def find_by_name(profiles: tuple[T, ...], name: str, field: str) -> T:
+    """Match a name or alias, ignoring case, dashes, underscores and spaces."""
+    key = normalize_name(name)
+    for profile in profiles:
+        names = [profile.name, *getattr(profile, "aliases", ())]
+        if any(normalize_name(n) == key for n in names):
+            return profile
+    owner = {n: p.name for p in profiles for n in (p.name, *getattr(p, "aliases", ()))}
+    raise ShardplanError(field, name, f"unknown{did_you_mean(name, owner)}; "
+                                      f"known: {', '.join(sorted(p.name for p in profiles))}")

@@ -1,0 +1,205 @@
+"""Training stacks as data: what the code around the sharding engine holds, per stack.
+
+A stack profile (``shardplan/data/stack_profiles/<name>.json``) states the DEFAULTS a typical run
+of that stack uses for the knobs of ``TrainingConfig`` — the stack mechanisms (chunked CE,
+optimizer in backward, activation offloading, paged optimizer, fp32 master, how weights are
+loaded, ...) and, where the stack's recipes differ from shardplan's, the ordinary knobs
+(precision, optimizer, checkpointing). Every default carries its public ``source``. Stacks ship
+different recipes for one GPU and for fine-tuning methods (torchtune's single-device full
+fine-tune steps a paged 8-bit optimizer in backward; its LoRA recipes do not): ``overrides`` are
+applied in order on top of ``defaults`` when their ``when`` matches (GPU count, method).
+
+``resolve_stack(config, world_size)`` fills every knob the user did not state (pydantic
+``model_fields_set``) from the profile, then the remaining stack knobs from ``ENGINE_DEFAULTS``
+(the values that reproduce shardplan's numbers before stacks existed). The memory formulas never
+look at the stack: they read the knob columns (``config.Columns``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from shardplan.inputs import strategy as st
+from shardplan.support.errors import ShardplanError
+from shardplan.inputs.profiles import DATA_DIR, load_profile
+
+STACK_DIR = DATA_DIR / "stack_profiles"
+
+# The stack knobs and the value each takes when neither the user nor the stack states it (the
+# numbers shardplan gave before stacks were an input). ``fp32_master`` None: derived from the
+# precision (none under bf16-pure).
+ENGINE_DEFAULTS: dict[str, Any] = dict(
+    logits_fp32=True, ce_chunks=0, optimizer_in_backward=False, activation_offload=False, fp32_master=None,
+    paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False, quant_state_sharded=True,
+    quant_format="nf4", load_mode="rank0_broadcast", checkpoint_wrapper=False,
+)
+STACK_KNOBS = tuple(ENGINE_DEFAULTS)
+
+
+class StackDefault(BaseModel):
+    """One default with where it comes from (library + file/function, or a documentation page)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: Union[bool, int, float, str]
+    source: str
+
+
+class StackCondition(BaseModel):
+    """When an override applies: one GPU or several (None: either), and which methods (None: all)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpus: Literal["one", "many"] | None = None
+    methods: list[Literal["full", "lora", "qlora"]] | None = None
+
+    def matches(self, world_size: int, method: str) -> bool:
+        gpus_ok = self.gpus is None or (self.gpus == "one") == (int(world_size) == 1)
+        return gpus_ok and (self.methods is None or method in self.methods)
+
+
+class StackOverride(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    when: StackCondition
+    set: dict[str, StackDefault]
+
+
+class StackWord(BaseModel):
+    """What the stack means by a short word for a knob ("bf16" -> bf16-mixed or bf16-pure); None:
+    the stack refuses that mode (``source`` says where)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: str | None
+    source: str
+
+
+class StackProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    display_name: str
+    description: str
+    defaults: dict[str, StackDefault]
+    overrides: list[StackOverride] = []
+    not_modelled: list[str] = []
+    # knob -> word -> meaning: the vocabulary's stack-dependent aliases (shardplan/inputs/vocabulary.py)
+    words: dict[str, dict[str, StackWord]] = {}
+
+    def knobs(self, world_size: int, method: str = "full") -> dict[str, Any]:
+        """The profile's defaults for a run on ``world_size`` GPUs with ``method`` (names -> values)."""
+        out = {k: d.value for k, d in self.defaults.items()}
+        for rule in self.overrides:
+            if rule.when.matches(world_size, method):
+                out.update({k: d.value for k, d in rule.set.items()})
+        return out
+
+
+def _check(profile: StackProfile, path) -> StackProfile:
+    """Every key must be a TrainingConfig knob and every value one it accepts."""
+    from shardplan.inputs.config import TrainingConfig, knob_codes
+
+    sections = [("defaults", profile.defaults)] + [(f"overrides.{i}.set", r.set) for i, r in enumerate(profile.overrides)]
+    for section, where in sections:
+        for key, default in where.items():
+            if key in ("stack", "strategy", "method") or key not in TrainingConfig.model_fields:
+                raise ShardplanError(f"{path.name}: {section}.{key}", default.value, "not a knob a stack can set")
+        try:
+            config = TrainingConfig(**{k: d.value for k, d in where.items()})
+        except ValidationError as err:
+            first = err.errors()[0]
+            raise ShardplanError(f"{path.name}: {section}.{'.'.join(map(str, first['loc']))}", first.get("input"),
+                                 first["msg"]) from None
+        knob_codes(config, check_names=True)  # names must be known words
+    if profile.name not in st.STACKS:
+        raise ShardplanError(f"{path.name}: name", profile.name, f"not one of {', '.join(st.STACKS)}")
+    from shardplan.inputs.vocabulary import KNOBS
+
+    for knob, words in profile.words.items():
+        dependent = {a.word for a in KNOBS[knob].aliases if a.by == "stack"} if knob in KNOBS else set()
+        for word, meaning in words.items():
+            if word not in dependent:
+                raise ShardplanError(f"{path.name}: words.{knob}.{word}", meaning.value,
+                                     f"not a stack-dependent word of the vocabulary ({', '.join(sorted(dependent))})")
+            if meaning.value is not None and meaning.value not in KNOBS[knob].names:
+                raise ShardplanError(f"{path.name}: words.{knob}.{word}", meaning.value,
+                                     f"not one of {', '.join(KNOBS[knob].names)}")
+    return profile
+
+
+@lru_cache(maxsize=None)
+def get_stack(name: str) -> StackProfile:
+    """The built-in profile of stack ``name`` (one of ``strategy.STACKS``)."""
+    code = st.code(st.STACKS, name, "stack")
+    path = STACK_DIR / f"{st.STACKS[code]}.json"
+    return _check(load_profile(path, StackProfile), path)
+
+
+def stack_word(stack: str, knob: str, word: str) -> str:
+    """What ``stack`` means by ``word`` for ``knob`` (its profile's ``words``), or a one-line
+    error when the stack refuses that mode or does not say."""
+    profile = get_stack(stack)
+    meaning = profile.words.get(knob, {}).get(word)
+    if meaning is None:
+        raise ShardplanError(knob, word, f"the {profile.name} stack profile does not say what it means")
+    if meaning.value is None:
+        raise ShardplanError(knob, word, f"the {profile.name} stack has no such mode ({meaning.source})")
+    return meaning.value
+
+
+def stack_profiles() -> list[StackProfile]:
+    return [get_stack(name) for name in st.STACKS]
+
+
+def resolve_stack(config, world_size: int):
+    """``config`` with every knob it leaves unstated taken from its stack (then ENGINE_DEFAULTS);
+    knobs the user stated win. Idempotent: what it fills counts as stated afterwards."""
+    profile = get_stack(config.stack)
+    given = config.model_fields_set
+    update = {k: v for k, v in profile.knobs(int(world_size), config.method).items() if k not in given}
+    if "precision" in given:  # a stated precision decides the master copy unless fp32_master is stated too
+        update.pop("fp32_master", None)
+    update.update({k: v for k, v in ENGINE_DEFAULTS.items()
+                   if k not in given and k not in update and getattr(config, k) is None})
+    precision = update.get("precision", config.precision)
+    fp32_master = update.get("fp32_master", config.fp32_master)
+    if fp32_master is None:
+        fp32_master = st.code(st.PRECISIONS, precision, "precision") != st.BF16_PURE
+    elif not fp32_master and st.code(st.PRECISIONS, precision, "precision") == st.BF16_MIXED:
+        # 16-bit weights without an fp32 copy is bf16-pure (Lightning "bf16-true")
+        update["precision"] = "bf16-pure"
+    elif fp32_master and "precision" not in given and st.code(st.PRECISIONS, precision, "precision") == st.BF16_PURE:
+        # the user keeps an fp32 master with a stack whose recipes have none: bf16 mixed precision
+        update["precision"] = "bf16-mixed"
+    if config.fp32_master is None or "fp32_master" in update:
+        update["fp32_master"] = bool(fp32_master)
+    return config.model_copy(update=update) if update else config
+
+
+def stack_tables(single: bool) -> dict[str, np.ndarray]:
+    """Per stack knob, its value for each (method code, stack code) (sweeps index it with the
+    ``method`` and ``stack`` columns). Categorical knobs are codes; ``fp32_master`` is 1/0, or -1
+    when derived from the precision. Only the stack knobs: a sweep's other knobs are its own axes."""
+    from shardplan.inputs.config import knob_codes
+
+    out = {k: np.zeros((len(st.METHODS), len(st.STACKS)), dtype=np.float64 if k == "lora_dropout" else np.int64)
+           for k in STACK_KNOBS}
+    for m, method in enumerate(st.METHODS):
+        for i, name in enumerate(st.STACKS):
+            knobs = {**ENGINE_DEFAULTS, **{k: v for k, v in get_stack(name).knobs(1 if single else 2, method).items()
+                                           if k in ENGINE_DEFAULTS}}
+            codes = knob_codes(knobs)
+            for k in STACK_KNOBS:
+                out[k][m, i] = -1 if codes[k] is None else codes[k]
+    return out
+
+
+def stack_label(name: str) -> str:
+    """"hf (Transformers + Trainer + PEFT + bitsandbytes)": how every answer names its stack."""
+    profile = get_stack(name)
+    return f"{profile.name} ({profile.display_name})"

@@ -1,0 +1,323 @@
+"""The capacity query: does a configuration fit, term by term, and what would make it fit.
+
+``evaluate`` answers one configuration (a one-row sweep through ``estimate_memory``);
+``fit`` answers one strategy or all of them; ``alternatives`` tries the cheapest changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from shardplan.inputs import contradictions
+
+from shardplan.inputs import strategy as st
+from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
+from shardplan.support.errors import ShardplanError, require_type, safe_repr
+from shardplan.inputs.hardware import Cluster, check_precision
+from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
+from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
+from shardplan.inputs.model import ModelSpec
+from shardplan.support.overflow import bad_results, check_one, quiet_numpy
+from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, judge, throughput_band
+
+
+class Alternative(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    change: str
+    fits: bool
+    verdict: str
+    band_bytes: int
+    margin_bytes: int
+    peak_allocated_bytes: int
+    device_total_bytes: int
+    world_size: int
+    limit: str = ""
+    config: dict[str, Any]
+
+
+class PerGPU(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    load_peak_bytes: int = 0        # while the weights reach the GPU (load.py), beside the training peak
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    non_torch_bytes: int
+    device_total_bytes: int
+    headroom_bytes: int
+    peak_moment: str
+    model_state_bytes: int
+    breakdown: dict[str, int]
+
+
+class PerNode(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    host_bytes: int
+    host_ram_bytes: int
+    host_offloaded_bytes_per_gpu: int
+
+
+class FitResult(BaseModel):
+    """``fits`` is the verdict's: peak + band under capacity (``verdict``, shardplan/formulas/verdict.py);
+    ``fits_gpu`` compares the point estimate alone."""
+
+    model_config = ConfigDict(frozen=True)
+
+    fits: bool
+    verdict: str
+    margin_bytes: int
+    band_bytes: int
+    risk_term: str
+    advice: str
+    judged_peak: str
+    judged_bytes: int
+    band: dict[str, int]
+    fits_gpu: bool
+    fits_host: bool
+    valid: bool
+    strategy: str
+    engine: str
+    stack: str = "hf (Transformers + Trainer + PEFT + bitsandbytes)"
+    fits_load: bool = True
+    config: dict[str, Any]
+    model: dict[str, Any]
+    gpu: dict[str, Any]
+    cluster: dict[str, Any]
+    per_gpu: PerGPU
+    per_node: PerNode
+    alternatives: list[Alternative] = []
+    notes: list[str] = []
+    time: dict[str, float] | None = None
+
+
+def _columns(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Columns:
+    return Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
+                         **knob_values(config, cluster))
+
+
+def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> None:
+    """Impossible configurations get a one-line error naming the field and value."""
+    from shardplan.inputs.stacks import resolve_stack
+
+    check_precision(cluster.gpu, resolve_stack(config, cluster.world_size).precision)
+    knobs = knob_values(config, cluster)
+    if not bool(st.is_valid(knobs["strategy"], knobs["engine"])):
+        raise ShardplanError("strategy", config.strategy, f"not expressible with engine {config.engine!r} "
+                                                          f"(zero1/zero2 need --engine deepspeed)")
+    if config.strategy == "single" and cluster.world_size != 1:
+        raise ShardplanError("strategy", "single", f"means one GPU without a wrapper; this cluster has {cluster.world_size}")
+    if config.shard_group_size and cluster.world_size % config.shard_group_size:
+        raise ShardplanError("shard_group_size", config.shard_group_size,
+                             f"must divide the {cluster.world_size} GPUs")
+
+
+def _check_arguments(spec, cluster, config) -> None:
+    """The public entry points' arguments, by type: the one error type, not a TypeError inside a formula."""
+    require_type(spec, ModelSpec, "spec", "shardplan.inputs.models.resolve_model(NAME).spec")
+    require_type(cluster, Cluster, "cluster", "shardplan.inputs.hardware.parse_gpus('8xh100-sxm')")
+    require_type(config, TrainingConfig, "config", "shardplan.inputs.config.TrainingConfig(...)")
+
+
+def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: list[str] | None = None,
+             allocator=None, bands: AccuracyBands | None = None) -> FitResult:
+    from shardplan.inputs.stacks import resolve_stack, stack_label
+
+    _check_arguments(spec, cluster, config)
+    config = resolve_stack(config, cluster.world_size)
+    c = _columns(spec, cluster, config)
+    with quiet_numpy():
+        m = estimate_memory(c, allocator=allocator)
+        judged = judge(m, c, bands)
+    check_one(c, m, config)  # an overflowed result is an error, never a verdict
+    scalar = {k: v.item() if isinstance(v, np.ndarray) else v for k, v in m.items()}
+    verdict = {k: x.item() for k, x in judged.items()}
+    notes = list(notes or [])
+    if not scalar["valid"]:
+        notes.append(f"{config.strategy} with engine {config.engine}, offload {config.offload}, "
+                     f"method {config.method} is not a combination the framework offers")
+    return FitResult(
+        fits=verdict["verdict"] == 0, verdict=VERDICTS[verdict["verdict"]], margin_bytes=verdict["margin_bytes"],
+        band_bytes=verdict["band_bytes"], risk_term=BAND_CLASSES[verdict["risk_term"]], advice=ADVICE[verdict["advice"]],
+        judged_peak=PEAKS[verdict["judged_peak"]], judged_bytes=verdict["judged_bytes"],
+        band={k: verdict[f"band_{k}_bytes"] for k in BAND_CLASSES},
+        fits_gpu=bool(scalar["fits_gpu"]), fits_host=bool(scalar["fits_host"]),
+        valid=bool(scalar["valid"]), strategy=config.strategy, engine=config.engine,
+        stack=stack_label(config.stack), fits_load=bool(scalar["fits_load"]),
+        config=config.model_dump(),
+        model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
+               "trainable_params": int(spec.total_params if config.method == "full"
+                                       else model_values(spec, config.lora_rank, config.lora_targets)["lora_params"])},
+        gpu={"name": cluster.gpu.name, "memory_bytes": cluster.gpu.memory_bytes, "capacity_only": cluster.capacity_only},
+        cluster={"label": cluster.label, "world_size": cluster.world_size, "gpus_per_node": cluster.gpus_per_node,
+                 "nodes": cluster.nodes, "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name},
+        per_gpu=PerGPU(
+            load_peak_bytes=int(scalar["load_peak_bytes"]), peak_allocated_bytes=int(scalar["peak_allocated_bytes"]), peak_reserved_bytes=int(scalar["peak_reserved_bytes"]),
+            non_torch_bytes=int(scalar["non_torch_bytes"]), device_total_bytes=int(scalar["device_total_bytes"]),
+            headroom_bytes=int(scalar["headroom_bytes"]), peak_moment=PEAK_MOMENTS[int(scalar["peak_moment"])],
+            model_state_bytes=int(scalar["model_state_bytes"]),
+            breakdown={term: int(scalar[term]) for term in BREAKDOWN_TERMS},
+        ),
+        per_node=PerNode(host_bytes=int(scalar["host_bytes_per_node"]), host_ram_bytes=int(scalar["host_ram_bytes_per_node"]),
+                         host_offloaded_bytes_per_gpu=int(scalar["host_offloaded_bytes_per_gpu"])),
+        notes=notes,
+    )
+
+
+def limiting_resource(r: FitResult) -> str:
+    """Which capacity a result exceeds, in words (empty when it fits)."""
+    over = []
+    if not r.fits_load:
+        over.append(f"GPU memory while loading ({r.per_gpu.load_peak_bytes / 2**30:,.1f} GiB, load mode "
+                    f"{r.config.get('load_mode')})")
+    if not r.fits_gpu:
+        over.append(f"GPU memory (over by {(-r.per_gpu.headroom_bytes) / 2**30:,.1f} GiB)")
+    if not r.fits_host:
+        over.append(f"host RAM ({r.per_node.host_bytes / 2**30:,.0f} of {r.per_node.host_ram_bytes / 2**30:,.0f} GiB per node)")
+    return "; ".join(over)
+
+
+TIME_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "hfu", "compute_s", "comm_s",
+               "exposed_comm_s", "optimizer_s", "offload_transfer_s")
+
+
+def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibration=None,
+                bands: AccuracyBands | None = None) -> dict[str, float]:
+    """Step time, tokens/s and MFU of one configuration (the planner's vectorized path, one row),
+    with tokens/s's band (``tokens_per_s_low/high``, ``tokens_per_s_per_gpu_low/high``)."""
+    from shardplan.planning.planner import evaluate_grid  # the time model is only needed when a batch is given
+
+    c = _columns(spec, cluster, config)
+    r = evaluate_grid(c, True, cluster, calibration, bands)
+    check_one(c, r, config)
+    out = {name: float(r[name]) for name in TIME_FIELDS}
+    for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
+        low, high = throughput_band(out[name], bands)
+        out[f"{name}_low"], out[f"{name}_high"] = float(low), float(high)
+    return out
+
+
+def default_offload(engine: str) -> str:
+    """What ``engine`` usually offloads (the vocabulary's "offload auto")."""
+    from shardplan.inputs.vocabulary import canonical
+    return canonical("offload", "auto", engine=engine)
+
+
+def _with(config: TrainingConfig, **changes: Any) -> TrainingConfig:
+    return config.model_copy(update=changes)
+
+
+def minimum_gpus(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limit: int = 4096,
+                 allocator=None, bands: AccuracyBands | None = None) -> int | None:
+    """Smallest GPU count (same GPU, same node size, whole nodes beyond one) at which it fits
+    (the verdict's rule: peak + band under capacity)."""
+    counts = [n for n in (1, 2, 4, 8) if n <= cluster.gpus_per_node] if cluster.gpus_per_node < 8 else [1, 2, 4, 8]
+    counts += [cluster.gpus_per_node * k for k in range(1, limit // cluster.gpus_per_node + 1)]
+    counts = sorted(set(c for c in counts if c <= limit))
+    world = np.array(counts)
+    per_node = np.minimum(world, cluster.gpus_per_node)
+    knobs = knob_values(config, cluster)
+    knobs["shard_group_size"] = np.minimum(knobs["shard_group_size"], world)
+    values = {**cluster_values(cluster), "world_size": world, "gpus_per_node": per_node}
+    c = Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **values, **knobs)
+    with quiet_numpy():
+        m = estimate_memory(c, allocator=allocator)
+        fits = (judge(m, c, bands, per_class=False)["verdict"] == 0) & ~bad_results(c, m)
+    fitting = world[fits]
+    return int(fitting[0]) if fitting.size else None
+
+
+def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
+                 bands: AccuracyBands | None = None) -> list[Alternative]:
+    """Cheapest changes first: ones that keep the training identical (checkpointing, a smaller
+    micro-batch with more accumulation, sharding, offload), then more GPUs, then LoRA/QLoRA.
+    Each is judged by the verdict's rule (``fits`` only when peak + band is under capacity)."""
+    candidates: list[tuple[str, TrainingConfig]] = []
+    if config.ac != "full":
+        candidates.append(("activation checkpointing (--ac full)", _with(config, ac="full")))
+    if config.micro_batch > 1:
+        candidates.append((f"micro-batch 1 with {config.micro_batch}x gradient accumulation",
+                           _with(config, micro_batch=1, grad_accum=config.grad_accum * config.micro_batch)))
+    if config.strategy != "full_shard":
+        candidates.append(("full sharding (--strategy full_shard)", _with(config, strategy="full_shard",
+                                                                          engine="fsdp2" if config.engine == "deepspeed" and config.strategy in ("zero1", "zero2") else config.engine)))
+    sharded = "full_shard" if config.strategy in ("ddp", "no_shard", "zero1", "zero2", "single") else config.strategy
+    if config.offload == "none":
+        candidates.append((f"CPU offload (--offload {default_offload(config.engine)}, --strategy {sharded})",
+                           _with(config, strategy=sharded, offload=default_offload(config.engine))))
+        candidates.append(("CPU offload + activation checkpointing",
+                           _with(config, strategy=sharded, offload=default_offload(config.engine), ac="full")))
+    method_changes: list[tuple[str, TrainingConfig]] = []
+    if config.method == "full":
+        method_changes.append(("LoRA (--method lora) + activation checkpointing",
+                               _with(config, method="lora", ac="full", strategy=sharded)))
+    if config.method != "qlora":
+        method_changes.append(("QLoRA (--method qlora) + activation checkpointing",
+                               _with(config, method="qlora", ac="full", strategy=sharded)))
+
+    def tried(change: str, cluster_: Cluster, candidate: TrainingConfig) -> Alternative | None:
+        r = evaluate(spec, cluster_, candidate, allocator=allocator, bands=bands)
+        if not r.valid:
+            return None
+        return Alternative(change=change, fits=r.fits, verdict=r.verdict, band_bytes=r.band_bytes,
+                           margin_bytes=r.margin_bytes, peak_allocated_bytes=r.per_gpu.peak_allocated_bytes,
+                           device_total_bytes=r.per_gpu.device_total_bytes, world_size=cluster_.world_size,
+                           limit=limiting_resource(r), config=candidate.model_dump())
+
+    results = [tried(change, cluster, candidate) for change, candidate in candidates]
+    gpu_changes = [("same settings", config)]
+    if config.ac != "full":
+        gpu_changes.append(("with activation checkpointing", _with(config, ac="full")))
+    for label, candidate in gpu_changes:
+        need = minimum_gpus(spec, cluster, candidate, allocator=allocator, bands=bands)
+        if need is not None and need != cluster.world_size:
+            bigger = cluster.model_copy(update={"gpus_per_node": min(need, cluster.gpus_per_node),
+                                                "nodes": max(1, need // cluster.gpus_per_node)})
+            results.append(tried(f"{need} GPUs instead of {cluster.world_size} ({label})", bigger, candidate))
+            break
+    # the stack's FSDP checkpointing wraps each block in torch's checkpoint_wrapper, whose per-block
+    # leftovers (memory.wrapper_leftover_bytes) HF's own gradient checkpointing does not leave
+    from shardplan.inputs.stacks import resolve_stack
+
+    if config.checkpoint_wrapper is None and resolve_stack(_with(config, ac="full"), cluster.world_size).checkpoint_wrapper:
+        hf_ac = "HF gradient checkpointing (--no-checkpoint-wrapper)"
+        method_changes += [(change.replace(" + activation checkpointing", "") + " + " + hf_ac,
+                            _with(candidate, checkpoint_wrapper=False)) for change, candidate in method_changes]
+        if config.ac != "full":
+            method_changes.insert(0, (f"activation checkpointing by {hf_ac}", _with(config, ac="full", checkpoint_wrapper=False)))
+    results += [tried(change, cluster, candidate) for change, candidate in method_changes]
+    return [r for r in results if r is not None]
+
+
+def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: list[str] | None = None,
+        notes: list[str] | None = None, allocator=None, bands: AccuracyBands | None = None) -> list[FitResult]:
+    """One result per strategy (all valid ones for the engine when ``strategies`` is None; on one
+    GPU that is ``single``: no wrapper, as a one-GPU run is launched); alternatives for every one
+    that is not ``fits`` (``tight`` included). ``allocator``: an ``allocator.AllocatorModel`` (a
+    calibration overlay's), else the measured defaults; ``bands``: the verdict's band data."""
+    _check_arguments(spec, cluster, config)
+    if strategies is not None and (isinstance(strategies, str) or not all(isinstance(x, str) for x in strategies)):
+        raise ShardplanError("strategies", safe_repr(strategies)[:60], "expected a list of strategy names")
+    searched = ("strategy",) if strategies is None else ()  # fit over every strategy lists invalid ones as such
+    if strategies is None and cluster.world_size == 1:
+        strategies = ["single"]
+    elif strategies is None:
+        engine = st.code(st.ENGINES, config.engine, "engine")
+        strategies = [name for i, name in enumerate(st.STRATEGIES)
+                      if bool(st.is_valid(i, engine)) and bool(st.valid_world_size(i, cluster.world_size))]
+    results = []
+    from shardplan.inputs.vocabulary import canonical
+
+    for name in strategies:
+        cfg = _with(config, strategy=canonical("strategy", name))  # model_copy does not validate: resolve aliases here
+        check_config(spec, cluster, cfg)
+        rule_notes = contradictions.check(cfg, cluster, spec, searched=searched)  # errors raise here
+        result = evaluate(spec, cluster, cfg, [*(notes or []), *rule_notes], allocator=allocator, bands=bands)
+        if not result.fits:
+            result = result.model_copy(update={"alternatives": alternatives(spec, cluster, cfg, allocator=allocator,
+                                                                            bands=bands)})
+        results.append(result)
+    return results
