@@ -338,6 +338,40 @@ def run_one(cfg: dict) -> dict:
         torch.zeros(1, device="cuda")
         rec["nvml_after_context"] = nvml_used_bytes()
     torch.manual_seed(0)
+    model, config = _build_and_load(cfg, dev, rec)
+    ac = cfg.get("ac", "none")
+    if ac != "none" and cfg["kind"] == "hf":  # FSDP runs were wrapped in _build_fsdp
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": ac == "full_reentrant"})
+        if cfg["method"] != "full":
+            model.enable_input_require_grads()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    rec["trainable_params"] = sum(p.numel() for p in params)
+    rec["total_params"] = sum(p.numel() for p in model.parameters())
+    opt = _optimizer(cfg.get("optimizer", "adamw_foreach"), params, dev)
+    b, s = cfg["micro_batch"], cfg["seq_len"]
+    ids = torch.randint(0, config.vocab_size, (b, s), device=dev)
+    autocast = cfg["kind"] == "hf" and cfg["method"] == "full" and dev == "cuda"
+    times, step_stats = _train_steps(model, opt, ids, cfg.get("steps", 3), dev, autocast)
+    rec["step_times_s"] = times
+    rec["steps"] = step_stats
+    if step_stats:
+        rec["max_allocated_bytes"] = max(x["allocated_bytes.all.peak"] for x in step_stats)
+        rec["max_reserved_bytes"] = max(x["reserved_bytes.all.peak"] for x in step_stats)
+        rec["nvml_used_after_steps"] = step_stats[-1]["nvml_used"]
+        # overall process peak (load included): the allocator's lifetime counters are per step here,
+        # so the process maximum reserved is the larger of load and steps
+        rec["process_max_reserved_bytes"] = max(rec["max_reserved_bytes"], rec.get("load_max_reserved_bytes", 0))
+    rec["tokens"] = b * s
+    rec["env"] = environment()
+    return rec
+
+
+def _build_and_load(cfg: dict, dev: str, rec: dict):
+    """The model (FSDP-wrapped, or HF with PEFT adapters) and its config; records the build time
+    and, on CUDA, the load-time allocator peaks and what stays allocated after loading."""
+    import torch
+
     t0 = time.perf_counter()
     if cfg["kind"] == "fsdp":
         model, config = _build_fsdp(cfg, dev)
@@ -352,29 +386,29 @@ def run_one(cfg: dict) -> dict:
         rec["load_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
         rec["after_load_allocated_bytes"] = torch.cuda.memory_allocated()
         rec["nvml_after_load"] = nvml_used_bytes()
-    ac = cfg.get("ac", "none")
-    if ac != "none" and cfg["kind"] == "hf":  # FSDP runs were wrapped in _build_fsdp
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": ac == "full_reentrant"})
-        if cfg["method"] != "full":
-            model.enable_input_require_grads()
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    rec["trainable_params"] = sum(p.numel() for p in params)
-    rec["total_params"] = sum(p.numel() for p in model.parameters())
-    opt_kind = cfg.get("optimizer", "adamw_foreach")
-    if opt_kind == "adamw_8bit":
+    return model, config
+
+
+def _optimizer(kind: str, params: list, dev: str):
+    """bitsandbytes' AdamW8bit, or torch's AdamW with the foreach or fused kernel (on CUDA; torch's
+    default on the CPU)."""
+    import torch
+
+    if kind == "adamw_8bit":
         import bitsandbytes as bnb
 
-        opt = bnb.optim.AdamW8bit(params, lr=1e-5)
-    else:
-        opt = torch.optim.AdamW(params, lr=1e-5, foreach=(opt_kind == "adamw_foreach") if dev == "cuda" else None,
-                                fused=(opt_kind == "adamw_fused") if dev == "cuda" else None)
-    b, s = cfg["micro_batch"], cfg["seq_len"]
-    vocab = config.vocab_size
-    ids = torch.randint(0, vocab, (b, s), device=dev)
-    autocast = cfg["kind"] == "hf" and cfg["method"] == "full" and dev == "cuda"
+        return bnb.optim.AdamW8bit(params, lr=1e-5)
+    return torch.optim.AdamW(params, lr=1e-5, foreach=(kind == "adamw_foreach") if dev == "cuda" else None,
+                             fused=(kind == "adamw_fused") if dev == "cuda" else None)
+
+
+def _train_steps(model, opt, ids, steps: int, dev: str, autocast: bool) -> tuple[list, list]:
+    """``steps`` training steps, each with the allocator's peaks reset before it; returns the step
+    times and, on CUDA, each step's allocator statistics with its forward / backward peaks."""
+    import torch
+
     times, step_stats = [], []
-    for step in range(cfg.get("steps", 3)):
+    for _ in range(steps):
         if dev == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -395,18 +429,7 @@ def run_one(cfg: dict) -> dict:
                       nvml_used=nvml_used_bytes())
             step_stats.append(st)
         times.append(time.perf_counter() - t)
-    rec["step_times_s"] = times
-    rec["steps"] = step_stats
-    if step_stats:
-        rec["max_allocated_bytes"] = max(x["allocated_bytes.all.peak"] for x in step_stats)
-        rec["max_reserved_bytes"] = max(x["reserved_bytes.all.peak"] for x in step_stats)
-        rec["nvml_used_after_steps"] = step_stats[-1]["nvml_used"]
-        # overall process peak (load included): the allocator's lifetime counters are per step here,
-        # so the process maximum reserved is the larger of load and steps
-        rec["process_max_reserved_bytes"] = max(rec["max_reserved_bytes"], rec.get("load_max_reserved_bytes", 0))
-    rec["tokens"] = b * s
-    rec["env"] = environment()
-    return rec
+    return times, step_stats
 
 
 def _layers(model):

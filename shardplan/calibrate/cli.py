@@ -69,25 +69,37 @@ def fsdp_cmd(
 ):
     """Measure FSDP training runs: per-category peak memory, phase peaks, step time, collectives;
     then print shardplan's prediction next to each measured category."""
-    import itertools
-
-    from shardplan.calibrate.config import RunConfig, default_grid
-    from shardplan.calibrate.launch import check_world_size, resolve_launch, run_grid
-    from shardplan.calibrate.results import flatten, read_jsonl, write_csv_atomic, write_json_atomic
+    from shardplan.calibrate.launch import run_grid
 
     _check_options(world_size=world_size, micro_batch=micro_batch, seq_len=seq_len, timeout=timeout)
     _check_outputs(out=out, csv=csv, json=json_out, compare_csv=compare_csv, compare_json=compare_json)
+    axes = {"world_size": world_size, "engine": engine, "strategy": strategy, "ac": ac}
+    fields = dict(model=model, param_dtype=param_dtype, reduce_dtype=reduce_dtype, optimizer=optimizer,
+                  micro_batch=micro_batch, seq_len=seq_len, fake_tensors=fake_tensors,
+                  **({"tiny": {}} if full_size else {}))
+    configs = _fsdp_configs(grid, config, launch, device, axes, fields)
+    run_grid(configs, out, isolate=isolate, timeout_s=timeout, resume=resume, retry_failed=retry_failed,
+             progress=_progress)
+    _report_fsdp(configs, out, csv, json_out)
+    _compare([out], compare_csv, compare_json, None)
+
+
+def _fsdp_configs(grid: str, config: Optional[Path], launch: str, device: Optional[str], axes: dict,
+                  fields: dict) -> list:
+    """The configurations to run: the built-in grid, a ``--config`` file, or the product of the
+    repeatable options (``axes``) over the single-valued ones (``fields``); each validated, and its
+    world size checked against the devices, before anything runs."""
+    import itertools
+
+    from shardplan.calibrate.config import RunConfig, default_grid
+    from shardplan.calibrate.launch import check_world_size, resolve_launch
+
     try:
         require("torch", "calibrate")  # before anything runs or is recorded
         if launch not in ("auto", "fake", "spawn", "torchrun"):
             raise ShardplanError("launch", launch, "expected auto, fake, spawn or torchrun")
         launch = resolve_launch(launch)
-        if device is None and launch != "fake":
-            import torch
-
-            # real ranks on a GPU box run on CUDA: say so, so their resume keys differ from CPU runs'
-            device = "cuda" if torch.cuda.is_available() else None
-        extra = {"device": device} if device else {}
+        extra = _device_field(launch, device)
         if grid == "default":
             configs = [c.model_copy(update=extra) for c in default_grid(launch=launch)]
         elif config is not None:
@@ -96,20 +108,33 @@ def fsdp_cmd(
             data = read_json(config, "config")
             configs = [RunConfig.model_validate(d) for d in (data if isinstance(data, list) else [data])]
         else:
-            base = {} if not full_size else {"tiny": {}}
-            configs = [RunConfig(model=model, world_size=w, engine=e, strategy=s, param_dtype=param_dtype,
-                                 reduce_dtype=reduce_dtype, ac=a, optimizer=optimizer, micro_batch=micro_batch,
-                                 seq_len=seq_len, launch=launch, fake_tensors=fake_tensors, **base, **extra)
-                       for w, e, s, a in itertools.product(world_size, engine, strategy, ac)]
+            configs = [RunConfig(**dict(zip(axes, values)), **fields, launch=launch, **extra)
+                       for values in itertools.product(*axes.values())]
         for c in configs:  # before anything runs: more ranks than GPUs would hang inside NCCL
             RunConfig.model_validate(c.model_dump())
             check_world_size(c)
     except ShardplanError:
         raise
     except (ValueError, OSError) as err:  # the --config file: unreadable, not JSON, or not a RunConfig
-        raise ShardplanError("config", str(config or grid or model), str(err).splitlines()[0]) from None
-    run_grid(configs, out, isolate=isolate, timeout_s=timeout, resume=resume, retry_failed=retry_failed,
-             progress=_progress)
+        raise ShardplanError("config", str(config or grid or fields["model"]), str(err).splitlines()[0]) from None
+    return configs
+
+
+def _device_field(launch: str, device: Optional[str]) -> dict:
+    """``{"device": ...}`` for every configuration, or nothing: real ranks on a GPU box run on CUDA,
+    and say so, so that their resume keys differ from CPU runs'."""
+    if device is None and launch != "fake":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else None
+    return {"device": device} if device else {}
+
+
+def _report_fsdp(configs: list, out: Path, csv: Optional[Path], json_out: Optional[Path]) -> None:
+    """Write the optional CSV / JSON of every record in ``out`` and print them; refuse (exit 2) when
+    none of this run's configurations was measured, so a script sees it."""
+    from shardplan.calibrate.results import flatten, read_jsonl, write_csv_atomic, write_json_atomic
+
     records = read_jsonl(out)
     rows = [flatten(r) for r in records]
     if csv:
@@ -119,11 +144,10 @@ def fsdp_cmd(
     _print_rows(rows)
     asked = {c.key() for c in configs}
     mine = [r for r in records if r.get("key") in asked]
-    if not any(r.get("status") == "ok" for r in mine):  # nothing measured: nothing to compare; a script must see it
+    if not any(r.get("status") == "ok" for r in mine):  # nothing measured: nothing to compare
         statuses = ", ".join(sorted({str(r.get("status")) for r in mine}))
         raise ShardplanError("out", str(out), f"none of the {len(asked)} configuration(s) was measured: recorded as "
                                               f"{statuses} (see the error column; --retry-failed runs them again)")
-    _compare([out], compare_csv, compare_json, None)
 
 
 def _compare(paths, csv_path, json_path, md_path, command: str = ""):
@@ -183,37 +207,17 @@ def collectives_cmd(
     """Benchmark (or import nccl-tests output for) AG/RS/AR and fit t = α + S·f(n)/B per size regime."""
     from dataclasses import asdict
 
-    from shardplan.calibrate.collectives import (benchmark_spawn, check_devices, default_sizes, fit_all,
-                                                 load_samples, parse_nccl_tests_file)
+    from shardplan.calibrate.collectives import fit_all
     from shardplan.calibrate.overlay import write_calibration
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
     _check_options(world_size=world_size, iters=iters, warmup=warmup, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
     _check_outputs(out=out, samples_csv=samples_csv, fits_json=fits_json)
-    got = []
-    source = {}
     if nccl_tests or samples:
-        ws = world_size[0] if world_size != [2] else None
-        for f in nccl_tests:
-            got += parse_nccl_tests_file(f, op=op, world_size=ws, tier=tier)
-        for f in samples:
-            got += load_samples(f)
-        source["imported"] = [str(f) for f in [*nccl_tests, *samples]]
+        got, source = _imported_samples(nccl_tests, samples, op=op, world_size=world_size, tier=tier)
     else:
-        if tier == "inter_node":
-            raise ShardplanError("tier", tier, "locally spawned ranks share one node; run "
-                                               "'torchrun ... -m shardplan.calibrate.collectives' across nodes")
-        torch = require("torch", "calibrate")
-
-        cuda = torch.cuda.is_available()
-        for w in world_size:
-            check_devices(w)
-        sizes = default_sizes(min_bytes, max_bytes, factor, cuda=cuda)
-        for w in world_size:
-            _progress(f"benchmarking all_gather / reduce_scatter / all_reduce on {w} local ranks, "
-                      f"{len(sizes)} sizes up to {sizes[-1]:,} B, {iters} iterations each ...")
-            got += benchmark_spawn(w, sizes=sizes, iters=iters, warmup=warmup, dtype=dtype, tier="intra_node")
-        source.update(_env())
+        got, source = _benchmarked_samples(world_size, tier=tier, min_bytes=min_bytes, max_bytes=max_bytes,
+                                           factor=factor, iters=iters, warmup=warmup, dtype=dtype)
     if samples_csv:  # written before fitting, so a refused fit can still be inspected
         write_csv_atomic(samples_csv, [dict(asdict(s), algbw_bytes_per_s=s.algbw_bytes_per_s,
                                             busbw_bytes_per_s=s.busbw_bytes_per_s) for s in got])
@@ -221,12 +225,55 @@ def collectives_cmd(
     if fits_json:
         write_json_atomic(fits_json, [f.to_dict() for f in fits])
     write_calibration(out, links=fits, source=source)
+    _print_link_fits(fits)
+    typer.echo(f"wrote {out}")
+
+
+def _imported_samples(nccl_tests: List[Path], samples: List[Path], op: Optional[str], world_size: List[int],
+                      tier: Optional[str]) -> tuple[list, dict]:
+    """Samples read from nccl-tests output and from files the torchrun benchmark wrote, and the
+    overlay's ``source`` naming those files. A ``--world-size`` other than the default states the
+    nccl-tests files' rank count."""
+    from shardplan.calibrate.collectives import load_samples, parse_nccl_tests_file
+
+    ws = world_size[0] if world_size != [2] else None
+    got = []
+    for f in nccl_tests:
+        got += parse_nccl_tests_file(f, op=op, world_size=ws, tier=tier)
+    for f in samples:
+        got += load_samples(f)
+    return got, {"imported": [str(f) for f in [*nccl_tests, *samples]]}
+
+
+def _benchmarked_samples(world_size: List[int], tier: Optional[str], min_bytes: int, max_bytes: Optional[int],
+                         factor: int, iters: int, warmup: int, dtype: str) -> tuple[list, dict]:
+    """Samples measured here, on ranks spawned on this node, and the overlay's ``source`` (the
+    environment they ran in)."""
+    from shardplan.calibrate.collectives import benchmark_spawn, check_devices, default_sizes
+
+    if tier == "inter_node":
+        raise ShardplanError("tier", tier, "locally spawned ranks share one node; run "
+                                           "'torchrun ... -m shardplan.calibrate.collectives' across nodes")
+    torch = require("torch", "calibrate")
+
+    cuda = torch.cuda.is_available()
+    for w in world_size:
+        check_devices(w)
+    sizes = default_sizes(min_bytes, max_bytes, factor, cuda=cuda)
+    got = []
+    for w in world_size:
+        _progress(f"benchmarking all_gather / reduce_scatter / all_reduce on {w} local ranks, "
+                  f"{len(sizes)} sizes up to {sizes[-1]:,} B, {iters} iterations each ...")
+        got += benchmark_spawn(w, sizes=sizes, iters=iters, warmup=warmup, dtype=dtype, tier="intra_node")
+    return got, _env()
+
+
+def _print_link_fits(fits: list) -> None:
     typer.echo("op              n  tier         segment             alpha_us   B_GB/s   R2_log  max_rel_err")
     for f in fits:
         for s in f.segments:
             typer.echo(f"{f.op:14s} {f.world_size:3d}  {f.tier:11s}  {s.min_bytes:>9d}-{s.max_bytes:<9d} "
                        f"{s.alpha_s * 1e6:9.2f} {_gb_per_s(s.bandwidth_bytes_per_s)}   {f.r2_log:.4f}  {f.max_rel_err:.3f}")
-    typer.echo(f"wrote {out}")
 
 
 def _gb_per_s(bandwidth: float | None) -> str:

@@ -263,8 +263,6 @@ def measure_hf(cfg: HFStackConfig, device="cpu") -> dict:
     the fake process group). ``device`` may be "cpu" or a CUDA device."""
     import torch
 
-    from shardplan.calibrate.runner import _tracker_with_category_max, environment
-
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -278,36 +276,7 @@ def measure_hf(cfg: HFStackConfig, device="cpu") -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    if cfg.wrapper == "fsdp1":
-        from shardplan.calibrate.storage_tracker import StorageTracker
-
-        tracker = StorageTracker(model, opt, (ids, labels))
-        with tracker:
-            opt.zero_grad(set_to_none=True)
-            with tracker.phase("forward"):
-                loss = model(input_ids=ids, labels=labels).loss
-            with tracker.phase("backward"):
-                loss.backward()
-            with tracker.phase("optimizer"):
-                opt.step()
-        summary = _storage_summary(tracker)
-    else:
-        if cfg.wrapper == "fsdp2":
-            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-            tracker = _tracker_with_category_max(FSDPMemTracker)(model, opt)
-            tracker.track_inputs((ids, labels))
-            fields = FSDP_FIELDS
-        else:
-            from torch.distributed._tools.mem_tracker import MemTracker
-
-            tracker = _tracker_with_category_max(MemTracker)()
-            tracker.track_external(model, opt)
-            _skip_frozen_grad_hooks(tracker, model)
-            fields = MEMTRACKER_FIELDS
-        with tracker:
-            loss = _step(model, opt, ids, labels)
-        summary = _mem_tracker_summary(tracker, model, fields, "OptState" if cfg.wrapper == "fsdp2" else "Optstate")
+    loss, summary = _tracked_step(cfg.wrapper, model, opt, ids, labels)
     record = {"key": cfg.key(), "status": "ok", "stack": "hf", "config": cfg.model_dump(mode="json"),
               "hf_config": cfg.hf_config(), "loss": float(loss.detach().float().item()), **summary}
     record["measured"].update(quant_state_bytes(model))
@@ -315,13 +284,50 @@ def measure_hf(cfg: HFStackConfig, device="cpu") -> dict:
     if device.type == "cuda":
         record["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
         record["cuda_max_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
+    record["env"] = _stack_environment(device)
+    return record
+
+
+def _tracked_step(wrapper: str, model, opt, ids, labels):
+    """One step under the tracker that fits the wrapper (``StorageTracker`` for FSDP1,
+    ``FSDPMemTracker`` for FSDP2, ``MemTracker`` unwrapped). Returns the loss and the tracker's
+    summary with this module's field names."""
+    from shardplan.calibrate.runner import _tracker_with_category_max
+
+    if wrapper == "fsdp1":
+        from shardplan.calibrate.storage_tracker import StorageTracker
+
+        tracker = StorageTracker(model, opt, (ids, labels))
+        loss = tracker.phased_step(lambda: model(input_ids=ids, labels=labels).loss)
+        return loss, _storage_summary(tracker)
+    if wrapper == "fsdp2":
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        tracker = _tracker_with_category_max(FSDPMemTracker)(model, opt)
+        tracker.track_inputs((ids, labels))
+        fields = FSDP_FIELDS
+    else:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = _tracker_with_category_max(MemTracker)()
+        tracker.track_external(model, opt)
+        _skip_frozen_grad_hooks(tracker, model)
+        fields = MEMTRACKER_FIELDS
+    with tracker:
+        loss = _step(model, opt, ids, labels)
+    return loss, _mem_tracker_summary(tracker, model, fields, "OptState" if wrapper == "fsdp2" else "Optstate")
+
+
+def _stack_environment(device) -> dict:
+    """The harness environment plus the versions of the stack under test and the device."""
     import bitsandbytes
     import peft
     import transformers
 
-    record["env"] = {**environment(), "transformers": transformers.__version__, "peft": peft.__version__,
-                     "bitsandbytes": bitsandbytes.__version__, "device": str(device)}
-    return record
+    from shardplan.calibrate.runner import environment
+
+    return {**environment(), "transformers": transformers.__version__, "peft": peft.__version__,
+            "bitsandbytes": bitsandbytes.__version__, "device": str(device)}
 
 
 class _NoHook:

@@ -192,6 +192,11 @@ def train_step(model, opt, inputs):
 
 
 # --- the measurement -------------------------------------------------------------------------
+SPEC_FIELDS = ("family", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "resolved_head_dim",
+               "intermediate_size", "vocab_size", "mlp", "norm", "tie_word_embeddings", "total_params",
+               "root_params", "largest_block_params")
+
+
 def measure(cfg: RunConfig) -> dict:
     """Build, wrap, train ``cfg.steps`` untracked steps (timed, collectives counted), then one step
     under the memory tracker. Returns this rank's record (plain JSON types)."""
@@ -204,65 +209,19 @@ def measure(cfg: RunConfig) -> dict:
     mesh = build_mesh(cfg, dev) if cfg.engine == "fsdp2" else None  # outside FakeTensorMode
     fake = FakeTensorMode() if cfg.fake_tensors else nullcontext()
     record: dict = {"key": cfg.key(), "status": "ok", "rank": rank, "config": cfg.model_dump(mode="json"),
-                    "spec": {k: getattr(spec, k) for k in ("family", "hidden_size", "num_layers", "num_heads",
-                                                            "num_kv_heads", "resolved_head_dim",
-                                                            "intermediate_size", "vocab_size", "mlp", "norm",
-                                                            "tie_word_embeddings", "total_params",
-                                                            "root_params", "largest_block_params")}}
+                    "spec": {k: getattr(spec, k) for k in SPEC_FIELDS}}
     with fake:
-        device = torch.device(dev, torch.cuda.current_device()) if dev == "cuda" else torch.device("cpu")
-        model = build_tiny_model(spec, dropout=cfg.dropout, device=device)
-        model.set_checkpointing(cfg.ac)
-        if cfg.engine == "fsdp2":
-            model = wrap_fsdp2(model, cfg, mesh)
-        else:
-            model = wrap_fsdp1(model, cfg, dev)
-        opt = build_optimizer(model, cfg)
-        ids = torch.randint(0, spec.vocab_size, (cfg.micro_batch, cfg.seq_len), device=device)
-        inputs = (ids, ids.clone())
-
-        times = []
-        for _ in range(cfg.steps):  # timed: no dispatch mode (Python per op) inside the timer
-            _sync(dev)
-            t0 = time.perf_counter()
-            loss = train_step(model, opt, inputs)
-            _sync(dev)
-            times.append(time.perf_counter() - t0)
-        counter = CollectiveCounter()
-        with counter:  # one more, untimed step counts the collectives
-            loss = train_step(model, opt, inputs)
-        _sync(dev)
+        model, opt, inputs = _build_run(cfg, spec, dev, mesh)
+        times, counter = _timed_steps(model, opt, inputs, cfg.steps, dev)
         if dev == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        # tracked step
-        if cfg.engine == "fsdp2":
-            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-            tracker = _tracker_with_category_max(FSDPMemTracker)(model, opt)
-            tracker.track_inputs(inputs)
-            with tracker:
-                loss = train_step(model, opt, inputs)
-        else:
-            from shardplan.calibrate.storage_tracker import StorageTracker
-
-            tracker = StorageTracker(model, opt, inputs)
-            with tracker:
-                opt.zero_grad(set_to_none=True)
-                with tracker.phase("forward"):
-                    loss = model(*inputs)
-                with tracker.phase("backward"):
-                    loss.backward()
-                with tracker.phase("optimizer"):
-                    opt.step()
+        tracker, loss = _tracked_step(model, opt, inputs, cfg.engine)
         _sync(dev)
 
     record.update(_tracker_summary(tracker, model, cfg) if cfg.engine == "fsdp2" else _storage_summary(tracker))
     record["device"] = dev
     record["loss"] = None if cfg.fake_tensors else float(loss.detach().float().item())
-    warm = times[1:]
-    record["step_time_s"] = None if cfg.fake_tensors else statistics.median(warm)
-    record["step_times_s"] = times
-    record["collectives"] = {k: {"count": counter.counts[k], "bytes": counter.bytes[k]} for k in counter.counts}
+    record.update(_timing_fields(times, counter, cfg.fake_tensors))
     if dev == "cuda":
         stats = torch.cuda.memory_stats()
         record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -270,6 +229,63 @@ def measure(cfg: RunConfig) -> dict:
         record["cuda_active_peak_bytes"] = stats.get("active_bytes.all.peak")
     record["env"] = environment()
     return record
+
+
+def _build_run(cfg: RunConfig, spec, dev: str, mesh):
+    """The tiny model (checkpointed as ``cfg.ac`` says) wrapped by ``cfg.engine``, its optimizer, and
+    one micro-batch of random token ids (inputs and labels)."""
+    device = torch.device(dev, torch.cuda.current_device()) if dev == "cuda" else torch.device("cpu")
+    model = build_tiny_model(spec, dropout=cfg.dropout, device=device)
+    model.set_checkpointing(cfg.ac)
+    if cfg.engine == "fsdp2":
+        model = wrap_fsdp2(model, cfg, mesh)
+    else:
+        model = wrap_fsdp1(model, cfg, dev)
+    opt = build_optimizer(model, cfg)
+    ids = torch.randint(0, spec.vocab_size, (cfg.micro_batch, cfg.seq_len), device=device)
+    return model, opt, (ids, ids.clone())
+
+
+def _timed_steps(model, opt, inputs, steps: int, dev: str):
+    """``steps`` timed training steps (no dispatch mode, so no Python per op, inside the timer), then
+    one more, untimed step that counts the collectives. Returns the step times and the counter."""
+    times = []
+    for _ in range(steps):
+        _sync(dev)
+        t0 = time.perf_counter()
+        train_step(model, opt, inputs)
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    counter = CollectiveCounter()
+    with counter:
+        train_step(model, opt, inputs)
+    _sync(dev)
+    return times, counter
+
+
+def _tracked_step(model, opt, inputs, engine: str):
+    """One step under the memory tracker: torch's ``FSDPMemTracker`` for FSDP2, this package's
+    ``StorageTracker`` (phases marked) for FSDP1. Returns the tracker and the step's loss."""
+    if engine == "fsdp2":
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        tracker = _tracker_with_category_max(FSDPMemTracker)(model, opt)
+        tracker.track_inputs(inputs)
+        with tracker:
+            loss = train_step(model, opt, inputs)
+        return tracker, loss
+    from shardplan.calibrate.storage_tracker import StorageTracker
+
+    tracker = StorageTracker(model, opt, inputs)
+    return tracker, tracker.phased_step(lambda: model(*inputs))
+
+
+def _timing_fields(times: list, counter, fake_tensors: bool) -> dict:
+    """Step time (the median after the first, warm-up step; none under fake tensors, which do no
+    work), every step's time, and the collectives counted per op."""
+    return {"step_time_s": None if fake_tensors else statistics.median(times[1:]),
+            "step_times_s": times,
+            "collectives": {k: {"count": counter.counts[k], "bytes": counter.bytes[k]} for k in counter.counts}}
 
 
 def _tracker_summary(tracker, model, cfg: RunConfig) -> dict:

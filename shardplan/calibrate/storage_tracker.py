@@ -28,7 +28,7 @@ Adam's per-tensor ``step`` scalars and the CPU-side inputs are host memory and m
 the GPU's bytes. ``snapshot()``, ``current``, ``cat_max`` and ``peaks[phase]`` are keyed by device.
 
 Phase peaks are taken over the forward call (loss included), the backward call and the optimizer
-step, which ``train_step`` marks with ``phase(...)``; each device's phase peak is its own maximum.
+step, which ``phased_step`` marks with ``phase(...)``; each device's phase peak is its own maximum.
 """
 
 from __future__ import annotations
@@ -201,6 +201,19 @@ class StorageTracker(TorchDispatchMode):
         finally:
             self._update()
             self.phase_name = prev
+
+    def phased_step(self, forward):
+        """One training step under this tracker, its phases marked: ``forward()`` (the forward call,
+        loss included) returns the loss, then the backward call and the optimizer step. Returns the loss."""
+        with self:
+            self.optimizer.zero_grad(set_to_none=True)
+            with self.phase("forward"):
+                loss = forward()
+            with self.phase("backward"):
+                loss.backward()
+            with self.phase("optimizer"):
+                self.optimizer.step()
+        return loss
 
     def __enter__(self):
         self.register_state()

@@ -291,10 +291,41 @@ def read_back(text: str) -> dict[str, Any]:
     plan line of the comment header."""
     c = _constants_of(text)
     fsdp1 = "FullyShardedDataParallel(" in text
-    ddp = "DistributedDataParallel(" in text
+    strategy, shard, world = _layout_of(text, c, fsdp1)
+    every = c["CHECKPOINT_EVERY"]
+    ac = ("none" if not every else "selective" if "create_selective_checkpoint_contexts" in text
+          else "full" if every == 1 else "every-k")
+    offload = "optimizer+params" if ("CPUOffloadPolicy(pin" in text or "offload_params=True" in text) else "none"
+    out: dict[str, Any] = {
+        "engine": "fsdp1" if fsdp1 else "fsdp2", "strategy": strategy, "precision": _precision_of(text), "ac": ac,
+        "offload": offload, "micro_batch": c["MICRO_BATCH"], "grad_accum": c["GRAD_ACCUM"], "seq_len": c["SEQ_LEN"],
+        "block_class": c["BLOCK_CLASS"],
+        "method": "qlora" if "load_in_4bit=True" in text else "lora" if "LORA_RANK" in c else "full",
+    }
+    if ac == "every-k":
+        out["ac_every_k"] = every
+    if shard is not None:
+        out["shard_group_size"] = shard
+    if world is not None:
+        out["world_size"] = world
+    if "LORA_RANK" in c:
+        out["lora_rank"] = c["LORA_RANK"]
+    if fsdp1 and "DistributedDataParallel(" not in text and strategy != "single":
+        out.update(_fsdp1_prefetch_of(text))
+    opt = re.search(r"return (torch\.optim\.(\w+)|bnb\.optim\.(\w+)|Lion)\(", text)
+    out["optimizer"] = {"AdamW": "adamw", "SGD": "sgd", "Adafactor": "adafactor", "AdamW8bit": "adamw-8bit",
+                        None: "lion"}[opt.group(2) or opt.group(3)]
+    header = re.search(r"^# shardplan-plan: (.*)$", text, re.MULTILINE)
+    out["header"] = json.loads(header.group(1)) if header else None
+    return out
+
+
+def _layout_of(text: str, c: dict[str, Any], fsdp1: bool) -> tuple[str, int | None, int | None]:
+    """(strategy, shard group size, world size) from the wrapper the code calls, FSDP1's
+    ``ShardingStrategy`` or FSDP2's ``MESH_SHAPE`` and ``RESHARD_AFTER_FORWARD``."""
     mesh = c.get("MESH_SHAPE")
     world = None
-    if ddp:
+    if "DistributedDataParallel(" in text:
         strategy, shard = "ddp", 1
     elif "single: one GPU, no wrapper" in text:
         strategy, shard = "single", 1
@@ -312,41 +343,24 @@ def read_back(text: str) -> dict[str, Any]:
             strategy, shard = ("hybrid_shard" if reshard else "hybrid_shard_zero2"), mesh[1]
     if mesh:
         world = mesh[0] * (mesh[1] if len(mesh) > 1 else 1)
+    return strategy, shard, world
+
+
+def _precision_of(text: str) -> str:
+    """The precision the code trains in: a pure-bf16 cast, a ``param_dtype`` policy, autocast, or fp32."""
     dtype = re.search(r"param_dtype=torch\.(\w+)", text)
     if "model.to(torch.bfloat16)" in text:
-        precision = "bf16-pure"
-    elif dtype:
-        precision = {"bfloat16": "bf16-mixed", "float16": "fp16-mixed"}[dtype.group(1)]
-    elif "torch.autocast" in text:
-        precision = "bf16-mixed" if "torch.bfloat16)" in text else "fp16-mixed"
-    else:
-        precision = "fp32"
-    every = c["CHECKPOINT_EVERY"]
-    ac = ("none" if not every else "selective" if "create_selective_checkpoint_contexts" in text
-          else "full" if every == 1 else "every-k")
-    offload = "optimizer+params" if ("CPUOffloadPolicy(pin" in text or "offload_params=True" in text) else "none"
-    out: dict[str, Any] = {
-        "engine": "fsdp1" if fsdp1 else "fsdp2", "strategy": strategy, "precision": precision, "ac": ac,
-        "offload": offload, "micro_batch": c["MICRO_BATCH"], "grad_accum": c["GRAD_ACCUM"], "seq_len": c["SEQ_LEN"],
-        "block_class": c["BLOCK_CLASS"],
-        "method": "qlora" if "load_in_4bit=True" in text else "lora" if "LORA_RANK" in c else "full",
-    }
-    if ac == "every-k":
-        out["ac_every_k"] = every
-    if shard is not None:
-        out["shard_group_size"] = shard
-    if world is not None:
-        out["world_size"] = world
-    if "LORA_RANK" in c:
-        out["lora_rank"] = c["LORA_RANK"]
-    if fsdp1 and not ddp and strategy != "single":
-        out["forward_prefetch"] = "forward_prefetch=True" in text
-        out["limit_all_gathers"] = "limit_all_gathers=True" in text
-        m = re.search(r"backward_prefetch=BackwardPrefetch\.(\w+)", text)
-        out["backward_prefetch"] = m.group(1) if m else "NONE"
-    opt = re.search(r"return (torch\.optim\.(\w+)|bnb\.optim\.(\w+)|Lion)\(", text)
-    out["optimizer"] = {"AdamW": "adamw", "SGD": "sgd", "Adafactor": "adafactor", "AdamW8bit": "adamw-8bit",
-                        None: "lion"}[opt.group(2) or opt.group(3)]
-    header = re.search(r"^# shardplan-plan: (.*)$", text, re.MULTILINE)
-    out["header"] = json.loads(header.group(1)) if header else None
-    return out
+        return "bf16-pure"
+    if dtype:
+        return {"bfloat16": "bf16-mixed", "float16": "fp16-mixed"}[dtype.group(1)]
+    if "torch.autocast" in text:
+        return "bf16-mixed" if "torch.bfloat16)" in text else "fp16-mixed"
+    return "fp32"
+
+
+def _fsdp1_prefetch_of(text: str) -> dict[str, Any]:
+    """FSDP1's prefetch knobs as the ``FullyShardedDataParallel(...)`` call states them."""
+    m = re.search(r"backward_prefetch=BackwardPrefetch\.(\w+)", text)
+    return {"forward_prefetch": "forward_prefetch=True" in text,
+            "limit_all_gathers": "limit_all_gathers=True" in text,
+            "backward_prefetch": m.group(1) if m else "NONE"}
