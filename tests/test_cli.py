@@ -44,7 +44,7 @@ def test_fit_json_single_strategy(capsys):
     assert sum(r["per_gpu"]["breakdown"].values()) == r["per_gpu"]["peak_allocated_bytes"]
     assert all(isinstance(v, int) for v in r["per_gpu"]["breakdown"].values())
     assert r["per_gpu"]["peak_reserved_bytes"] >= r["per_gpu"]["peak_allocated_bytes"]
-    # ~16 bytes/param of model state over 4 GPUs = ~282 GB (DESIGN.md §1).
+    # ~16 bytes/param of model state over 4 GPUs = ~282 GB (ZeRO paper, SC'20, §3.1: 16Ψ for mixed-precision Adam).
     assert r["per_gpu"]["model_state_bytes"] / 1e9 == pytest.approx(282.2, abs=1)
     assert isinstance(r["per_node"]["host_bytes"], int)
     assert any(a["verdict"] in ("fits", "tight") and a["config"]["method"] == "qlora" for a in r["alternatives"])

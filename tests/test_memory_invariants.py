@@ -64,7 +64,7 @@ def test_strategy_ordering_of_model_states(dims, world):
         assert at(st.FULL_SHARD, engine) <= at(st.SHARD_GRAD_OP, engine) <= at(st.DDP, engine)
     ds = st.DEEPSPEED
     assert at(st.FULL_SHARD, ds) <= at(st.ZERO2, ds) <= at(st.ZERO1, ds) <= at(st.DDP, ds)
-    # Across engines, as DESIGN.md §2 maps them: full_shard ≤ shard_grad_op ≤ zero1 ≤ ddp.
+    # Across engines, as strategy.FRAMEWORK_NAMES maps them: full_shard ≤ shard_grad_op ≤ zero1 ≤ ddp.
     assert at(st.FULL_SHARD, st.FSDP2) <= at(st.SHARD_GRAD_OP, st.FSDP2) <= at(st.ZERO1, ds) <= at(st.DDP, st.FSDP2)
 
 

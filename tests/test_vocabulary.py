@@ -169,7 +169,7 @@ def _plan(capsys, *argv) -> dict:
 
 
 def test_plan_takes_the_query_and_searches_the_method(capsys):
-    # full fine-tuning of 70B cannot fit 4x24 GB (~16 bytes/param of model state, DESIGN.md §1);
+    # full fine-tuning of 70B cannot fit 4x24 GB (~16 bytes/param of model state, ZeRO paper, SC'20, §3.1);
     # with the method searched, a QLoRA plan does
     result = _plan(capsys, "70B on 4x24GB")
     assert result["plans"] and result["methods"] == ["full", "lora", "qlora"]

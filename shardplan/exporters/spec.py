@@ -28,7 +28,7 @@ DTYPES = {
 }
 # reduce_dtype knob (st.REDUCE_DTYPES, "param" resolved by st.reduce_dtype_name) -> torch name
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# DeepSpeed ZeRO stage per strategy (DESIGN.md §2 table).
+# DeepSpeed ZeRO stage per strategy (ZeRO paper, SC'20, §5: stage 1 P_os, 2 P_os+g, 3 P_os+g+p; docs/vocabulary.md).
 ZERO_STAGE = {"ddp": 0, "no_shard": 0, "zero1": 1, "zero2": 2, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
 # peft target_modules per shardplan lora_targets (Llama-style projection names).
 LORA_TARGET_MODULES = {"all-linear": "all-linear", "attention": ["q_proj", "k_proj", "v_proj", "o_proj"],

@@ -8,7 +8,8 @@ backward, at the compute dtype's width ``a`` bytes (2 for 16-bit, 4 for fp32):
   "copy" is the input itself), its fp32 rstd (4 bytes) and the normalized 16-bit tensor that the
   weight multiply saves (a·h).
 * norm output, saved by the next Linear for its weight gradient: a·h.
-* attention, SDPA (flash / memory-efficient / CPU flash kernels; DESIGN.md §4): q and k after
+* attention, SDPA (flash / memory-efficient / CPU flash kernels; FlashAttention-2, Dao 2023, arXiv
+  2307.08691, §3.1: the forward keeps O and the row-wise log-sum-exp for backward): q and k after
   RoPE, v, the output O and the per-head log-sum-exp (fp32): a·(2·q + 2·kv) + 4·heads. O is also
   what ``o_proj`` saves: the kernels return O in (b, s, heads, d) layout, so HF's
   ``transpose(1, 2).contiguous()`` is a no-op and no second copy exists (measured:

@@ -4,7 +4,7 @@ Conventions (nccl-tests ``doc/PERFORMANCE.md``): ``S`` is the full message (all-
 reduce-scatter input, all-reduce tensor). In a ring of ``n`` ranks each rank sends
 ``(n−1)/n·S`` bytes for all-gather / reduce-scatter and ``2(n−1)/n·S`` for all-reduce; that
 factor turns algorithm bandwidth (``S/t``) into bus bandwidth, which is what a link sustains.
-"Bytes each GPU moves" below are always ``f(n)·S`` (DESIGN.md §4).
+"Bytes each GPU moves" below are always ``f(n)·S`` (that bus-bandwidth factor times the message).
 
 Per strategy (ZeRO paper, SC'20, §7 "communication analysis"; FSDP notes; DeepSpeed):
 

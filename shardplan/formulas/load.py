@@ -1,7 +1,7 @@
 """The load-time peak: device memory while the weights reach the GPUs, before training starts.
 
-How a stack loads decides a peak of its own, separate from the training step's (DESIGN.md §5,
-"Load, save and first step"; accelerate#2515, axolotl#1717). Per ``load_mode``
+How a stack loads decides a peak of its own, separate from the training step's
+(huggingface/accelerate#2515, axolotl-ai-cloud/axolotl#1717). Per ``load_mode``
 (``strategy.LOAD_MODES``), bytes on each GPU:
 
 * ``full_per_gpu`` — every rank puts the whole model on its GPU, then the wrapper shards it

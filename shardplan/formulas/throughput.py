@@ -19,7 +19,9 @@ what flash kernels execute (FlashAttention-2 paper, §4.1, counts causal FLOPs a
 activation checkpointing adds one forward (8N instead of 6N); selective (Korthikanti et al. 2022,
 §5) recomputes the attention core; LoRA skips the frozen base's weight gradients (4N for the base).
 
-Overlap (DESIGN.md §4): per micro-batch, forward Σ max(compute_i, AG_{i+1}), backward
+Overlap (PyTorch FSDP notes, ``docs/source/notes/fsdp.rst`` "FSDP Prefetch Nuances": all-gathers on
+their own stream overlap earlier compute, the first one cannot; Zhao et al. 2023, arXiv 2304.11277,
+§3.3, Fig. 5): per micro-batch, forward Σ max(compute_i, AG_{i+1}), backward
 Σ max(compute_i, AG_{i−1} + RS_{i+1}) on one communication stream (HSDP's replica all-reduce on its
 own stream, max'ed alongside), the first all-gather and the last reduce-scatter exposed. Overlap is
 not free: a running collective holds φ = NCCL CTAs / SMs of the GPU, so each interval is

@@ -2,7 +2,7 @@
 
 ``TrainingConfig`` is what a user states (names); ``Columns`` is what formulas read (numbers).
 A single query is a one-row sweep: ``Columns.build`` accepts scalars or arrays for every field
-and broadcasts them, so the same formulas serve both (DESIGN.md §3, principle 2).
+and broadcasts them, so the same formulas serve both (docs/architecture.md, principle 2).
 """
 
 from __future__ import annotations

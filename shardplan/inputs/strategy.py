@@ -1,7 +1,7 @@
-"""The strategy vocabulary (DESIGN.md §2), its knobs, and which combinations are valid.
+"""The strategy vocabulary (docs/vocabulary.md), its knobs, and which combinations are valid.
 
 Every categorical knob is an index into a tuple of names, so formulas can take numpy integer
-arrays and branch with ``np.where`` (DESIGN.md §3, principle 2). ``*_names`` tuples are the only
+arrays and branch with ``np.where`` (docs/architecture.md, principle 2). ``*_names`` tuples are the only
 place the spelling lives.
 """
 
@@ -64,7 +64,7 @@ LORA_TARGETS = ("qv", "attention", "all-linear", "all-linear+embeddings")
 REDUCE_DTYPES = ("fp32", "bf16", "fp16", "param")
 REDUCE_FP32, REDUCE_BF16, REDUCE_FP16, REDUCE_PARAM = range(len(REDUCE_DTYPES))
 
-# Which framework names each strategy maps to (DESIGN.md §2), for reports and exports.
+# Which framework names each strategy maps to, for reports and exports (docs/vocabulary.md).
 FRAMEWORK_NAMES = {
     "ddp": {"fsdp1": "DistributedDataParallel", "fsdp2": "replicate / DDP", "deepspeed": "stage 0"},
     "no_shard": {"fsdp1": "ShardingStrategy.NO_SHARD", "fsdp2": "fully_shard on a (replicate=n, shard=1) mesh", "deepspeed": "stage 0"},
@@ -120,7 +120,7 @@ def reduce_dtype_name(reduce_dtype: int, precision: int) -> str:
 
 
 def is_valid(strategy, engine) -> np.ndarray:
-    """Combinations a framework can express (DESIGN.md §2 table).
+    """Combinations a framework can express (docs/vocabulary.md "Strategies in each framework").
 
     zero1/zero2 exist only in DeepSpeed; hybrid_shard_zero2 has no DeepSpeed equivalent.
     DeepSpeed's shard_grad_op is run as stage 2 and hybrid_shard as stage 3 with hpZ. ``single``

@@ -1,6 +1,6 @@
 """Byte and bandwidth units, and parsing of human sizes ("24GB", "1.3B", "1M").
 
-Capacities are reported in GiB (2**30) and bandwidths in GB/s (10**9), as DESIGN.md §3 fixes.
+Capacities are reported in GiB (2**30) and bandwidths in GB/s (10**9) (docs/architecture.md, principle 3).
 GPU memory sizes written by vendors as "24 GB" are binary (24 GiB of HBM/GDDR), so a capacity
 string is read as binary; a parameter count or token count is decimal.
 """

@@ -62,11 +62,11 @@ _PRECISION_BY_STACK = "the chosen stack's meaning (data/stack_profiles/*.json 'w
 KNOBS: dict[str, Knob] = {k.field: k for k in (
     Knob("strategy", "sharding strategy", st.STRATEGIES, (
         Alias("zero3", "full_shard", "DeepSpeed ZeRO stage 3 shards parameters, gradients and optimizer states: "
-                                     "FSDP FULL_SHARD (DESIGN.md §2)"),
+                                     "FSDP FULL_SHARD (ZeRO paper, SC'20, §5)"),
         Alias("fsdp", "full_shard", "FSDP's default ShardingStrategy is FULL_SHARD (torch.distributed.fsdp "
                                     "FullyShardedDataParallel; fully_shard reshards after forward by default)"),
         Alias("hsdp", "hybrid_shard", "hybrid sharded data parallel: FSDP HYBRID_SHARD, fully_shard on a 2-D mesh"),
-        Alias("zero0", "ddp", "DeepSpeed stage 0 shards nothing: data parallelism (DESIGN.md §2)"),
+        Alias("zero0", "ddp", "DeepSpeed stage 0 shards nothing: data parallelism (DeepSpeed ZeroStageEnum.disabled)"),
     ), keys=("strategy",), bare=True, option="--strategy"),
     Knob("engine", "sharding engine", st.ENGINES, (
         Alias("ds", "deepspeed", "the usual abbreviation of DeepSpeed"),

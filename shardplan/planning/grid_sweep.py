@@ -4,7 +4,7 @@
 returns a pandas DataFrame with one row per configuration, whose columns carry the names of the
 record fields (``estimate_memory``'s terms, ``comm_volume`` / ``comm_times``, and step time /
 tokens/s / MFU when ``shardplan.formulas.throughput`` provides them). No formula lives here: this module
-only lays the product out and calls ``memory``, ``comm`` and ``throughput`` (DESIGN.md §3,
+only lays the product out and calls ``memory``, ``comm`` and ``throughput`` (docs/architecture.md,
 principle 2: a single query is a one-row sweep).
 
 How the product is evaluated, without a Python loop per configuration:

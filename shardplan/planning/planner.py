@@ -3,7 +3,7 @@ HSDP shard-group size × gradient-sync mode as one vectorized evaluation, keep w
 throughput (ties: more headroom), and explain the winners and the rejected families.
 
 The whole grid is one ``Columns`` with one row per candidate; ``estimate_memory``, ``comm_volume``
-and ``step_time`` each run once over it (DESIGN.md §3, principle 2).
+and ``step_time`` each run once over it (docs/architecture.md, principle 2).
 """
 
 from __future__ import annotations
