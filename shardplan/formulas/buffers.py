@@ -34,7 +34,7 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import compute_dtype_bytes
-from shardplan.formulas.model_states import padded_unit_elements, quant_bytes_per_param
+from shardplan.formulas.model_states import padded_unit_elements, quant_bytes_per_param, trainable_fraction, trainable_params
 
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 
@@ -59,10 +59,6 @@ def unsharded_block_bytes_per_param(c):
     blocks = np.maximum(c.total_params - c.root_params, 1)
     qlora = (c.quantizable_params * quant_bytes_per_param(c.quant_format) + 2 * (blocks - c.quantizable_params)) / blocks
     return np.select([c.method == st.LORA, c.method == st.QLORA], [2.0, qlora], a)
-
-
-def trainable_fraction(c):
-    return np.where(c.method == st.FULL, 1.0, c.lora_params / c.total_params)
 
 
 def fsdp_units(c, n_p):
@@ -147,7 +143,7 @@ def optimizer_step_temporaries(c, optimizer_shard_degree):
     that parameter's post-accumulate-grad hook (torchtune ``training.register_optim_in_bwd_hooks``),
     so only one parameter's temporaries exist at a time (``largest_module_params``' share).
     """
-    trainable = np.where(c.method == st.FULL, c.total_params, c.lora_params)
+    trainable = trainable_params(c)
     master = np.where(c.precision == st.BF16_PURE, 2, 4)
     has_temp = (c.optimizer == st.ADAMW) | (c.optimizer == st.LION)
     on_gpu = c.offload == st.OFFLOAD_NONE

@@ -72,6 +72,20 @@ def quant_bytes_per_param(quant_format):
                                                                  NF4_PACKED_BYTES_PER_PARAM))
 
 
+def trainable_params(c):
+    """Parameters the optimizer updates: every parameter for a full fine-tune; only the adapters
+    (``lora_params``, ``shardplan.inputs.model.lora_blocks_params`` + ``lora_root_params``) for LoRA
+    and QLoRA, whose base is frozen (PEFT marks it ``requires_grad=False``)."""
+    return np.where(np.asarray(c.method) == st.FULL, c.total_params, c.lora_params)
+
+
+def trainable_fraction(c):
+    """Trainable share of all parameters (1.0 for a full fine-tune): scales the per-unit gradient
+    terms, whose units hold trainable and frozen parameters alike. ASSUMPTION: adapters spread over
+    the blocks as the base parameters do."""
+    return trainable_params(c) / np.asarray(c.total_params, dtype=np.float64)
+
+
 def quant_replicated(c):
     """GPTQ/AWQ weights are int32 *buffers* (``qweight``, ``qzeros``, ``scales``), not float
     ``nn.Parameter``s, so FSDP and ZeRO-3 leave them whole on every rank (fms-acceleration#12,
@@ -137,6 +151,8 @@ def zero_paper_model_state_bytes(params, world_size, stage, k=12):
     return 2 * params / p_shard + 2 * params / g_shard + k * params / o_shard
 
 
+# Distinct dim-0 sizes a model's tensors are summarised by for FSDP2's per-tensor padding: the
+# ``pad_*`` columns of ``shardplan.inputs.config.Columns`` (described there) hold PAD_GROUPS groups.
 PAD_GROUPS = 6
 ADAM_STEP_BYTES = 4  # torch.optim.Adam/AdamW ``state["step"]``: one fp32 scalar tensor per parameter tensor
 
@@ -147,7 +163,7 @@ def padded_shard_elements(c, n, unit="model"):
     ceil(dim0 / n) rows of every tensor (torch ``_fully_shard/_fsdp_param.py``; measured:
     fsdp2_facts.json ``sharded_param_over_padded_total_fp32_div_W`` = 1, and the tiny W=64 runs
     where the k/v projections' 32 rows pad to 64). Rank 0 holds the largest shard; the harness
-    reports it. The ``pad_*`` columns are described in ``shardplan.inputs.config.PAD_GROUPS``."""
+    reports it. The ``pad_*`` columns are described in ``shardplan.inputs.config`` (beside ``Columns``)."""
     n = np.maximum(np.asarray(n), 1)
     total = 0
     for k in range(PAD_GROUPS):
@@ -215,7 +231,7 @@ def model_states(c, optimizer_step_on_device=False):
     fsdp = ~ds & (c.strategy != st.DDP) & (c.strategy != st.SINGLE)
     peft = c.method != st.FULL
 
-    trainable = np.where(peft, c.lora_params, c.total_params)
+    trainable = trainable_params(c)
     frozen = np.where(peft, c.total_params, 0)
     # Frozen base: 16-bit (LoRA) or 4-bit for block Linears and 16-bit for the rest (QLoRA),
     # sharded like any float parameter (NF4 with a float ``bnb_4bit_quant_storage``; GPTQ/AWQ

@@ -34,7 +34,8 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
-from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, trainable_params
+from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume
+from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.hardware import DEFAULT_SM_COUNT
 
 # Per-GPU coefficients are profile data (``shardplan/inputs/hardware.py`` ``GPUProfile``, each number cited in

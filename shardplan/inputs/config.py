@@ -17,7 +17,7 @@ from shardplan.inputs import strategy as st
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import (ModelSpec, block_linear_bias_params, block_linear_params, lora_adapted_inputs,
                              lora_blocks_params, lora_root_params)
-from shardplan.formulas.model_states import nf4_quant_state_bytes
+from shardplan.formulas.model_states import PAD_GROUPS, nf4_quant_state_bytes
 from shardplan.formulas.overheads import nccl_bytes_for_link
 
 
@@ -101,14 +101,14 @@ MODEL_FIELDS = (
     "quantized_tensors", "quant_state_bytes", "quantized_bias_params", "lora_adapted_in", "lora_unique_in", "lora_adapted_linears",
     "lora_rank_out", "lora_qkv_adapted", "lora_mlp_adapted", "extra_norms", "norm_fp32", "attn_norm_width",
     "attn_norm_rows", "fused_qkv",
-) + tuple(f"pad_{what}_{k}" for what in ("dim0", "model", "root", "block") for k in range(6))
+) + tuple(f"pad_{what}_{k}" for what in ("dim0", "model", "root", "block") for k in range(PAD_GROUPS))
 
 # Per-tensor padding (FSDP2 pads each tensor's dim 0 to a multiple of the shard count) needs the
 # tensors. They are summarised per model as up to PAD_GROUPS distinct dim-0 sizes with, for each,
 # the elements per dim-0 row summed over the tensors that share it (whole model, root unit, largest
 # block): padded elements per rank = sum_k ceil(dim0_k / N) * cols_k. dim0 = 0 marks a group kept
 # unpadded (tensors beyond the first PAD_GROUPS - 1 sizes, and Columns built without shapes).
-PAD_GROUPS = 6
+# PAD_GROUPS is defined once, beside the formula that reads the groups (model_states.padded_shard_elements).
 
 
 @dataclass(frozen=True)
@@ -329,8 +329,6 @@ def padding_groups(spec: ModelSpec) -> dict[str, int]:
 def spec_quant_state_bytes(spec: ModelSpec) -> int:
     """NF4 quant_state bytes of the model's block Linear weights, tensor by tensor (exact)."""
     import math
-
-    from shardplan.formulas.model_states import nf4_quant_state_bytes
 
     return int(sum(nf4_quant_state_bytes(math.prod(t), 1) for unit, shapes in spec.parameter_shapes().items()
                    if unit != "root" for t in shapes if len(t) == 2))
