@@ -34,7 +34,8 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import compute_dtype_bytes
-from shardplan.formulas.model_states import padded_unit_elements, quant_bytes_per_param, trainable_fraction, trainable_params
+from shardplan.formulas.model_states import (padded_unit_elements, qlora_block_bytes_per_param, trainable_fraction,
+                                             trainable_params)
 
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 
@@ -56,9 +57,7 @@ def unsharded_block_bytes_per_param(c):
     """Bytes of one block parameter once gathered: the compute dtype, or the frozen base's storage
     (16-bit for LoRA; NF4 Linears with 16-bit norms for QLoRA)."""
     a = compute_dtype_bytes(c.precision)
-    blocks = np.maximum(c.total_params - c.root_params, 1)
-    qlora = (c.quantizable_params * quant_bytes_per_param(c.quant_format) + 2 * (blocks - c.quantizable_params)) / blocks
-    return np.select([c.method == st.LORA, c.method == st.QLORA], [2.0, qlora], a)
+    return np.select([c.method == st.LORA, c.method == st.QLORA], [2.0, qlora_block_bytes_per_param(c)], a)
 
 
 def fsdp_units(c, n_p):

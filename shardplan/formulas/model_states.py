@@ -26,13 +26,15 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 
-# QLoRA 4-bit NF4 storage with double quantization (Dettmers et al. 2023, §3 "Double
-# Quantization"): 4 bits per weight + 8-bit absmax per 64-weight block + an fp32 constant per
-# 256 such blocks = 0.5 + 1/64 + 4/(64·256) bytes per weight.
-NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+# bitsandbytes NF4 with double quantization (Dettmers et al. 2023, §3 "Double Quantization";
+# bitsandbytes ``functional.quantize_4bit`` with compress_statistics): the packed 4-bit weight,
+# a uint8 absmax per NF4_BLOCK weights, an fp32 nested absmax per NF4_NESTED_BLOCK such blocks.
 NF4_PACKED_BYTES_PER_PARAM = 0.5
 NF4_BLOCK = 64            # bitsandbytes ``quantize_4bit`` blocksize (uint8 absmax per block after double quant)
 NF4_NESTED_BLOCK = 256    # double quantization: one fp32 absmax per 256 first-level absmax values
+# The paper's mean storage per weight of a large tensor, 0.5 + 1/64 + 4/(64·256): what
+# ``quant_bytes_per_param`` (packed part) plus ``nf4_quant_state_bytes`` (the rest, per tensor) add up to.
+NF4_BYTES_PER_PARAM = NF4_PACKED_BYTES_PER_PARAM + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NF4_NESTED_BLOCK)
 # Per quantized tensor (bitsandbytes ``functional.quantize_4bit`` / ``QuantState``): the NF4 code
 # (16 fp32 = 64 B), the nested dynamic-map code (256 fp32 = 1024 B) and the fp32 offset (4 B).
 NF4_PER_TENSOR_BYTES = 64 + 1024 + 4
@@ -60,7 +62,7 @@ GPTQ_GROUP_SIZE = 128
 GPTQ_BYTES_PER_PARAM = 0.5 + 0.5 / GPTQ_GROUP_SIZE + 2 / GPTQ_GROUP_SIZE
 # AWQ (Lin et al. 2024) in AutoAWQ's GEMM layout: ``qweight`` int32 [in, out/8], ``qzeros`` int32
 # [in/128, out/8], ``scales`` fp16 [in/128, out]: the same bytes per weight as GPTQ.
-AWQ_BYTES_PER_PARAM = 0.5 + 0.5 / GPTQ_GROUP_SIZE + 2 / GPTQ_GROUP_SIZE
+AWQ_BYTES_PER_PARAM = GPTQ_BYTES_PER_PARAM
 
 
 def quant_bytes_per_param(quant_format):
@@ -70,6 +72,23 @@ def quant_bytes_per_param(quant_format):
     q = np.asarray(quant_format)
     return np.where(q == st.GPTQ, GPTQ_BYTES_PER_PARAM, np.where(q == st.AWQ, AWQ_BYTES_PER_PARAM,
                                                                  NF4_PACKED_BYTES_PER_PARAM))
+
+
+def quantized_base_bytes(c):
+    """Bytes of a QLoRA base's 4-bit block Linear weights (0 for other methods): quantizable
+    parameters × ``quant_bytes_per_param``, rounded up. NF4's quant_state is not in it
+    (``nf4_quant_state_bytes``); biases, norms, embeddings and lm_head stay in a float dtype."""
+    q = np.ceil(np.asarray(c.quantizable_params) * quant_bytes_per_param(c.quant_format))
+    return np.where(np.asarray(c.method) == st.QLORA, q, 0).astype(np.int64)
+
+
+def qlora_block_bytes_per_param(c):
+    """Mean bytes per block parameter of a QLoRA base as stored, gathered or loaded: 4-bit Linear
+    weights (``quant_bytes_per_param``) and 16-bit norms and biases (bitsandbytes keeps them in the
+    compute dtype). What one unit all-gathers or broadcasts is this × its parameters."""
+    blocks = np.maximum(c.total_params - c.root_params, 1)
+    quant = c.quantizable_params * quant_bytes_per_param(c.quant_format)
+    return (quant + 2 * (blocks - c.quantizable_params)) / blocks
 
 
 def trainable_params(c):
@@ -240,8 +259,7 @@ def model_states(c, optimizer_step_on_device=False):
     # casting every non-4-bit parameter to fp32).
     qlora = c.method == st.QLORA
     w_frozen = np.where(np.asarray(c.precision) == st.FP32, 4, 2)
-    quant_part = np.where(qlora, np.ceil(c.quantizable_params * quant_bytes_per_param(c.quant_format)),
-                          0).astype(np.int64)
+    quant_part = quantized_base_bytes(c)
     # bitsandbytes ``Linear4bit.forward`` casts its bias to the compute dtype in place
     # (``bias.data = bias.data.to(x.dtype)``), whatever it was loaded or prepared as: 16-bit here
     # (ASSUMPTION: ``bnb_4bit_compute_dtype`` bf16; measured: Qwen2 q/k/v biases, hf_stack_cpu).
