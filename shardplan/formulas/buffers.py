@@ -34,7 +34,7 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import compute_dtype_bytes
-from shardplan.formulas.model_states import (padded_unit_elements, qlora_block_bytes_per_param, trainable_fraction,
+from shardplan.formulas.model_states import (fsdp1_unit_elements, padded_unit_elements, qlora_block_bytes_per_param, trainable_fraction,
                                              trainable_params)
 
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
@@ -70,8 +70,8 @@ def fsdp_units(c, n_p):
     fsdp = (c.engine != st.DEEPSPEED) & (c.strategy != st.DDP) & (c.strategy != st.SINGLE)
     fsdp2 = fsdp & (c.engine == st.FSDP2)
     n = np.maximum(n_p, 1)
-    root_elems = np.where(fsdp2, padded_unit_elements(c, n, "root"), n * -(-c.root_params // n))
-    block_elems = np.where(fsdp2, padded_unit_elements(c, n, "block"), n * -(-c.unit_params // n))
+    root_elems = np.where(fsdp2, padded_unit_elements(c, n, "root"), fsdp1_unit_elements(c, n, "root"))
+    block_elems = np.where(fsdp2, padded_unit_elements(c, n, "block"), fsdp1_unit_elements(c, n, "block"))
     sharded = fsdp & (n > 1)
     keep = fsdp & ((c.strategy == st.SHARD_GRAD_OP) | (c.strategy == st.HYBRID_SHARD_ZERO2))
     root_w = np.where(full, a, 2)

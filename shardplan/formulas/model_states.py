@@ -198,13 +198,24 @@ def padded_unit_elements(c, n, unit):
     return np.maximum(np.asarray(n), 1) * padded_shard_elements(c, n, unit)
 
 
-def fsdp1_shard_elements(c, n):
-    """FSDP1 (``use_orig_params=False``): one flat parameter per unit (root + each block), padded
-    as a whole to a multiple of n: a rank holds ceil(unit / n) of each."""
+def fsdp1_shard_elements(c, n, unit="model"):
+    """Elements one rank holds of ``unit`` sharded over ``n`` ranks the FSDP1 way
+    (``use_orig_params=False``): one ``FlatParameter`` per unit (root, each block), padded as a
+    whole to a multiple of n (torch ``distributed/fsdp/_flat_param.py``
+    ``FlatParamHandle._get_shard``): a rank holds ceil(P_unit / n) of each. ``unit``: "root",
+    "block" (the largest block), "blocks" (every block) or "model" (root + blocks).
+    ASSUMPTION for "blocks": every block holds the mean block size (exact for uniform blocks)."""
     n = np.maximum(np.asarray(n), 1)
-    blocks = c.total_params - c.root_params
-    per_block = -(-blocks // np.maximum(c.num_layers, 1))
-    return (-(-c.root_params // n) + c.num_layers * -(-per_block // n)).astype(np.int64)
+    root = -(-c.root_params // n)
+    per_block = -(-(c.total_params - c.root_params) // np.maximum(c.num_layers, 1))
+    blocks = c.num_layers * -(-per_block // n)
+    out = {"root": root, "block": -(-c.unit_params // n), "blocks": blocks, "model": root + blocks}[unit]
+    return np.asarray(out).astype(np.int64)
+
+
+def fsdp1_unit_elements(c, n, unit):
+    """A unit's unsharded FlatParameter elements, padding included: n × the per-rank shard."""
+    return np.maximum(np.asarray(n), 1) * fsdp1_shard_elements(c, n, unit)
 
 
 def optimizer_step_tensor_bytes(c, on_device=False):
