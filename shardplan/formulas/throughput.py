@@ -37,6 +37,7 @@ from shardplan.formulas.activations import checkpointed_layers, compute_dtype_by
 from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.hardware import DEFAULT_SM_COUNT
+from shardplan.inputs.model import attention_flops_per_token, train_flops_per_token
 
 # Per-GPU coefficients are profile data (``shardplan/inputs/hardware.py`` ``GPUProfile``, each number cited in
 # its JSON): ``gemm_efficiency`` (measured large-GEMM fraction of peak, MAMF), ``attention_efficiency``
@@ -142,33 +143,29 @@ def nccl_sm_fraction(sm_count, nccl_ctas=NCCL_CTAS):
 
 
 # --- FLOPs ------------------------------------------------------------------------------------
-def block_matmul_params(c):
-    """Weights one token multiplies in a block: q,k,v,o projections and the (active) MLP."""
-    h = c.hidden_size
-    return h * (c.q_width + 2 * c.kv_width) + c.attn_out_width * h + np.where(c.gated_mlp, 3, 2) * h * c.mlp_width
-
-
 def matmul_params_per_token(c):
-    """N_matmul = L·block + lm_head (V·h; a tied head still multiplies). Matches
-    ``ModelSpec.matmul_params_per_token`` up to biases and norms."""
-    return c.num_layers * block_matmul_params(c) + c.vocab_size * c.hidden_size
+    """N_matmul of each configuration's model: the ``matmul_params`` column, which
+    ``shardplan.inputs.config.model_values`` takes from ``ModelSpec.matmul_params_per_token`` (one
+    definition: ``shardplan.inputs.model.matmul_params_per_token``)."""
+    return c.matmul_params
 
 
 def attention_forward_flops_per_token(c, causal=True):
-    """Scores + weighted values: 4·L·s·q per token (PaLM App. B), halved under a causal mask."""
-    full = 4.0 * c.num_layers * c.seq_len * c.q_width
-    return full / 2 if causal else full
+    """Scores + weighted values per token (``shardplan.inputs.model.attention_flops_per_token``),
+    halved under a causal mask; float64, so long sequences cannot wrap an integer."""
+    return attention_flops_per_token(c.num_layers, c.q_width, np.asarray(c.seq_len, dtype=np.float64), causal)
 
 
 def model_flops_per_token(c):
     """Model FLOPs for MFU: 6·N_matmul + 3 × causal attention forward (no recompute counted).
     ASSUMPTION: MFU counts causal attention FLOPs (what flash kernels execute); torchtitan and PaLM
     count the full s² scores (``palm_model_flops_per_token``) — compare tokens/s, not MFU, across them."""
-    return 6.0 * matmul_params_per_token(c) + 3.0 * attention_forward_flops_per_token(c)
+    return train_flops_per_token(matmul_params_per_token(c), attention_forward_flops_per_token(c))
 
 
 def palm_model_flops_per_token(c):
-    return 6.0 * matmul_params_per_token(c) + 3.0 * attention_forward_flops_per_token(c, causal=False)
+    """PaLM's and torchtitan's model FLOPs per token: 6·N_matmul + 3 × the full attention forward."""
+    return train_flops_per_token(matmul_params_per_token(c), attention_forward_flops_per_token(c, causal=False))
 
 
 def recompute_fraction(c):
@@ -180,8 +177,8 @@ def flops_per_token(c):
     """Hardware FLOPs per token by kind (dict): ``matmul`` and ``attention``, forward and backward,
     with recompute and LoRA's missing base weight gradients."""
     peft = c.method != st.FULL
-    blocks = c.num_layers * block_matmul_params(c)
     head = c.vocab_size * c.hidden_size
+    blocks = matmul_params_per_token(c) - head
     fwd_mm = 2.0 * (blocks + head)
     # backward: input gradients (2N) + weight gradients (2N, only trainable weights)
     bwd_mm = np.where(peft, 2.0 * (blocks + head) + 6.0 * c.lora_params, 4.0 * (blocks + head))

@@ -396,26 +396,45 @@ class ModelSpec(BaseModel):
         idle = (self.moe.num_experts - self.moe.experts_per_token) / self.moe.num_experts
         return self.total_params - round(self.routed_experts_params * idle)
 
-    # --- FLOPs ----------------------------------------------------------------------------------
+    # --- FLOPs (the module functions below, shared with the vectorized formulas) ------------------
     @property
     def matmul_params_per_token(self) -> int:
-        """Parameters that enter a matmul for one token: active block weights plus the lm_head.
-
-        The embedding lookup is a gather (no FLOPs); a tied lm_head still costs a matmul.
-        """
-        block_active = self.active_params_per_token - self.root_params
-        return block_active + self.lm_head_params
+        """``matmul_params_per_token`` of this model: its active block parameters (MoE: the routed
+        experts a token skips left out) plus the lm_head."""
+        return matmul_params_per_token(self.active_params_per_token - self.root_params, self.vocab_size, self.hidden_size)
 
     def attention_flops_per_token(self, seq_len) -> object:
-        """Forward score + value FLOPs per token: 2·2·L·s·(n_heads·head_dim) [PaLM App. B].
-
-        ASSUMPTION: full (non-causal-skipping) attention, as PaLM and torchtitan count it.
-        """
-        return 4 * self.num_layers * seq_len * self.q_width
+        """``attention_flops_per_token`` of this model, full (non-causal-skipping) attention as PaLM
+        and torchtitan count it."""
+        return attention_flops_per_token(self.num_layers, self.q_width, seq_len)
 
     def train_flops_per_token(self, seq_len) -> object:
-        """6·N_matmul + 3 × attention forward = 6N + 12·L·H·Q·T (PaLM App. B)."""
-        return 6 * self.matmul_params_per_token + 3 * self.attention_flops_per_token(seq_len)
+        """``train_flops_per_token``: 6N + 12·L·H·Q·T (PaLM App. B)."""
+        return train_flops_per_token(self.matmul_params_per_token, self.attention_flops_per_token(seq_len))
+
+
+# --- FLOPs per token: one definition for a ModelSpec (ints) and for Columns (arrays) ------------------
+def matmul_params_per_token(active_block_params, vocab_size, hidden_size):
+    """N_matmul, the parameters that enter a matmul for one token (PaLM, Chowdhery et al. 2022, App. B:
+    N excludes the embeddings; torchtitan ``get_dense_model_nparams_and_flops``): the active block
+    parameters plus the lm_head (V·h; a tied head still multiplies, while the embedding lookup is
+    a gather). ASSUMPTION: block norms and biases are counted as PaLM's N counts them (< 0.1 % of
+    N for every profile; they are element-wise work, not matmuls)."""
+    return active_block_params + vocab_size * hidden_size
+
+
+def attention_flops_per_token(num_layers, q_width, seq_len, causal=False):
+    """Forward score + value FLOPs per token: 2·2·L·s·q, q = n_heads·head_dim (PaLM App. B); with
+    ``causal`` half of it, what flash kernels execute under a causal mask (FlashAttention-2 paper,
+    §4.1). Exact integers for int inputs; pass float arrays where the product could pass 2**63."""
+    full = 4 * num_layers * seq_len * q_width
+    return full / 2 if causal else full
+
+
+def train_flops_per_token(matmul_params, attention_forward_flops):
+    """Training FLOPs per token: forward 2N + backward 4N, and 3 × the attention forward
+    (PaLM App. B: 6N + 12·L·H·Q·T with the full attention count)."""
+    return 6 * matmul_params + 3 * attention_forward_flops
 
 
 LORA_TARGETS = ("all-linear", "attention", "qv")
