@@ -482,6 +482,17 @@ def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear
     ASSUMPTION: for "qv" and "attention", MLA's projections are counted like q/k/v/o widths.
     """
     code = lora_target_code(targets)
+    moe = spec.moe is not None if moe_block is None else moe_block and spec.moe is not None
+    qv, attention, all_attention = _lora_attention_dims(spec)
+    dims = [qv, attention][code] if code < 2 else all_attention + _lora_mlp_dims(spec, moe)
+    if moe and code >= 2:
+        dims += _lora_moe_dims(spec)
+    return rank * dims
+
+
+def _lora_attention_dims(spec: ModelSpec) -> tuple[int, int, int]:
+    """Σ(in + out) of the adapted attention Linears for "qv", "attention" and "all-linear"
+    (MLA's own projections for the last; ``lora_params_per_block``)."""
     h = spec.hidden_size
     if spec.fused_qkv:
         qkv = h + spec.q_width + 2 * spec.kv_width
@@ -489,28 +500,38 @@ def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear
     else:
         qv = 2 * h + spec.q_width + spec.kv_width
         attention = qv + h + spec.kv_width + spec.attn_out_width + h
-    moe = spec.moe is not None if moe_block is None else moe_block and spec.moe is not None
-    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if moe else spec.intermediate_size
+    if not spec.mla:
+        return qv, attention, attention
+    m = spec.mla
+    q = (h + 2 * m.q_lora_rank + spec.q_width) if m.q_lora_rank else h + spec.q_width
+    kv = (h + m.kv_lora_rank + m.qk_rope_head_dim) + (m.kv_lora_rank + spec.num_heads * (m.qk_nope_head_dim + m.v_head_dim))
+    return qv, attention, q + kv + spec.attn_out_width + h
+
+
+def _lora_mlp_width(spec: ModelSpec, moe_block: bool) -> int:
+    """Width of the MLP whose Linears keep their adapters: a MoE block's shared experts or the dense
+    MLP; 0 when PEFT's MoE conversion took the MLP names over (``MoESpec.lora_adapts_experts``)."""
     if spec.moe is not None and spec.moe.lora_adapts_experts:
-        mlp_width = 0  # PEFT's MoE conversion took the MLP names over (see above)
-    if not mlp_width:
-        mlp = 0
-    elif spec.gated_mlp:
-        mlp = (h + 2 * mlp_width if spec.fused_gate_up else 2 * (h + mlp_width)) + (h + mlp_width)
-    else:
-        mlp = 2 * (h + mlp_width)
-    if spec.mla:
-        m = spec.mla
-        q = (h + 2 * m.q_lora_rank + spec.q_width) if m.q_lora_rank else h + spec.q_width
-        kv = (h + m.kv_lora_rank + m.qk_rope_head_dim) + (m.kv_lora_rank + spec.num_heads * (m.qk_nope_head_dim + m.v_head_dim))
-        mla_all = q + kv + spec.attn_out_width + h
-    dims = [qv, attention][code] if code < 2 else (mla_all if spec.mla else attention) + mlp
-    if moe and code >= 2:
-        e, width = spec.moe.num_experts, spec.moe.intermediate_size
-        dims += h + e  # router
-        if spec.moe.lora_adapts_experts:
-            dims += 2 * e * (h + 2 * width) + e * (width + h)
-    return rank * dims
+        return 0
+    return spec.moe.shared_experts * spec.moe.intermediate_size if moe_block else spec.intermediate_size
+
+
+def _lora_mlp_dims(spec: ModelSpec, moe_block: bool) -> int:
+    """Σ(in + out) of the adapted MLP Linears ("all-linear"): gate, up, down (Phi-3's fused
+    gate_up is one Linear), or up and down for a non-gated MLP."""
+    h, width = spec.hidden_size, _lora_mlp_width(spec, moe_block)
+    if not width:
+        return 0
+    if spec.gated_mlp:
+        return (h + 2 * width if spec.fused_gate_up else 2 * (h + width)) + (h + width)
+    return 2 * (h + width)
+
+
+def _lora_moe_dims(spec: ModelSpec) -> int:
+    """A MoE block's router, h + E, and with ``lora_adapts_experts`` the expert banks'
+    ``ParamWrapper`` adapters, 2·E·(h + 2·I) + E·(I + h) (``lora_params_per_block``)."""
+    e, width, h = spec.moe.num_experts, spec.moe.intermediate_size, spec.hidden_size
+    return h + e + (2 * e * (h + 2 * width) + e * (width + h) if spec.moe.lora_adapts_experts else 0)
 
 
 def lora_blocks_params(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
@@ -541,9 +562,7 @@ def lora_adapted_inputs(spec: ModelSpec, targets: str = "all-linear", rank: int 
     * ``lora_mlp_adapted``: 1 when the MLP projections are adapted.
     Targets as ``lora_params_per_block``: q,v; attention (q,k,v,o); all-linear (+ the MLP)."""
     h = spec.hidden_size
-    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if spec.moe else spec.intermediate_size
-    if spec.moe is not None and spec.moe.lora_adapts_experts:
-        mlp_width = 0  # PEFT's MoE conversion leaves no adapter on MLP Linears (lora_params_per_block)
+    mlp_width = _lora_mlp_width(spec, spec.moe is not None)
     names = {"qv": ["q", "v"], "attention": ["q", "k", "v", "o"]}.get(
         targets, ["q", "k", "v", "o"] + ((["gate", "up", "down"] if spec.gated_mlp else ["up", "down"]) if mlp_width else []))
     width = {"q": h, "k": h, "v": h, "o": spec.attn_out_width, "gate": h, "up": h, "down": mlp_width}
