@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import MAX_BYTES, MAX_GPUS, _shown, bounded_int
+from shardplan.support.names import lookup
 from shardplan.exporters import deepspeed as ds_export
 from shardplan.exporters import fsdp as fsdp_export
 from shardplan.exporters import hf as hf_export
@@ -201,26 +202,30 @@ def export_chosen(plans: list[dict[str, Any]], fmt: str, index: int | None = Non
     raise refusal
 
 
+def format_name(fmt: str, field: str = "to") -> str:
+    """The format ``fmt`` spells (the one name rule, support/names.py), or a one-line error."""
+    name = lookup(fmt, FORMATS)
+    if name is None:
+        raise ShardplanError(field, fmt, f"unknown format; choose one of {', '.join(FORMATS)}")
+    return name
+
+
 def export(spec: PlanSpec, fmt: str) -> str:
-    if fmt not in EXPORTERS:
-        raise ShardplanError("to", fmt, f"unknown format; choose one of {', '.join(FORMATS)}")
-    return EXPORTERS[fmt](spec)
+    return EXPORTERS[format_name(fmt)](spec)
 
 
 def read_back(fmt: str, text: str) -> dict[str, Any]:
     """The knobs an export carries, parsed from the export itself (see each reader for what it can see)."""
-    if fmt not in READERS:
-        raise ShardplanError("to", fmt, f"unknown format; choose one of {', '.join(FORMATS)}")
-    return READERS[fmt](text)
+    return READERS[format_name(fmt)](text)
 
 
 def export_option(value: str, path_field: str = "export") -> tuple[str, Path | None]:
     """``--export FORMAT[=PATH]`` -> (format, path or None); the path is checked writable here, before
     any evaluation, and an error names ``path_field`` (``export``, or ``output`` for ``export -o``)."""
     fmt, _, path = value.partition("=")
-    fmt = fmt.strip().lower()
-    if fmt not in EXPORTERS:
+    if lookup(fmt, FORMATS) is None:
         raise ShardplanError("export", value, f"unknown format; choose one of {', '.join(FORMATS)}")
+    fmt = format_name(fmt, "export")
     if path:
         from shardplan.support.output_path import writable_output
 

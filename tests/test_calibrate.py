@@ -227,9 +227,10 @@ def test_fit_refuses_noise():
 
 
 def test_fit_recovers_alpha_beta():
-    from shardplan.calibrate.collectives import Sample, bus_factor, fit_link
+    from shardplan.calibrate.collectives import Sample, fit_link
+    from shardplan.formulas.comm import ring_factor
 
-    samples = [Sample("reduce_scatter", 16, s, 2e-5 + s * float(bus_factor("reduce_scatter", 16)) / 50e9)
+    samples = [Sample("reduce_scatter", 16, s, 2e-5 + s * float(ring_factor("reduce_scatter", 16)) / 50e9)
                for s in [2**k for k in range(12, 30)]]
     fit = fit_link(samples)
     assert len(fit.segments) == 1

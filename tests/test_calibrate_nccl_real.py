@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.calibrate.collectives import bus_factor, fit_link, parse_nccl_tests_file
+from shardplan.calibrate.collectives import fit_link, parse_nccl_tests_file
+from shardplan.formulas.comm import ring_factor
 from shardplan.support.errors import ShardplanError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -38,7 +39,7 @@ def test_real_tables_parse():
         table = dict(_table_busbw(path))
         for s in samples:
             if table[s.size_bytes] >= 1e9:  # printed with 2 decimals: compare where they carry 3+ digits
-                mine = s.size_bytes / s.time_s * bus_factor(s.op, s.world_size)
+                mine = s.size_bytes / s.time_s * ring_factor(s.op, s.world_size)
                 assert mine == pytest.approx(table[s.size_bytes], rel=0.01)
 
 

@@ -36,25 +36,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardplan.support.atomic_write import write_text_atomic
 from shardplan.calibrate.timing import seconds_per_call
+from shardplan.formulas.comm import OPS, ring_factor
 from shardplan.support.errors import ShardplanError
+from shardplan.support.names import lookup
 from shardplan.support.limits import (MAX_BYTES, MAX_FIT_POINTS, MAX_GPUS, MAX_ITERS, MAX_LINK_BYTES_PER_S, MAX_LOCAL_CPU_RANKS,
                               MAX_SIZE_LADDER, bounded_float, bounded_int)
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce")
 MIN_R2_LOG = 0.90
 MAX_REL_ERR = 0.50
 MAX_SAMPLE_TIME_S = 3600.0  # one collective call; nccl-tests' slowest rows are seconds
 PIECEWISE_TRIGGER = 0.10  # try a breakpoint when a single line's max relative error exceeds this
-
-
-def bus_factor(op: str, n) -> float:
-    """f(n): bytes each rank moves per byte of S, ring algorithm (nccl-tests PERFORMANCE.md)."""
-    n = np.asarray(n, dtype=float)
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    raise ShardplanError("op", op, f"expected one of {', '.join(OPS)}")
 
 
 @dataclass
@@ -84,7 +75,7 @@ class Sample:
 
     @property
     def busbw_bytes_per_s(self) -> float:
-        return self.algbw_bytes_per_s * float(bus_factor(self.op, self.world_size))
+        return self.algbw_bytes_per_s * float(ring_factor(self.op, self.world_size))
 
 
 # --- fitting ---------------------------------------------------------------------------------
@@ -109,7 +100,7 @@ class LinkFit:
 
     def predict_s(self, size_bytes) -> np.ndarray:
         s = np.asarray(size_bytes, dtype=float)
-        f = float(bus_factor(self.op, self.world_size))
+        f = float(ring_factor(self.op, self.world_size))
         out = np.empty_like(s)
         for i, seg in enumerate(self.segments):
             lo = -np.inf if i == 0 else seg.min_bytes
@@ -189,7 +180,7 @@ def fit_link(samples: list[Sample], min_r2_log: float = MIN_R2_LOG, max_rel_err:
                                                   f"{op} on {n} ranks ({tier}); fit one size ladder at a time")
     size = np.array([p[0] for p in pts], dtype=float)
     t = np.array([p[1] for p in pts], dtype=float)
-    x = size * float(bus_factor(op, n))
+    x = size * float(ring_factor(op, n))
 
     best = _segment(x, t, 1)
     for k in range(2, max_segments + 1 if piecewise else 2):
@@ -240,13 +231,11 @@ def fit_all(samples: list[Sample], **kw) -> list[LinkFit]:
 
 # --- nccl-tests output -------------------------------------------------------------------------
 _PREFIX = re.compile(r"^\s*(\[\d+,\d+\]<stdout>:)?")
-_OP_NAMES = {"all_gather": "all_gather", "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
-             "reducescatter": "reduce_scatter", "all_reduce": "all_reduce", "allreduce": "all_reduce"}
 
 
 def _op_from_text(text: str) -> str | None:
     m = re.search(r"(all_?gather|reduce_?scatter|all_?reduce)_perf", text)
-    return _OP_NAMES[m.group(1).replace("__", "_")] if m else None
+    return lookup(m.group(1), OPS) if m else None
 
 
 _RANK_HOST = re.compile(r"^#\s*Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
@@ -296,7 +285,7 @@ def parse_nccl_tests(text: str, op: str | None = None, world_size: int | None = 
     op = op or _op_from_text(text)
     if op is None:
         raise ShardplanError("op", None, f"{source}: cannot tell which collective this is; pass --op")
-    op = _OP_NAMES.get(op.replace("-", "_"), op)
+    op = lookup(op, OPS) or op  # the one name rule: "all-gather", "AllGather", "all_gather"
     if op not in OPS:
         raise ShardplanError("op", op, f"expected one of {', '.join(OPS)}")
     if world_size is None:

@@ -34,7 +34,8 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import compute_dtype_bytes
-from shardplan.formulas.model_states import padded_unit_elements, quant_bytes_per_param
+from shardplan.formulas.model_states import (fsdp1_unit_elements, padded_unit_elements, qlora_block_bytes_per_param, trainable_fraction,
+                                             trainable_params)
 
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 
@@ -56,13 +57,7 @@ def unsharded_block_bytes_per_param(c):
     """Bytes of one block parameter once gathered: the compute dtype, or the frozen base's storage
     (16-bit for LoRA; NF4 Linears with 16-bit norms for QLoRA)."""
     a = compute_dtype_bytes(c.precision)
-    blocks = np.maximum(c.total_params - c.root_params, 1)
-    qlora = (c.quantizable_params * quant_bytes_per_param(c.quant_format) + 2 * (blocks - c.quantizable_params)) / blocks
-    return np.select([c.method == st.LORA, c.method == st.QLORA], [2.0, qlora], a)
-
-
-def trainable_fraction(c):
-    return np.where(c.method == st.FULL, 1.0, c.lora_params / c.total_params)
+    return np.select([c.method == st.LORA, c.method == st.QLORA], [2.0, qlora_block_bytes_per_param(c)], a)
 
 
 def fsdp_units(c, n_p):
@@ -75,8 +70,8 @@ def fsdp_units(c, n_p):
     fsdp = (c.engine != st.DEEPSPEED) & (c.strategy != st.DDP) & (c.strategy != st.SINGLE)
     fsdp2 = fsdp & (c.engine == st.FSDP2)
     n = np.maximum(n_p, 1)
-    root_elems = np.where(fsdp2, padded_unit_elements(c, n, "root"), n * -(-c.root_params // n))
-    block_elems = np.where(fsdp2, padded_unit_elements(c, n, "block"), n * -(-c.unit_params // n))
+    root_elems = np.where(fsdp2, padded_unit_elements(c, n, "root"), fsdp1_unit_elements(c, n, "root"))
+    block_elems = np.where(fsdp2, padded_unit_elements(c, n, "block"), fsdp1_unit_elements(c, n, "block"))
     sharded = fsdp & (n > 1)
     keep = fsdp & ((c.strategy == st.SHARD_GRAD_OP) | (c.strategy == st.HYBRID_SHARD_ZERO2))
     root_w = np.where(full, a, 2)
@@ -147,7 +142,7 @@ def optimizer_step_temporaries(c, optimizer_shard_degree):
     that parameter's post-accumulate-grad hook (torchtune ``training.register_optim_in_bwd_hooks``),
     so only one parameter's temporaries exist at a time (``largest_module_params``' share).
     """
-    trainable = np.where(c.method == st.FULL, c.total_params, c.lora_params)
+    trainable = trainable_params(c)
     master = np.where(c.precision == st.BF16_PURE, 2, 4)
     has_temp = (c.optimizer == st.ADAMW) | (c.optimizer == st.LION)
     on_gpu = c.offload == st.OFFLOAD_NONE

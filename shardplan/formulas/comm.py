@@ -34,6 +34,7 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.buffers import reduce_dtype_bytes, unsharded_block_bytes_per_param
+from shardplan.formulas.model_states import trainable_params
 from shardplan.support.errors import ShardplanError
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -241,10 +242,6 @@ def replica_bus_bytes_per_s(replicas, shard_group, gpus_per_node, rates: LinkRat
 
 
 # --- volumes ----------------------------------------------------------------------------------
-def trainable_params(c):
-    return np.where(c.method == st.FULL, c.total_params, c.lora_params)
-
-
 def grad_comm_bytes_per_element(c):
     """Bytes per element of the gradient collectives (reduce-scatter, all-reduce, HSDP's replica
     all-reduce), from the ``reduce_dtype`` knob (``buffers.reduce_dtype_bytes``): FSDP's

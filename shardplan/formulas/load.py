@@ -33,7 +33,8 @@ from __future__ import annotations
 import numpy as np
 
 from shardplan.inputs import strategy as st
-from shardplan.formulas.model_states import params_offloaded, quant_bytes_per_param, quant_replicated
+from shardplan.formulas.model_states import (params_offloaded, qlora_block_bytes_per_param, quant_replicated,
+                                             quantized_base_bytes)
 
 
 def model_load_bytes(c):
@@ -41,18 +42,14 @@ def model_load_bytes(c):
     block Linears quantized (``quant_format``) and the rest 16-bit. Adapters are created after
     loading and are not counted."""
     b = np.where(c.precision == st.FP32, 4, 2)
-    quant = np.ceil(c.quantizable_params * quant_bytes_per_param(c.quant_format))
-    return np.where(c.method == st.QLORA, quant + 2 * (c.total_params - c.quantizable_params),
+    return np.where(c.method == st.QLORA, quantized_base_bytes(c) + 2 * (c.total_params - c.quantizable_params),
                     b * c.total_params).astype(np.int64)
 
 
 def load_unit_bytes(c):
     """The largest unit (root or block) in its load dtype: what one broadcast / flatten holds."""
     b = np.where(c.precision == st.FP32, 4, 2)
-    blocks = np.maximum(c.total_params - c.root_params, 1)
-    block_bpp = np.where(c.method == st.QLORA,
-                         (c.quantizable_params * quant_bytes_per_param(c.quant_format)
-                          + 2 * (blocks - c.quantizable_params)) / blocks, b)
+    block_bpp = np.where(c.method == st.QLORA, qlora_block_bytes_per_param(c), b)
     return np.ceil(np.maximum(c.root_params * b, c.unit_params * block_bpp)).astype(np.int64)
 
 
@@ -60,8 +57,7 @@ def load_peak_allocated_bytes(c, param_shard_degree):
     """Bytes torch holds on one GPU at the load-time peak, per ``load_mode`` (module docstring)."""
     n = np.maximum(np.asarray(param_shard_degree), 1)
     whole = model_load_bytes(c)
-    qbytes = np.ceil(c.quantizable_params * quant_bytes_per_param(c.quant_format))
-    quant = np.where(quant_replicated(c), qbytes, 0)
+    quant = np.where(quant_replicated(c), quantized_base_bytes(c), 0)
     shard = np.where(params_offloaded(c), 0, np.ceil((whole - quant) / n) + quant).astype(np.int64)
     unit = np.where(n > 1, load_unit_bytes(c), 0)
     mode = np.asarray(c.load_mode)

@@ -26,13 +26,15 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 
-# QLoRA 4-bit NF4 storage with double quantization (Dettmers et al. 2023, §3 "Double
-# Quantization"): 4 bits per weight + 8-bit absmax per 64-weight block + an fp32 constant per
-# 256 such blocks = 0.5 + 1/64 + 4/(64·256) bytes per weight.
-NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+# bitsandbytes NF4 with double quantization (Dettmers et al. 2023, §3 "Double Quantization";
+# bitsandbytes ``functional.quantize_4bit`` with compress_statistics): the packed 4-bit weight,
+# a uint8 absmax per NF4_BLOCK weights, an fp32 nested absmax per NF4_NESTED_BLOCK such blocks.
 NF4_PACKED_BYTES_PER_PARAM = 0.5
 NF4_BLOCK = 64            # bitsandbytes ``quantize_4bit`` blocksize (uint8 absmax per block after double quant)
 NF4_NESTED_BLOCK = 256    # double quantization: one fp32 absmax per 256 first-level absmax values
+# The paper's mean storage per weight of a large tensor, 0.5 + 1/64 + 4/(64·256): what
+# ``quant_bytes_per_param`` (packed part) plus ``nf4_quant_state_bytes`` (the rest, per tensor) add up to.
+NF4_BYTES_PER_PARAM = NF4_PACKED_BYTES_PER_PARAM + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NF4_NESTED_BLOCK)
 # Per quantized tensor (bitsandbytes ``functional.quantize_4bit`` / ``QuantState``): the NF4 code
 # (16 fp32 = 64 B), the nested dynamic-map code (256 fp32 = 1024 B) and the fp32 offset (4 B).
 NF4_PER_TENSOR_BYTES = 64 + 1024 + 4
@@ -60,7 +62,7 @@ GPTQ_GROUP_SIZE = 128
 GPTQ_BYTES_PER_PARAM = 0.5 + 0.5 / GPTQ_GROUP_SIZE + 2 / GPTQ_GROUP_SIZE
 # AWQ (Lin et al. 2024) in AutoAWQ's GEMM layout: ``qweight`` int32 [in, out/8], ``qzeros`` int32
 # [in/128, out/8], ``scales`` fp16 [in/128, out]: the same bytes per weight as GPTQ.
-AWQ_BYTES_PER_PARAM = 0.5 + 0.5 / GPTQ_GROUP_SIZE + 2 / GPTQ_GROUP_SIZE
+AWQ_BYTES_PER_PARAM = GPTQ_BYTES_PER_PARAM
 
 
 def quant_bytes_per_param(quant_format):
@@ -70,6 +72,37 @@ def quant_bytes_per_param(quant_format):
     q = np.asarray(quant_format)
     return np.where(q == st.GPTQ, GPTQ_BYTES_PER_PARAM, np.where(q == st.AWQ, AWQ_BYTES_PER_PARAM,
                                                                  NF4_PACKED_BYTES_PER_PARAM))
+
+
+def quantized_base_bytes(c):
+    """Bytes of a QLoRA base's 4-bit block Linear weights (0 for other methods): quantizable
+    parameters × ``quant_bytes_per_param``, rounded up. NF4's quant_state is not in it
+    (``nf4_quant_state_bytes``); biases, norms, embeddings and lm_head stay in a float dtype."""
+    q = np.ceil(np.asarray(c.quantizable_params) * quant_bytes_per_param(c.quant_format))
+    return np.where(np.asarray(c.method) == st.QLORA, q, 0).astype(np.int64)
+
+
+def qlora_block_bytes_per_param(c):
+    """Mean bytes per block parameter of a QLoRA base as stored, gathered or loaded: 4-bit Linear
+    weights (``quant_bytes_per_param``) and 16-bit norms and biases (bitsandbytes keeps them in the
+    compute dtype). What one unit all-gathers or broadcasts is this × its parameters."""
+    blocks = np.maximum(c.total_params - c.root_params, 1)
+    quant = c.quantizable_params * quant_bytes_per_param(c.quant_format)
+    return (quant + 2 * (blocks - c.quantizable_params)) / blocks
+
+
+def trainable_params(c):
+    """Parameters the optimizer updates: every parameter for a full fine-tune; only the adapters
+    (``lora_params``, ``shardplan.inputs.model.lora_blocks_params`` + ``lora_root_params``) for LoRA
+    and QLoRA, whose base is frozen (PEFT marks it ``requires_grad=False``)."""
+    return np.where(np.asarray(c.method) == st.FULL, c.total_params, c.lora_params)
+
+
+def trainable_fraction(c):
+    """Trainable share of all parameters (1.0 for a full fine-tune): scales the per-unit gradient
+    terms, whose units hold trainable and frozen parameters alike. ASSUMPTION: adapters spread over
+    the blocks as the base parameters do."""
+    return trainable_params(c) / np.asarray(c.total_params, dtype=np.float64)
 
 
 def quant_replicated(c):
@@ -137,6 +170,8 @@ def zero_paper_model_state_bytes(params, world_size, stage, k=12):
     return 2 * params / p_shard + 2 * params / g_shard + k * params / o_shard
 
 
+# Distinct dim-0 sizes a model's tensors are summarised by for FSDP2's per-tensor padding: the
+# ``pad_*`` columns of ``shardplan.inputs.config.Columns`` (described there) hold PAD_GROUPS groups.
 PAD_GROUPS = 6
 ADAM_STEP_BYTES = 4  # torch.optim.Adam/AdamW ``state["step"]``: one fp32 scalar tensor per parameter tensor
 
@@ -147,7 +182,7 @@ def padded_shard_elements(c, n, unit="model"):
     ceil(dim0 / n) rows of every tensor (torch ``_fully_shard/_fsdp_param.py``; measured:
     fsdp2_facts.json ``sharded_param_over_padded_total_fp32_div_W`` = 1, and the tiny W=64 runs
     where the k/v projections' 32 rows pad to 64). Rank 0 holds the largest shard; the harness
-    reports it. The ``pad_*`` columns are described in ``shardplan.inputs.config.PAD_GROUPS``."""
+    reports it. The ``pad_*`` columns are described in ``shardplan.inputs.config`` (beside ``Columns``)."""
     n = np.maximum(np.asarray(n), 1)
     total = 0
     for k in range(PAD_GROUPS):
@@ -163,13 +198,24 @@ def padded_unit_elements(c, n, unit):
     return np.maximum(np.asarray(n), 1) * padded_shard_elements(c, n, unit)
 
 
-def fsdp1_shard_elements(c, n):
-    """FSDP1 (``use_orig_params=False``): one flat parameter per unit (root + each block), padded
-    as a whole to a multiple of n: a rank holds ceil(unit / n) of each."""
+def fsdp1_shard_elements(c, n, unit="model"):
+    """Elements one rank holds of ``unit`` sharded over ``n`` ranks the FSDP1 way
+    (``use_orig_params=False``): one ``FlatParameter`` per unit (root, each block), padded as a
+    whole to a multiple of n (torch ``distributed/fsdp/_flat_param.py``
+    ``FlatParamHandle._get_shard``): a rank holds ceil(P_unit / n) of each. ``unit``: "root",
+    "block" (the largest block), "blocks" (every block) or "model" (root + blocks).
+    ASSUMPTION for "blocks": every block holds the mean block size (exact for uniform blocks)."""
     n = np.maximum(np.asarray(n), 1)
-    blocks = c.total_params - c.root_params
-    per_block = -(-blocks // np.maximum(c.num_layers, 1))
-    return (-(-c.root_params // n) + c.num_layers * -(-per_block // n)).astype(np.int64)
+    root = -(-c.root_params // n)
+    per_block = -(-(c.total_params - c.root_params) // np.maximum(c.num_layers, 1))
+    blocks = c.num_layers * -(-per_block // n)
+    out = {"root": root, "block": -(-c.unit_params // n), "blocks": blocks, "model": root + blocks}[unit]
+    return np.asarray(out).astype(np.int64)
+
+
+def fsdp1_unit_elements(c, n, unit):
+    """A unit's unsharded FlatParameter elements, padding included: n × the per-rank shard."""
+    return np.maximum(np.asarray(n), 1) * fsdp1_shard_elements(c, n, unit)
 
 
 def optimizer_step_tensor_bytes(c, on_device=False):
@@ -215,7 +261,7 @@ def model_states(c, optimizer_step_on_device=False):
     fsdp = ~ds & (c.strategy != st.DDP) & (c.strategy != st.SINGLE)
     peft = c.method != st.FULL
 
-    trainable = np.where(peft, c.lora_params, c.total_params)
+    trainable = trainable_params(c)
     frozen = np.where(peft, c.total_params, 0)
     # Frozen base: 16-bit (LoRA) or 4-bit for block Linears and 16-bit for the rest (QLoRA),
     # sharded like any float parameter (NF4 with a float ``bnb_4bit_quant_storage``; GPTQ/AWQ
@@ -224,8 +270,7 @@ def model_states(c, optimizer_step_on_device=False):
     # casting every non-4-bit parameter to fp32).
     qlora = c.method == st.QLORA
     w_frozen = np.where(np.asarray(c.precision) == st.FP32, 4, 2)
-    quant_part = np.where(qlora, np.ceil(c.quantizable_params * quant_bytes_per_param(c.quant_format)),
-                          0).astype(np.int64)
+    quant_part = quantized_base_bytes(c)
     # bitsandbytes ``Linear4bit.forward`` casts its bias to the compute dtype in place
     # (``bias.data = bias.data.to(x.dtype)``), whatever it was loaded or prepared as: 16-bit here
     # (ASSUMPTION: ``bnb_4bit_compute_dtype`` bf16; measured: Qwen2 q/k/v biases, hf_stack_cpu).

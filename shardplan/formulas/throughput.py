@@ -36,8 +36,10 @@ import numpy as np
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
-from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, trainable_params
+from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, sync_count
+from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.hardware import DEFAULT_SM_COUNT
+from shardplan.inputs.model import attention_flops_per_token, train_flops_per_token
 
 # Per-GPU coefficients are profile data (``shardplan/inputs/hardware.py`` ``GPUProfile``, each number cited in
 # its JSON): ``gemm_efficiency`` (measured large-GEMM fraction of peak, MAMF), ``attention_efficiency``
@@ -143,33 +145,29 @@ def nccl_sm_fraction(sm_count, nccl_ctas=NCCL_CTAS):
 
 
 # --- FLOPs ------------------------------------------------------------------------------------
-def block_matmul_params(c):
-    """Weights one token multiplies in a block: q,k,v,o projections and the (active) MLP."""
-    h = c.hidden_size
-    return h * (c.q_width + 2 * c.kv_width) + c.attn_out_width * h + np.where(c.gated_mlp, 3, 2) * h * c.mlp_width
-
-
 def matmul_params_per_token(c):
-    """N_matmul = L·block + lm_head (V·h; a tied head still multiplies). Matches
-    ``ModelSpec.matmul_params_per_token`` up to biases and norms."""
-    return c.num_layers * block_matmul_params(c) + c.vocab_size * c.hidden_size
+    """N_matmul of each configuration's model: the ``matmul_params`` column, which
+    ``shardplan.inputs.config.model_values`` takes from ``ModelSpec.matmul_params_per_token`` (one
+    definition: ``shardplan.inputs.model.matmul_params_per_token``)."""
+    return c.matmul_params
 
 
 def attention_forward_flops_per_token(c, causal=True):
-    """Scores + weighted values: 4·L·s·q per token (PaLM App. B), halved under a causal mask."""
-    full = 4.0 * c.num_layers * c.seq_len * c.q_width
-    return full / 2 if causal else full
+    """Scores + weighted values per token (``shardplan.inputs.model.attention_flops_per_token``),
+    halved under a causal mask; float64, so long sequences cannot wrap an integer."""
+    return attention_flops_per_token(c.num_layers, c.q_width, np.asarray(c.seq_len, dtype=np.float64), causal)
 
 
 def model_flops_per_token(c):
     """Model FLOPs for MFU: 6·N_matmul + 3 × causal attention forward (no recompute counted).
     ASSUMPTION: MFU counts causal attention FLOPs (what flash kernels execute); torchtitan and PaLM
     count the full s² scores (``palm_model_flops_per_token``) — compare tokens/s, not MFU, across them."""
-    return 6.0 * matmul_params_per_token(c) + 3.0 * attention_forward_flops_per_token(c)
+    return train_flops_per_token(matmul_params_per_token(c), attention_forward_flops_per_token(c))
 
 
 def palm_model_flops_per_token(c):
-    return 6.0 * matmul_params_per_token(c) + 3.0 * attention_forward_flops_per_token(c, causal=False)
+    """PaLM's and torchtitan's model FLOPs per token: 6·N_matmul + 3 × the full attention forward."""
+    return train_flops_per_token(matmul_params_per_token(c), attention_forward_flops_per_token(c, causal=False))
 
 
 def recompute_fraction(c):
@@ -181,8 +179,8 @@ def flops_per_token(c):
     """Hardware FLOPs per token by kind (dict): ``matmul`` and ``attention``, forward and backward,
     with recompute and LoRA's missing base weight gradients."""
     peft = c.method != st.FULL
-    blocks = c.num_layers * block_matmul_params(c)
     head = c.vocab_size * c.hidden_size
+    blocks = matmul_params_per_token(c) - head
     fwd_mm = 2.0 * (blocks + head)
     # backward: input gradients (2N) + weight gradients (2N, only trainable weights)
     bwd_mm = np.where(peft, 2.0 * (blocks + head) + 6.0 * c.lora_params, 4.0 * (blocks + head))
@@ -337,35 +335,45 @@ def offload_transfer_s(c, rates: ComputeRates, syncs):
     return (grads + params_back + params_in) / rates.host_link_bytes_per_s
 
 
-def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=True, volume=None):
-    """Every time column for the configurations in ``c`` (a dict of arrays; see module docstring)."""
-    v = comm_volume(c, sync_every_micro_batch) if volume is None else volume
-    t = comm_times(c, links, v)
+def micro_batch_compute_s(c, rates: ComputeRates):
+    """(forward, backward) compute seconds of one micro-batch on one GPU, QLoRA's dequantization
+    split evenly between them, and the lm_head's share of it (its matmul share of N_matmul)."""
+    tokens_mb = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
+    fwd_tok, bwd_tok = compute_time_per_token_s(c, rates)
+    dequant = qlora_dequant_s(c, rates)
+    head_share = (c.vocab_size * c.hidden_size) / matmul_params_per_token(c)
+    return fwd_tok * tokens_mb + dequant / 2, bwd_tok * tokens_mb + dequant / 2, head_share
+
+
+def per_unit_collective_s(c, t, v, syncs):
+    """Seconds of each collective per FSDP unit and micro-batch (the volume's calls count every
+    micro-batch or sync): forward and backward all-gathers, reduce-scatter, all-reduce, replica
+    all-reduce, in that order."""
     k = np.asarray(c.grad_accum, dtype=np.float64)
-    syncs = np.where(v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0,
-                     np.where(~np.asarray(sync_every_micro_batch) | (c.strategy == st.ZERO1), 1, k), 0)
     L = np.asarray(c.num_layers, dtype=np.float64)
     units = L + 1
-    tokens_mb = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
 
-    fwd_tok, bwd_tok = compute_time_per_token_s(c, rates)
-    head_share = (c.vocab_size * c.hidden_size) / matmul_params_per_token(c)
-    cf_total = fwd_tok * tokens_mb + qlora_dequant_s(c, rates) / 2
-    cb_total = bwd_tok * tokens_mb + qlora_dequant_s(c, rates) / 2
-    cf, cb = cf_total * (1 - head_share) / L, cb_total * (1 - head_share) / L
-    head_f, head_b = cf_total * head_share, cb_total * head_share
-
-    # per-unit, per-micro-batch collective times (calls already count micro-batches / syncs)
     def per_call(name, per):
         return np.where(per > 0, t[f"{name}_s"] / np.maximum(per, 1), 0.0)
 
-    ag_f = per_call("ag_fwd", units * k)
-    ag_b = per_call("ag_bwd", L * k)
     sync_den = units * np.maximum(syncs, 1)
-    rs = per_call("rs_grad", sync_den * (v["rs_grad_calls"] > 0))
-    ar = per_call("ar_grad", sync_den * (v["ar_grad_calls"] > 0))
-    rep = per_call("ar_replica", sync_den * (v["ar_replica_calls"] > 0))
+    return (per_call("ag_fwd", units * k), per_call("ag_bwd", L * k),
+            per_call("rs_grad", sync_den * (v["rs_grad_calls"] > 0)),
+            per_call("ar_grad", sync_den * (v["ar_grad_calls"] > 0)),
+            per_call("ar_replica", sync_den * (v["ar_replica_calls"] > 0)))
 
+
+def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
+    """Seconds of a step's micro-batches with the per-unit overlap (module docstring): ``syncs`` of
+    them reduce gradients, the rest (no_sync) do not. Also returns the compute seconds of the step
+    and of one micro-batch's forward + backward (FSDP's own copies included in the former)."""
+    k = np.asarray(c.grad_accum, dtype=np.float64)
+    L = np.asarray(c.num_layers, dtype=np.float64)
+    units = L + 1
+    cf_total, cb_total, head_share = micro_batch_compute_s(c, rates)
+    cf, cb = cf_total * (1 - head_share) / L, cb_total * (1 - head_share) / L
+    head_f, head_b = cf_total * head_share, cb_total * head_share
+    ag_f, ag_b, rs, ar, rep = per_unit_collective_s(c, t, v, syncs)
     # FSDP's copy-out after each all-gather and gradient packing before each reduce-scatter
     # (``fsdp_copy_bytes``), per unit, on the compute stream's time
     cp_f, cp_b_gather, cp_rs = (x / rates.hbm_bytes_per_s / units for x in fsdp_copy_bytes(c))
@@ -384,31 +392,45 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=T
     bwd_sync = backward((rs, ar, rep), cb + cp_b_gather + cp_rs)
     bwd_nosync = backward((zero, zero, zero), cb + cp_b_gather)
     micro = syncs * (fwd + bwd_sync) + (k - syncs) * (fwd + bwd_nosync)
+    compute = k * (cf_total + cb_total + units * (cp_f + cp_b_gather)) + syncs * units * cp_rs
+    return micro, compute
+
+
+def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=True, volume=None):
+    """Every time column for the configurations in ``c`` (Columns; see module docstring)."""
+    v = comm_volume(c, sync_every_micro_batch) if volume is None else volume
+    t = comm_times(c, links, v)
+    reduces = v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0
+    syncs = np.where(reduces, sync_count(c, sync_every_micro_batch), 0).astype(np.float64)
+    micro, compute = micro_batches_s(c, rates, t, v, syncs)
     opt = optimizer_step_s(c, rates)
     cpu_opt = cpu_optimizer_step_s(c, rates)
     offload = offload_transfer_s(c, rates, syncs)
     step = micro + opt + cpu_opt + offload + t["ag_post_step_s"]
+    out = {f"{n}_s": t[f"{n}_s"] for n in COLLECTIVE_OP}
+    out.update(compute_s=compute, optimizer_s=opt + cpu_opt, offload_transfer_s=offload,
+               comm_s=sum(t[f"{n}_s"] for n in COLLECTIVE_OP), step_time_s=step,
+               exposed_comm_s=np.maximum(step - compute - opt - cpu_opt - offload, 0.0))
+    out.update(rates_per_step(c, rates, step))
+    return out
 
-    compute = k * (cf_total + cb_total + units * (cp_f + cp_b_gather)) + syncs * units * cp_rs
-    comm_total = sum(t[f"{n}_s"] for n in COLLECTIVE_OP)
+
+def rates_per_step(c, rates: ComputeRates, step_s):
+    """Tokens per step and per second, MFU, HFU and the recompute share for a step of ``step_s``."""
     peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
-    tokens_step = tokens_mb * k
+    tokens_step = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64) * np.asarray(c.grad_accum, dtype=np.float64)
     f = flops_per_token(c)
     hw_flops = (f["fwd_matmul"] + f["bwd_matmul"] + f["fwd_attention"] + f["bwd_attention"]) * tokens_step
-    out = {f"{n}_s": t[f"{n}_s"] for n in COLLECTIVE_OP}
-    out.update(
-        compute_s=compute, optimizer_s=opt + cpu_opt, offload_transfer_s=offload, comm_s=comm_total,
-        step_time_s=step, exposed_comm_s=np.maximum(step - compute - opt - cpu_opt - offload, 0.0),
-        tokens_per_step_per_gpu=tokens_step, tokens_per_s_per_gpu=tokens_step / step,
-        tokens_per_s=tokens_step * c.world_size / step,
-        mfu=model_flops_per_token(c) * tokens_step / (step * peak),
-        hfu=hw_flops / (step * peak),
+    return dict(
+        tokens_per_step_per_gpu=tokens_step, tokens_per_s_per_gpu=tokens_step / step_s,
+        tokens_per_s=tokens_step * c.world_size / step_s,
+        mfu=model_flops_per_token(c) * tokens_step / (step_s * peak),
+        hfu=hw_flops / (step_s * peak),
         # recomputed FLOPs over those the step runs without them (hfu/mfu is not this: under LoRA the
         # model-FLOPs convention 6N exceeds what the frozen base computes, 4N)
         recompute_extra=f["recompute"] * tokens_step / np.maximum(hw_flops - f["recompute"] * tokens_step, 1e-12),
         gemm_efficiency=gemm_efficiency(c, rates),
     )
-    return out
 
 
 def training_cost(tokens_per_s, world_size, train_tokens, price_per_gpu_hour=None):

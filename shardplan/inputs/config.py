@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 from shardplan.inputs import strategy as st
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import (ModelSpec, block_linear_bias_params, block_linear_params, lora_adapted_inputs,
-                             lora_blocks_params, lora_root_params)
-from shardplan.formulas.model_states import nf4_quant_state_bytes
+                             lora_blocks_params, lora_root_params, matmul_params_per_token)
+from shardplan.formulas.model_states import PAD_GROUPS, nf4_quant_state_bytes
 from shardplan.formulas.overheads import nccl_bytes_for_link
 
 
@@ -96,19 +96,19 @@ class TrainingConfig(BaseModel):
 
 MODEL_FIELDS = (
     "total_params", "root_params", "unit_params", "largest_module_params", "num_layers", "hidden_size",
-    "vocab_size", "q_width", "kv_width", "attn_out_width", "num_heads", "mlp_width", "gated_mlp",
+    "vocab_size", "q_width", "kv_width", "attn_out_width", "num_heads", "mlp_width", "matmul_params", "gated_mlp",
     "layernorm", "tied_embeddings", "lora_params", "quantizable_params", "param_tensors", "rope_dim",
     "quantized_tensors", "quant_state_bytes", "quantized_bias_params", "lora_adapted_in", "lora_unique_in", "lora_adapted_linears",
     "lora_rank_out", "lora_qkv_adapted", "lora_mlp_adapted", "extra_norms", "norm_fp32", "attn_norm_width",
     "attn_norm_rows", "fused_qkv",
-) + tuple(f"pad_{what}_{k}" for what in ("dim0", "model", "root", "block") for k in range(6))
+) + tuple(f"pad_{what}_{k}" for what in ("dim0", "model", "root", "block") for k in range(PAD_GROUPS))
 
 # Per-tensor padding (FSDP2 pads each tensor's dim 0 to a multiple of the shard count) needs the
 # tensors. They are summarised per model as up to PAD_GROUPS distinct dim-0 sizes with, for each,
 # the elements per dim-0 row summed over the tensors that share it (whole model, root unit, largest
 # block): padded elements per rank = sum_k ceil(dim0_k / N) * cols_k. dim0 = 0 marks a group kept
 # unpadded (tensors beyond the first PAD_GROUPS - 1 sizes, and Columns built without shapes).
-PAD_GROUPS = 6
+# PAD_GROUPS is defined once, beside the formula that reads the groups (model_states.padded_shard_elements).
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,7 @@ class Columns:
     attn_out_width: np.ndarray
     num_heads: np.ndarray
     mlp_width: np.ndarray            # MLP width one token passes through (MoE: k experts + shared)
+    matmul_params: np.ndarray        # N_matmul per token (inputs.model.matmul_params_per_token)
     gated_mlp: np.ndarray
     layernorm: np.ndarray
     tied_embeddings: np.ndarray
@@ -286,6 +287,8 @@ def _shape_defaults(values: dict[str, Any]) -> dict[str, Any]:
                quantized_tensors=7 * np.asarray(values.get("num_layers", 1)),
                quant_state_bytes=nf4_quant_state_bytes(np.asarray(values.get("quantizable_params", 0)),
                                                        7 * np.asarray(values.get("num_layers", 1))),
+               matmul_params=matmul_params_per_token(np.asarray(values["total_params"]) - np.asarray(values.get("root_params", 0)),
+                                                     np.asarray(values.get("vocab_size", 0)), np.asarray(values.get("hidden_size", 0))),
                quantized_bias_params=0, extra_norms=0, norm_fp32=False, attn_norm_width=0, attn_norm_rows=0, fused_qkv=False,
                lora_adapted_in=0, lora_unique_in=0, lora_adapted_linears=0, lora_rank_out=0, lora_qkv_adapted=0, lora_mlp_adapted=0,
                rope_dim=np.asarray(values.get("q_width", 0)) // np.maximum(np.asarray(values.get("num_heads", 1)), 1)).items()})
@@ -330,8 +333,6 @@ def spec_quant_state_bytes(spec: ModelSpec) -> int:
     """NF4 quant_state bytes of the model's block Linear weights, tensor by tensor (exact)."""
     import math
 
-    from shardplan.formulas.model_states import nf4_quant_state_bytes
-
     return int(sum(nf4_quant_state_bytes(math.prod(t), 1) for unit, shapes in spec.parameter_shapes().items()
                    if unit != "root" for t in shapes if len(t) == 2))
 
@@ -348,6 +349,7 @@ def model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-
         hidden_size=spec.hidden_size, vocab_size=spec.vocab_size, q_width=spec.q_width,
         kv_width=spec.kv_width if not spec.mla else spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim,
         attn_out_width=spec.attn_out_width, num_heads=spec.num_heads, mlp_width=mlp_width,
+        matmul_params=spec.matmul_params_per_token,
         gated_mlp=spec.gated_mlp, layernorm=spec.norm == "layernorm", tied_embeddings=spec.tie_word_embeddings,
         lora_params=(lora_blocks_params(spec, lora_rank, lora_targets)
                      + lora_root_params(spec, lora_rank, lora_targets)),

@@ -396,26 +396,45 @@ class ModelSpec(BaseModel):
         idle = (self.moe.num_experts - self.moe.experts_per_token) / self.moe.num_experts
         return self.total_params - round(self.routed_experts_params * idle)
 
-    # --- FLOPs ----------------------------------------------------------------------------------
+    # --- FLOPs (the module functions below, shared with the vectorized formulas) ------------------
     @property
     def matmul_params_per_token(self) -> int:
-        """Parameters that enter a matmul for one token: active block weights plus the lm_head.
-
-        The embedding lookup is a gather (no FLOPs); a tied lm_head still costs a matmul.
-        """
-        block_active = self.active_params_per_token - self.root_params
-        return block_active + self.lm_head_params
+        """``matmul_params_per_token`` of this model: its active block parameters (MoE: the routed
+        experts a token skips left out) plus the lm_head."""
+        return matmul_params_per_token(self.active_params_per_token - self.root_params, self.vocab_size, self.hidden_size)
 
     def attention_flops_per_token(self, seq_len) -> object:
-        """Forward score + value FLOPs per token: 2·2·L·s·(n_heads·head_dim) [PaLM App. B].
-
-        ASSUMPTION: full (non-causal-skipping) attention, as PaLM and torchtitan count it.
-        """
-        return 4 * self.num_layers * seq_len * self.q_width
+        """``attention_flops_per_token`` of this model, full (non-causal-skipping) attention as PaLM
+        and torchtitan count it."""
+        return attention_flops_per_token(self.num_layers, self.q_width, seq_len)
 
     def train_flops_per_token(self, seq_len) -> object:
-        """6·N_matmul + 3 × attention forward = 6N + 12·L·H·Q·T (PaLM App. B)."""
-        return 6 * self.matmul_params_per_token + 3 * self.attention_flops_per_token(seq_len)
+        """``train_flops_per_token``: 6N + 12·L·H·Q·T (PaLM App. B)."""
+        return train_flops_per_token(self.matmul_params_per_token, self.attention_flops_per_token(seq_len))
+
+
+# --- FLOPs per token: one definition for a ModelSpec (ints) and for Columns (arrays) ------------------
+def matmul_params_per_token(active_block_params, vocab_size, hidden_size):
+    """N_matmul, the parameters that enter a matmul for one token (PaLM, Chowdhery et al. 2022, App. B:
+    N excludes the embeddings; torchtitan ``get_dense_model_nparams_and_flops``): the active block
+    parameters plus the lm_head (V·h; a tied head still multiplies, while the embedding lookup is
+    a gather). ASSUMPTION: block norms and biases are counted as PaLM's N counts them (< 0.1 % of
+    N for every profile; they are element-wise work, not matmuls)."""
+    return active_block_params + vocab_size * hidden_size
+
+
+def attention_flops_per_token(num_layers, q_width, seq_len, causal=False):
+    """Forward score + value FLOPs per token: 2·2·L·s·q, q = n_heads·head_dim (PaLM App. B); with
+    ``causal`` half of it, what flash kernels execute under a causal mask (FlashAttention-2 paper,
+    §4.1). Exact integers for int inputs; pass float arrays where the product could pass 2**63."""
+    full = 4 * num_layers * seq_len * q_width
+    return full / 2 if causal else full
+
+
+def train_flops_per_token(matmul_params, attention_forward_flops):
+    """Training FLOPs per token: forward 2N + backward 4N, and 3 × the attention forward
+    (PaLM App. B: 6N + 12·L·H·Q·T with the full attention count)."""
+    return 6 * matmul_params + 3 * attention_forward_flops
 
 
 LORA_TARGETS = ("all-linear", "attention", "qv")
@@ -463,6 +482,17 @@ def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear
     ASSUMPTION: for "qv" and "attention", MLA's projections are counted like q/k/v/o widths.
     """
     code = lora_target_code(targets)
+    moe = spec.moe is not None if moe_block is None else moe_block and spec.moe is not None
+    qv, attention, all_attention = _lora_attention_dims(spec)
+    dims = [qv, attention][code] if code < 2 else all_attention + _lora_mlp_dims(spec, moe)
+    if moe and code >= 2:
+        dims += _lora_moe_dims(spec)
+    return rank * dims
+
+
+def _lora_attention_dims(spec: ModelSpec) -> tuple[int, int, int]:
+    """Σ(in + out) of the adapted attention Linears for "qv", "attention" and "all-linear"
+    (MLA's own projections for the last; ``lora_params_per_block``)."""
     h = spec.hidden_size
     if spec.fused_qkv:
         qkv = h + spec.q_width + 2 * spec.kv_width
@@ -470,28 +500,38 @@ def lora_params_per_block(spec: ModelSpec, rank: int, targets: str = "all-linear
     else:
         qv = 2 * h + spec.q_width + spec.kv_width
         attention = qv + h + spec.kv_width + spec.attn_out_width + h
-    moe = spec.moe is not None if moe_block is None else moe_block and spec.moe is not None
-    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if moe else spec.intermediate_size
+    if not spec.mla:
+        return qv, attention, attention
+    m = spec.mla
+    q = (h + 2 * m.q_lora_rank + spec.q_width) if m.q_lora_rank else h + spec.q_width
+    kv = (h + m.kv_lora_rank + m.qk_rope_head_dim) + (m.kv_lora_rank + spec.num_heads * (m.qk_nope_head_dim + m.v_head_dim))
+    return qv, attention, q + kv + spec.attn_out_width + h
+
+
+def _lora_mlp_width(spec: ModelSpec, moe_block: bool) -> int:
+    """Width of the MLP whose Linears keep their adapters: a MoE block's shared experts or the dense
+    MLP; 0 when PEFT's MoE conversion took the MLP names over (``MoESpec.lora_adapts_experts``)."""
     if spec.moe is not None and spec.moe.lora_adapts_experts:
-        mlp_width = 0  # PEFT's MoE conversion took the MLP names over (see above)
-    if not mlp_width:
-        mlp = 0
-    elif spec.gated_mlp:
-        mlp = (h + 2 * mlp_width if spec.fused_gate_up else 2 * (h + mlp_width)) + (h + mlp_width)
-    else:
-        mlp = 2 * (h + mlp_width)
-    if spec.mla:
-        m = spec.mla
-        q = (h + 2 * m.q_lora_rank + spec.q_width) if m.q_lora_rank else h + spec.q_width
-        kv = (h + m.kv_lora_rank + m.qk_rope_head_dim) + (m.kv_lora_rank + spec.num_heads * (m.qk_nope_head_dim + m.v_head_dim))
-        mla_all = q + kv + spec.attn_out_width + h
-    dims = [qv, attention][code] if code < 2 else (mla_all if spec.mla else attention) + mlp
-    if moe and code >= 2:
-        e, width = spec.moe.num_experts, spec.moe.intermediate_size
-        dims += h + e  # router
-        if spec.moe.lora_adapts_experts:
-            dims += 2 * e * (h + 2 * width) + e * (width + h)
-    return rank * dims
+        return 0
+    return spec.moe.shared_experts * spec.moe.intermediate_size if moe_block else spec.intermediate_size
+
+
+def _lora_mlp_dims(spec: ModelSpec, moe_block: bool) -> int:
+    """Σ(in + out) of the adapted MLP Linears ("all-linear"): gate, up, down (Phi-3's fused
+    gate_up is one Linear), or up and down for a non-gated MLP."""
+    h, width = spec.hidden_size, _lora_mlp_width(spec, moe_block)
+    if not width:
+        return 0
+    if spec.gated_mlp:
+        return (h + 2 * width if spec.fused_gate_up else 2 * (h + width)) + (h + width)
+    return 2 * (h + width)
+
+
+def _lora_moe_dims(spec: ModelSpec) -> int:
+    """A MoE block's router, h + E, and with ``lora_adapts_experts`` the expert banks'
+    ``ParamWrapper`` adapters, 2·E·(h + 2·I) + E·(I + h) (``lora_params_per_block``)."""
+    e, width, h = spec.moe.num_experts, spec.moe.intermediate_size, spec.hidden_size
+    return h + e + (2 * e * (h + 2 * width) + e * (width + h) if spec.moe.lora_adapts_experts else 0)
 
 
 def lora_blocks_params(spec: ModelSpec, rank: int, targets: str = "all-linear") -> int:
@@ -522,9 +562,7 @@ def lora_adapted_inputs(spec: ModelSpec, targets: str = "all-linear", rank: int 
     * ``lora_mlp_adapted``: 1 when the MLP projections are adapted.
     Targets as ``lora_params_per_block``: q,v; attention (q,k,v,o); all-linear (+ the MLP)."""
     h = spec.hidden_size
-    mlp_width = spec.moe.shared_experts * spec.moe.intermediate_size if spec.moe else spec.intermediate_size
-    if spec.moe is not None and spec.moe.lora_adapts_experts:
-        mlp_width = 0  # PEFT's MoE conversion leaves no adapter on MLP Linears (lora_params_per_block)
+    mlp_width = _lora_mlp_width(spec, spec.moe is not None)
     names = {"qv": ["q", "v"], "attention": ["q", "k", "v", "o"]}.get(
         targets, ["q", "k", "v", "o"] + ((["gate", "up", "down"] if spec.gated_mlp else ["up", "down"]) if mlp_width else []))
     width = {"q": h, "k": h, "v": h, "o": spec.attn_out_width, "gate": h, "up": h, "down": mlp_width}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shardplan.support.names import normalize
+from shardplan.support.names import lookup, normalize
 
 # Publisher words in front of the family name (a first word, before -, _ or a space). Meta published
 # Llama 3 and 3.1 as "Meta-Llama-3(.1)-*" and later renamed the repositories "Llama-3.1-*"; the
@@ -60,7 +60,7 @@ def _without_org(text: str) -> str:
 def _without_prefix(text: str) -> str:
     """'Meta-Llama-3.1-8B' -> 'Llama-3.1-8B': drop a first word that NAME_PREFIXES lists."""
     parts = _WORD_SPLIT.split(text, maxsplit=1)
-    if len(parts) == 3 and parts[2] and any(parts[0].lower() == p.lower() for p in NAME_PREFIXES):
+    if len(parts) == 3 and parts[2] and lookup(parts[0], NAME_PREFIXES) is not None:
         return parts[2]
     return text
 
@@ -71,7 +71,8 @@ def _without_variants(text: str) -> NameForm:
     parts = _WORD_SPLIT.split(text)  # words at even indices, separators at odd ones
     kept, dropped = [parts[0]], []
     for i in range(2, len(parts), 2):
-        label = labels.get(parts[i].lower())
+        word = lookup(parts[i], labels)
+        label = None if word is None else labels[word]
         if label is None:
             kept.extend([parts[i - 1], parts[i]])
         else:

@@ -57,9 +57,9 @@ def _continues_gpus(word: str) -> bool:
     count, a joiner ("x", "GB"), or a word of a GPU profile's name."""
     if vocab.is_query_word(word):
         return False
-    low = word.lower()
-    return (any(ch.isdigit() for ch in word) or low in _GPU_JOINERS or low.startswith(("x", "×", "*"))
-            or normalize(word) in _gpu_name_tokens())
+    key = normalize(word)  # the one name rule; "×" and "*" are no letters, so they are matched as typed
+    return (any(ch.isdigit() for ch in word) or key in _GPU_JOINERS or word in _GPU_JOINERS
+            or key.startswith("x") or word.startswith(("×", "*")) or key in _gpu_name_tokens())
 
 
 def split_gpus(words: list[str]) -> tuple[str, list[str]]:

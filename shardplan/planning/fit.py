@@ -19,6 +19,7 @@ from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
+from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import bad_results, check_one, quiet_numpy
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, judge, throughput_band
@@ -149,8 +150,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: l
         stack=stack_label(config.stack), fits_load=bool(scalar["fits_load"]),
         config=config.model_dump(),
         model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
-               "trainable_params": int(spec.total_params if config.method == "full"
-                                       else model_values(spec, config.lora_rank, config.lora_targets)["lora_params"])},
+               "trainable_params": int(trainable_params(c))},
         gpu={"name": cluster.gpu.name, "memory_bytes": cluster.gpu.memory_bytes, "capacity_only": cluster.capacity_only},
         cluster={"label": cluster.label, "world_size": cluster.world_size, "gpus_per_node": cluster.gpus_per_node,
                  "nodes": cluster.nodes, "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name},

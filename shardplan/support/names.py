@@ -41,10 +41,16 @@ def did_you_mean(text: object, candidates: Iterable[str] | Mapping[str, str]) ->
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
+def lookup(text: object, names: Iterable[str]) -> str | None:
+    """The name among ``names`` that ``text`` spells under :func:`normalize`, or None."""
+    key = normalize(text)
+    return next((name for name in names if normalize(name) == key), None)
+
+
 def choose(text: object, names: Iterable[str], field: str) -> str:
     """The canonical name among ``names`` that ``text`` spells, or a one-line error listing them."""
     names = tuple(names)
-    for name in names:
-        if same_name(name, text):
-            return name
+    name = lookup(text, names)
+    if name is not None:
+        return name
     raise ShardplanError(field, text, f"unknown{did_you_mean(text, names)}; choose one of {', '.join(names)}")
