@@ -15,6 +15,7 @@ import shlex
 from typing import Any
 
 
+from shardplan.inputs.engines import runs_deepspeed
 from shardplan.support.errors import ShardplanError
 from shardplan.support.extras import require
 from shardplan.exporters.deepspeed import deepspeed_config
@@ -39,7 +40,7 @@ def _fsdp_engine(spec: PlanSpec) -> int:
 
 def accelerate_config(spec: PlanSpec) -> dict[str, Any]:
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    if spec.engine == "deepspeed":
+    if runs_deepspeed(spec.engine):
         ds = deepspeed_config(spec)  # raises on combinations DeepSpeed cannot express
         z = ds["zero_optimization"]
         cfg["distributed_type"] = "DEEPSPEED"
@@ -158,7 +159,7 @@ def trainer_args(spec: PlanSpec) -> list[str]:
     elif spec.precision == "fp16-mixed":
         args.append("--fp16")
     fsdp_ac = False
-    if spec.engine == "deepspeed":
+    if runs_deepspeed(spec.engine):
         args += ["--deepspeed", json.dumps(deepspeed_config(spec), separators=(",", ":"))]
     elif spec.strategy not in ("ddp", "single"):
         version = _fsdp_engine(spec)
