@@ -15,7 +15,7 @@ import shlex
 from typing import Any
 
 
-from shardplan.inputs.engines import runs_deepspeed
+from shardplan.inputs.engines import get_engine, runs_deepspeed
 from shardplan.support.errors import ShardplanError
 from shardplan.support.extras import require
 from shardplan.exporters.deepspeed import deepspeed_config
@@ -35,7 +35,7 @@ def _comment(spec: PlanSpec) -> str:
 def _fsdp_engine(spec: PlanSpec) -> int:
     if spec.strategy in ("zero1", "zero2"):
         raise ShardplanError("strategy", spec.strategy, "exists only in DeepSpeed; use --engine deepspeed")
-    return 2 if spec.engine == "fsdp2" else 1
+    return 2 if get_engine(spec.engine).layout.value == "per_tensor" else 1  # FSDP2 shards per parameter
 
 
 def accelerate_config(spec: PlanSpec) -> dict[str, Any]:
@@ -189,7 +189,8 @@ def trainer_args(spec: PlanSpec) -> list[str]:
 
 def trainer_flags(spec: PlanSpec) -> str:
     lines = [_comment(spec).rstrip("\n")]
-    if spec.engine != "deepspeed" and spec.strategy not in ("ddp", "single", "full_shard", "shard_grad_op") and spec.engine == "fsdp2":
+    if (not runs_deepspeed(spec.engine) and spec.strategy not in ("ddp", "single", "full_shard", "shard_grad_op")
+            and get_engine(spec.engine).layout.value == "per_tensor"):
         lines.append(f"# FSDP2 {spec.strategy} (a {spec.replicate_size}x{spec.shard_size} mesh) needs accelerate's "
                      "parallelism_config: launch with `accelerate launch --config_file` the accelerate export")
     if spec.ac in ("selective", "every-k"):

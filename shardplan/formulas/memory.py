@@ -40,7 +40,7 @@ from shardplan.formulas.activations import (
 from shardplan.formulas.allocator import default_allocator, reserved_terms
 from shardplan.formulas.buffers import engine_buffers, fsdp_units, optimizer_step_temporaries, trainable_fraction
 from shardplan.formulas.load import load_peak_allocated_bytes, model_load_bytes
-from shardplan.formulas.model_states import fsdp1_shard_elements, master_dtype_bytes, model_states, padded_shard_elements
+from shardplan.formulas.model_states import fsdp1_shard_elements, model_states, padded_shard_elements
 from shardplan.formulas.overheads import HOST_PROCESS_BYTES, non_torch_device_bytes
 
 # Order of the breakdown table; also the DataFrame column names.
@@ -186,7 +186,7 @@ def _block_backward(c, k, states, units, n_g, grads_held, recompute=False):
     block_shard = np.where(fsdp1, fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1)),
                            padded_shard_elements(c, n_g, "block") * np.maximum(n_g, 1) // np.maximum(n_g, 1))
     block_shard = np.where(fsdp1, block_shard // np.maximum(L, 1), padded_shard_elements(c, n_g, "block"))
-    per_block_grad = np.where(full, block_shard * master_dtype_bytes(c.precision),
+    per_block_grad = np.where(full, block_shard * np.where(c.precision == st.BF16_PURE, 2, 4),
                               states["grads"] // np.maximum(L, 1)) * g_bytes
     # optimizer in backward: each reduced gradient is stepped and freed at once
     reduced = np.where((grads_held > 0) | c.optimizer_in_backward, 0, (L - 1 - k) * per_block_grad)

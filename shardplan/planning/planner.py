@@ -238,7 +238,8 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
     for s, e in itertools.product(strategies, engines):
         if not bool(st.is_valid(s, e)) or not bool(st.valid_world_size(s, cluster.world_size)):
             continue
-        if s == st.SINGLE and e != st.FSDP2 and "engine" not in fixed:  # no wrapper: plan it once
+        # no wrapper: plan it once, under the first engine that states it
+        if s == st.SINGLE and e != int(np.flatnonzero(engine_tables().valid[:, st.SINGLE])[0]) and "engine" not in fixed:
             continue
         if st.runs_as(s, e) != s and st.runs_as(s, e) in strategies:
             continue
