@@ -306,7 +306,10 @@ def no_sync_grad_bytes(c, sync_every_micro_batch=True):
 def _gather_collectives(c, n_p, k, units):
     """(op, S, calls, group) of the parameter all-gathers: forward, and backward where units reshard
     after forward (FSDP keeps the root unsharded to backward; DeepSpeed ZeRO-3 gathers it again:
-    ``keeps_root_unsharded_to_backward``). Quantized where the engine declares it (ZeRO++ qwZ)."""
+    ``keeps_root_unsharded_to_backward``). Quantized where the engine declares it (ZeRO++ qwZ;
+    ASSUMPTION: the backward gather too). Where the engine keeps a secondary partition within the
+    shard group (ZeRO++ hpZ, Wang et al. 2023 §3.2: "eliminates inter-node backward parameter
+    all-gather"), the backward all-gather runs inside that group."""
     from shardplan.formulas.activations import compute_dtype_bytes
 
     s = c.strategy
@@ -318,10 +321,13 @@ def _gather_collectives(c, n_p, k, units):
     reshard = gather & ((s == st.FULL_SHARD) | (s == st.HYBRID_SHARD))
     ag_fwd_S = np.where(gather, (blocks_b + root_b) * k, 0)
     ag_bwd_S = np.where(reshard, (blocks_b + np.where(regathers_root, root_b, 0)) * k, 0)
+    # ZeRO++ hpZ: backward gathers from the secondary partition, inside the shard group (the node)
+    secondary = per_strategy("secondary_param_partition", c.engine, s)
+    bwd_group = np.where(secondary, np.minimum(c.shard_group_size, c.world_size), n_p)
     return {
         "ag_fwd": ("all_gather", ag_fwd_S, np.where(gather, units * k, 0), np.where(gather, n_p, 1)),
         "ag_bwd": ("all_gather", ag_bwd_S, np.where(reshard, (units - np.where(regathers_root, 0, 1)) * k, 0),
-                   np.where(reshard, n_p, 1)),
+                   np.where(reshard, bwd_group, 1)),
     }
 
 
