@@ -1,7 +1,7 @@
 """What the code and the docs cite is something a user can open: a paper, a repository path, or a
 page under docs/. The project's internal design notes are not shipped, so nothing may cite them;
 and the strategy-to-framework table in docs/vocabulary.md, which the code cites instead, is the one
-``strategy.FRAMEWORK_NAMES`` holds."""
+each engine's declaration holds (``inputs.engines.framework_name``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from shardplan.inputs import strategy as st
+from shardplan.inputs.engines import framework_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SEARCHED = ("shardplan", "docs", "tools", "benchmarks", "tests", "notebooks", "data", "hardware_profiles", "model_profiles",
@@ -47,14 +48,14 @@ def framework_table() -> str:
     """The table docs/vocabulary.md must hold between its ``frameworks`` markers."""
     rows = ["| strategy | " + " | ".join(f"`{e}`" for e in st.ENGINES) + " |", "|" + " --- |" * (len(st.ENGINES) + 1)]
     for s in st.STRATEGIES:
-        names = st.FRAMEWORK_NAMES.get(s, {})
-        rows.append(f"| `{s}` | " + " | ".join(f"`{names[e]}`" if e in names else "—" for e in st.ENGINES) + " |")
+        names = [framework_name(s, e) for e in st.ENGINES]
+        rows.append(f"| `{s}` | " + " | ".join(f"`{n}`" if n else "—" for n in names) + " |")
     return "\n".join(rows) + "\n"
 
 
-def test_docs_framework_table_is_strategy_framework_names():
+def test_docs_framework_table_is_the_engine_declarations():
     text = (ROOT / "docs" / "vocabulary.md").read_text()
     block = text.split("<!-- frameworks:begin -->\n", 1)[1].split("<!-- frameworks:end -->", 1)[0]
     expected = framework_table()
     assert block == expected, ("docs/vocabulary.md 'Strategies in each framework': put this table between "
-                               "the frameworks markers (from strategy.FRAMEWORK_NAMES):\n" + expected)
+                               "the frameworks markers (from each engine's declaration, inputs.engines.framework_name):\n" + expected)

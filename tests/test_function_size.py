@@ -19,9 +19,6 @@ MAX_FUNCTION_LINES = 60
 BEING_SPLIT = {
     "shardplan/formulas/memory.py:estimate_memory": "MEMORY",
     "shardplan/formulas/memory.py:_block_backward": "MEMORY",
-    "shardplan/formulas/model_states.py:model_states": "ENGINES",
-    "shardplan/formulas/throughput.py:step_time": "QUANTITIES",
-    "shardplan/inputs/model.py:lora_params_per_block": "QUANTITIES",
     "shardplan/planning/grid_sweep.py:sweep": "PLANNING",
     "shardplan/planning/grid_sweep.py:_plan": "PLANNING",
     "shardplan/planning/planner.py:plan": "PLANNING",

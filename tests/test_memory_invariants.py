@@ -64,7 +64,7 @@ def test_strategy_ordering_of_model_states(dims, world):
         assert at(st.FULL_SHARD, engine) <= at(st.SHARD_GRAD_OP, engine) <= at(st.DDP, engine)
     ds = st.DEEPSPEED
     assert at(st.FULL_SHARD, ds) <= at(st.ZERO2, ds) <= at(st.ZERO1, ds) <= at(st.DDP, ds)
-    # Across engines, as strategy.FRAMEWORK_NAMES maps them: full_shard ≤ shard_grad_op ≤ zero1 ≤ ddp.
+    # Across engines, as the engine declarations map them: full_shard ≤ shard_grad_op ≤ zero1 ≤ ddp.
     assert at(st.FULL_SHARD, st.FSDP2) <= at(st.SHARD_GRAD_OP, st.FSDP2) <= at(st.ZERO1, ds) <= at(st.DDP, st.FSDP2)
 
 
@@ -140,7 +140,7 @@ def test_vectorized_equals_scalar_loop_on_1000_random_configurations():
 @given(model_dims(), hs.sampled_from([0, 1, 2]), hs.sampled_from([st.BF16_MIXED, st.FP16_MIXED, st.BF16_PURE, st.FP32]),
        hs.sampled_from([2, 8, 64]))
 def test_deepspeed_ddp_and_no_shard_are_one_engine_stage_0(dims, method, precision, world):
-    # strategy.FRAMEWORK_NAMES: DeepSpeed runs both as stage 0, so every byte and every collective agree
+    # the deepspeed declaration: DeepSpeed runs both as stage 0, so every byte and every collective agree
     # (they did not: PEFT's fp32 input casts and no reduce bucket were charged to 'ddp' as if torch DDP)
     from shardplan.formulas.comm import comm_volume
 

@@ -5,9 +5,13 @@ Stage per strategy as docs/vocabulary.md maps it; ``hybrid_shard`` is ZeRO-3 wit
 (``zero_hpz_partition_size``: a secondary copy of the parameters sharded within the group, so the
 forward/backward all-gathers stay inside it). MiCS (``mics_shard_size``), the closer match to HSDP,
 was removed in DeepSpeed 0.19 (deepspeedai/DeepSpeed#8489). ASSUMPTION noted for the memory
-model: hpZ still shards optimizer states and gradients over all ranks. Buckets: DeepSpeed's own
-defaults (5e8 elements, ``runtime/zero/config.py``), the numbers shardplan's buffer terms assume
-(``buffers.DEEPSPEED_REDUCE_BUCKET_ELEMENTS``). train_batch_size = micro × accum × world.
+model: hpZ still shards optimizer states and gradients over all ranks. Buckets: the engine's
+declared ones (data/engine_profiles/deepspeed.json ``collectives``: DeepSpeed's own defaults, 5e8
+elements, ``runtime/zero/config.py``), the numbers shardplan's buffer and call-count terms assume.
+An engine whose declaration quantizes its collectives (ZeRO++, Wang et al. 2023, arXiv 2306.10209)
+gets DeepSpeed's switches for them: ``zero_quantized_weights`` (qwZ, int8 weight all-gather) and
+``zero_quantized_gradients`` (qgZ, int4 all-to-all gradient reduction); ``read_back`` names that
+engine again. train_batch_size = micro × accum × world.
 """
 
 from __future__ import annotations
@@ -15,11 +19,43 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardplan.formulas.buffers import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+from shardplan.inputs.engines import engine_profiles, get_engine, runs_deepspeed
 from shardplan.support.errors import ShardplanError
 from shardplan.exporters.spec import PlanSpec
 
 OPTIMIZER_TYPES = {"adamw": "AdamW", "sgd": "SGD", "lion": "Lion"}  # DeepSpeed-native; others: client optimizer
+
+
+def _buckets(spec: PlanSpec) -> tuple[int, int]:
+    """(reduce, all-gather) bucket elements the plan's numbers assumed: its engine's declaration
+    when DeepSpeed runs it, else DeepSpeed's."""
+    c = get_engine(spec.engine if runs_deepspeed(spec.engine) else "deepspeed").collectives
+    gather = c.param_gather_bucket or c.gradient_bucket
+    return c.gradient_bucket.value, gather.value
+
+
+def _zero_section(spec: PlanSpec, stage: int) -> dict[str, Any]:
+    """``zero_optimization`` without offload: stage, buckets, stage-3 prefetch/persistence, hpZ
+    and the quantized collectives the engine declares."""
+    reduce_bucket, gather_bucket = _buckets(spec)
+    zero: dict[str, Any] = {"stage": stage}
+    if stage >= 1:
+        zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=reduce_bucket)
+    if stage in (1, 2):
+        zero.update(allgather_partitions=True, allgather_bucket_size=gather_bucket, reduce_scatter=True)
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=int(0.9 * reduce_bucket),
+                    stage3_param_persistence_threshold=100_000, stage3_max_live_parameters=1_000_000_000,
+                    stage3_max_reuse_distance=1_000_000_000, stage3_gather_16bit_weights_on_model_save=True)
+        if spec.hybrid and spec.shard_size < spec.world_size:
+            zero["zero_hpz_partition_size"] = spec.shard_size
+    if runs_deepspeed(spec.engine):
+        c = get_engine(spec.engine).collectives
+        if c.weight_gather_quantization is not None:
+            zero["zero_quantized_weights"] = True
+        if c.gradient_quantization is not None:
+            zero["zero_quantized_gradients"] = True
+    return zero
 
 
 def deepspeed_config(spec: PlanSpec) -> dict[str, Any]:
@@ -29,18 +65,7 @@ def deepspeed_config(spec: PlanSpec) -> dict[str, Any]:
     if spec.offload == "optimizer+params" and stage != 3:
         raise ShardplanError("offload", spec.offload, "DeepSpeed offloads parameters only at ZeRO stage 3; "
                                                       "use --offload optimizer")
-    zero: dict[str, Any] = {"stage": stage}
-    if stage >= 1:
-        zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=DEEPSPEED_REDUCE_BUCKET_ELEMENTS)
-    if stage in (1, 2):
-        zero.update(allgather_partitions=True, allgather_bucket_size=DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
-                    reduce_scatter=True)
-    if stage == 3:
-        zero.update(stage3_prefetch_bucket_size=int(0.9 * DEEPSPEED_REDUCE_BUCKET_ELEMENTS),
-                    stage3_param_persistence_threshold=100_000, stage3_max_live_parameters=1_000_000_000,
-                    stage3_max_reuse_distance=1_000_000_000, stage3_gather_16bit_weights_on_model_save=True)
-        if spec.hybrid and spec.shard_size < spec.world_size:
-            zero["zero_hpz_partition_size"] = spec.shard_size
+    zero = _zero_section(spec, stage)
     if spec.offload != "none":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if spec.offload == "optimizer+params":
@@ -78,22 +103,32 @@ def deepspeed_json(spec: PlanSpec) -> str:
     return json.dumps(deepspeed_config(spec), indent=2) + "\n"
 
 
+def _engine_of(zero: dict[str, Any]) -> str:
+    """The DeepSpeed-run engine whose declared quantized collectives match the config's switches."""
+    wanted = (bool(zero.get("zero_quantized_weights")), bool(zero.get("zero_quantized_gradients")))
+    for e in engine_profiles():
+        c = e.collectives
+        if runs_deepspeed(e.name) and (c.weight_gather_quantization is not None,
+                                       c.gradient_quantization is not None) == wanted:
+            return e.name
+    raise ShardplanError("zero_optimization", f"zero_quantized_weights={wanted[0]}, zero_quantized_gradients={wanted[1]}",
+                         "no declared engine quantizes exactly these collectives")
+
+
 def read_back(text: str) -> dict[str, Any]:
-    """Knobs a DeepSpeed config states: stage (as a strategy), precision, offload, batch sizes, optimizer."""
+    """Knobs a DeepSpeed config states: engine, stage (as a strategy), precision, offload, batch sizes, optimizer."""
     c = json.loads(text)
     z = c.get("zero_optimization", {})
     stage = z.get("stage", 0)
     world = c["train_batch_size"] // (c["train_micro_batch_size_per_gpu"] * c["gradient_accumulation_steps"])
-    mics = z.get("zero_hpz_partition_size")
-    strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "full_shard"}[stage]
-    if mics:
-        strategy = "hybrid_shard"
+    hpz = z.get("zero_hpz_partition_size")
+    strategy = "hybrid_shard" if hpz else {0: "ddp", 1: "zero1", 2: "zero2", 3: "full_shard"}[stage]
     offload = ("optimizer+params" if "offload_param" in z else "optimizer" if "offload_optimizer" in z else "none")
     precision = ("bf16-mixed" if c.get("bf16", {}).get("enabled") else
                  "fp16-mixed" if c.get("fp16", {}).get("enabled") else "fp32")
     opt = c.get("optimizer", {}).get("type")
-    return {"engine": "deepspeed", "zero_stage": stage, "strategy": strategy, "precision": precision,
+    return {"engine": _engine_of(z), "zero_stage": stage, "strategy": strategy, "precision": precision,
             "offload": offload, "micro_batch": c["train_micro_batch_size_per_gpu"],
             "grad_accum": c["gradient_accumulation_steps"], "world_size": world,
-            "shard_group_size": mics or (world if stage == 3 else 1 if stage == 0 else world),
+            "shard_group_size": hpz or (world if stage == 3 else 1 if stage == 0 else world),
             "optimizer": {v: k for k, v in OPTIMIZER_TYPES.items()}.get(opt)}

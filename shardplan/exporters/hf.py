@@ -15,6 +15,7 @@ import shlex
 from typing import Any
 
 
+from shardplan.inputs.engines import get_engine, runs_deepspeed
 from shardplan.support.errors import ShardplanError
 from shardplan.support.extras import require
 from shardplan.exporters.deepspeed import deepspeed_config
@@ -34,12 +35,12 @@ def _comment(spec: PlanSpec) -> str:
 def _fsdp_engine(spec: PlanSpec) -> int:
     if spec.strategy in ("zero1", "zero2"):
         raise ShardplanError("strategy", spec.strategy, "exists only in DeepSpeed; use --engine deepspeed")
-    return 2 if spec.engine == "fsdp2" else 1
+    return 2 if get_engine(spec.engine).layout.value == "per_tensor" else 1  # FSDP2 shards per parameter
 
 
 def accelerate_config(spec: PlanSpec) -> dict[str, Any]:
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    if spec.engine == "deepspeed":
+    if runs_deepspeed(spec.engine):
         ds = deepspeed_config(spec)  # raises on combinations DeepSpeed cannot express
         z = ds["zero_optimization"]
         cfg["distributed_type"] = "DEEPSPEED"
@@ -158,7 +159,7 @@ def trainer_args(spec: PlanSpec) -> list[str]:
     elif spec.precision == "fp16-mixed":
         args.append("--fp16")
     fsdp_ac = False
-    if spec.engine == "deepspeed":
+    if runs_deepspeed(spec.engine):
         args += ["--deepspeed", json.dumps(deepspeed_config(spec), separators=(",", ":"))]
     elif spec.strategy not in ("ddp", "single"):
         version = _fsdp_engine(spec)
@@ -188,7 +189,8 @@ def trainer_args(spec: PlanSpec) -> list[str]:
 
 def trainer_flags(spec: PlanSpec) -> str:
     lines = [_comment(spec).rstrip("\n")]
-    if spec.engine != "deepspeed" and spec.strategy not in ("ddp", "single", "full_shard", "shard_grad_op") and spec.engine == "fsdp2":
+    if (not runs_deepspeed(spec.engine) and spec.strategy not in ("ddp", "single", "full_shard", "shard_grad_op")
+            and get_engine(spec.engine).layout.value == "per_tensor"):
         lines.append(f"# FSDP2 {spec.strategy} (a {spec.replicate_size}x{spec.shard_size} mesh) needs accelerate's "
                      "parallelism_config: launch with `accelerate launch --config_file` the accelerate export")
     if spec.ac in ("selective", "every-k"):

@@ -28,8 +28,6 @@ DTYPES = {
 }
 # reduce_dtype knob (st.REDUCE_DTYPES, "param" resolved by st.reduce_dtype_name) -> torch name
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# DeepSpeed ZeRO stage per strategy (ZeRO paper, SC'20, §5: stage 1 P_os, 2 P_os+g, 3 P_os+g+p; docs/vocabulary.md).
-ZERO_STAGE = {"ddp": 0, "no_shard": 0, "zero1": 1, "zero2": 2, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
 # peft target_modules per shardplan lora_targets (Llama-style projection names).
 LORA_TARGET_MODULES = {"all-linear": "all-linear", "attention": ["q_proj", "k_proj", "v_proj", "o_proj"],
                        "qv": ["q_proj", "v_proj"],
@@ -130,9 +128,14 @@ class PlanSpec(TrainingConfig):
 
     @property
     def zero_stage(self) -> int:
-        if self.strategy not in ZERO_STAGE:
+        """The ZeRO stage of the strategy, as the engine declares it (DeepSpeed's declaration for a
+        plan of another engine: data/engine_profiles/deepspeed.json ``zero_stage``)."""
+        from shardplan.inputs.engines import zero_stage
+
+        stage = zero_stage(self.strategy, self.engine)
+        if stage is None:
             raise ShardplanError("strategy", self.strategy, "has no DeepSpeed equivalent; use --engine fsdp2 or fsdp1")
-        return ZERO_STAGE[self.strategy]
+        return stage
 
     def knobs(self) -> dict[str, Any]:
         """The training knobs an export must carry (the round-trip contract)."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 
 
@@ -157,7 +158,7 @@ def lora_adapter_dtype_bytes(c, a):
     ASSUMPTION: unwrapped / torch-DDP runs keep PEFT's fp32 adapters without autocast. DeepSpeed
     (every stage, its "ddp" = stage 0 included) casts the whole module to the 16-bit dtype
     (``engine._configure_distributed_model``: ``module.bfloat16()``/``half()``), adapters too."""
-    unwrapped = ((c.strategy == st.SINGLE) | (c.strategy == st.DDP)) & (c.engine != st.DEEPSPEED)
+    unwrapped = eng.wrapper_is(eng.W_NONE, c.engine, c.strategy) | eng.wrapper_is(eng.W_DDP, c.engine, c.strategy)
     cast = unwrapped & (a < 4)
     return np.where(cast, 4, a), cast
 

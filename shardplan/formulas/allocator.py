@@ -39,6 +39,7 @@ from importlib import resources
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 
 CLASSES = ("no_side_streams", "fsdp2", "fsdp1", "expandable_segments")
@@ -73,8 +74,9 @@ def default_allocator() -> AllocatorModel:
 
 def allocator_class(c, expandable_segments=False):
     """Index into ``CLASSES`` per configuration."""
-    fsdp = (c.engine != st.DEEPSPEED) & (c.strategy != st.DDP) & (c.world_size > 1)
-    cls = np.where(fsdp & (c.engine == st.FSDP2), 1, np.where(fsdp & (c.engine == st.FSDP1), 2, 0))
+    fsdp = ~eng.wrapper_is(eng.W_DEEPSPEED, c.engine, c.strategy) & (c.strategy != st.DDP) & (c.world_size > 1)
+    cls = np.where(fsdp & eng.layout_is(eng.PER_TENSOR, c.engine), 1,
+                   np.where(fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine), 2, 0))
     return np.where(np.asarray(expandable_segments, dtype=bool), 3, cls)
 
 
@@ -82,7 +84,7 @@ def side_stream_pool_bytes(c, units, sharded_grad_bytes, live_at_peak=None):
     """Bytes cached in FSDP's all-gather and reduce-scatter stream pools (mechanism 2) that are not
     live at the allocated peak: each pool's high-water mark less what of it the peak moment holds
     (``live_at_peak``: the breakdown's ``all_gather_buffers`` and ``grads`` at that moment)."""
-    sharded = (units["all_gather_block"] > 0) | ((c.engine == st.FSDP1) & units["fsdp"] & (c.world_size > 1))
+    sharded = (units["all_gather_block"] > 0) | (eng.layout_is(eng.FLAT_UNIT, c.engine) & units["fsdp"] & (c.world_size > 1))
     all_gather = np.where(units["fsdp"] & sharded,
                           np.maximum(units["all_gather_root"], units["root_unsharded"])
                           + np.maximum(units["all_gather_block"], units["block_unsharded"]), 0)

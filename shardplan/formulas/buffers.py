@@ -22,7 +22,9 @@ FSDP (torch 2.13; measured with FSDPMemTracker, data/calibration/, docs/calibrat
   root unsharded after forward (5 all-gathers for 3 units).
 * DDP under autocast: the 16-bit weight copies that matmuls saved for backward (all of them).
 * DeepSpeed ZeRO-3: one gathered module's 16-bit params and grads, 4·L (its estimator's term);
-  ZeRO-1/2: the 16-bit reduce bucket (``reduce_bucket_size`` 5e8 elements, DeepSpeed config docs).
+  ZeRO-0/1/2: the 16-bit reduce bucket (the engine's declared ``gradient_bucket``: ``reduce_bucket_size``
+  5e8 elements, DeepSpeed config docs). Which of these an engine has is its declaration's
+  (``shardplan/inputs/engines.py``).
 
 The reduce dtype is the ``reduce_dtype`` knob (default fp32 under mixed precision, torchtitan's
 choice; fms-fsdp and many FSDP1 recipes reduce in bf16). ASSUMPTION: the largest block is the block unit.
@@ -32,22 +34,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
+from shardplan.inputs.engines import per_engine, per_strategy
 from shardplan.formulas.activations import compute_dtype_bytes
-from shardplan.formulas.model_states import (fsdp1_unit_elements, padded_unit_elements, qlora_block_bytes_per_param, trainable_fraction,
-                                             trainable_params)
-
-DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+from shardplan.formulas.model_states import (fsdp1_unit_elements, master_dtype_bytes, padded_unit_elements,
+                                             qlora_block_bytes_per_param, trainable_fraction, trainable_params)
 
 
-def reduce_dtype_bytes(precision, reduce_dtype=None):
+
+def bucket_bytes(engine, element_bytes, which="grad_bucket"):
+    """Bytes of one collective bucket as the engine declares it (``collectives.gradient_bucket`` /
+    ``param_gather_bucket``): torch DDP's ``bucket_cap_mb`` 25 MiB, DeepSpeed's
+    ``reduce_bucket_size`` / ``allgather_bucket_size`` 5e8 elements of the collective's dtype."""
+    size = per_engine(which, engine)
+    return np.where(per_engine(f"{which}_in_elements", engine), size * np.asarray(element_bytes), size)
+
+
+def reduce_dtype_bytes(precision, reduce_dtype):
     """Bytes per element of the gradient reduction (reduce-scatter input and output, all-reduce):
     the ``reduce_dtype`` code (``st.REDUCE_DTYPES``; "param" = the compute dtype, FSDP's
-    reduce_dtype=None); None = ``st.default_reduce_dtype`` for an FSDP engine (fp32 under mixed
-    precision). The sharded gradient it is cast back to stays in the parameter's own dtype (torch
-    ``_fsdp_collectives.foreach_reduce``: ``_to_dtype_if_needed(reduce_output, orig_dtype)``)."""
-    if reduce_dtype is None:
-        reduce_dtype = st.default_reduce_dtype(precision, st.FSDP2)
+    reduce_dtype=None), resolved from the engine's declared default when unstated
+    (``st.resolve_reduce_dtype``). The sharded gradient it is cast back to stays in the
+    parameter's own dtype (torch ``_fsdp_collectives.foreach_reduce``:
+    ``_to_dtype_if_needed(reduce_output, orig_dtype)``)."""
     r = np.asarray(reduce_dtype)
     return np.select([r == st.REDUCE_FP32, r == st.REDUCE_BF16, r == st.REDUCE_FP16],
                      [4, 2, 2], compute_dtype_bytes(precision))
@@ -67,8 +77,8 @@ def fsdp_units(c, n_p):
     w = unsharded_block_bytes_per_param(c)
     trainable = trainable_fraction(c)
     full = c.method == st.FULL
-    fsdp = (c.engine != st.DEEPSPEED) & (c.strategy != st.DDP) & (c.strategy != st.SINGLE)
-    fsdp2 = fsdp & (c.engine == st.FSDP2)
+    fsdp = eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy)
+    fsdp2 = fsdp & eng.layout_is(eng.PER_TENSOR, c.engine)
     n = np.maximum(n_p, 1)
     root_elems = np.where(fsdp2, padded_unit_elements(c, n, "root"), fsdp1_unit_elements(c, n, "root"))
     block_elems = np.where(fsdp2, padded_unit_elements(c, n, "block"), fsdp1_unit_elements(c, n, "block"))
@@ -80,7 +90,7 @@ def fsdp_units(c, n_p):
     # (measured: tiny NO_SHARD fp32 W=4, the backward peak holds no unsharded bytes; bf16-mixed:
     # root + current + prefetched block of 16-bit copies, 139,648 B at the start of backward).
     mixed = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
-    copies = fsdp & ~((c.engine == st.FSDP1) & (n <= 1) & ~(mixed | ~full))
+    copies = fsdp & ~(eng.layout_is(eng.FLAT_UNIT, c.engine) & (n <= 1) & ~(mixed | ~full))
     out = dict(
         root_unsharded=np.where(copies, root_elems * root_w, 0),
         block_unsharded=np.where(copies, block_elems * w, 0),
@@ -105,17 +115,16 @@ def fsdp_units(c, n_p):
 def engine_buffers(c):
     """Per-GPU transient bytes of DDP and DeepSpeed (FSDP's are moment-dependent: ``fsdp_units``)."""
     trainable = trainable_fraction(c)
-    ds = c.engine == st.DEEPSPEED
-    ddp = c.strategy == st.DDP
-    # no wrapper on one GPU: autocast's weight copies exist exactly as under DDP
-    unwrapped = ddp | (c.strategy == st.SINGLE)
+    # no wrapper on one GPU: autocast's weight copies exist exactly as under torch DDP
+    unwrapped = eng.wrapper_is(eng.W_DDP, c.engine, c.strategy) | eng.wrapper_is(eng.W_NONE, c.engine, c.strategy)
     autocast = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
-    autocast_copies = np.where(unwrapped & ~ds & autocast & (c.method == st.FULL),
+    autocast_copies = np.where(unwrapped & autocast & (c.method == st.FULL),
                                c.total_params * 2, 0)
-    ds_stage3 = ds & ((c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD))
-    gathered = np.where(ds_stage3, 4 * c.largest_module_params, 0)
-    # DeepSpeed's "ddp" and no_shard are both stage 0: the same engine, the same reduce bucket
-    ds_bucket = np.where(ds & ~ds_stage3, 2 * np.minimum(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, c.total_params * trainable), 0)
+    gathered = np.where(per_strategy("gathers_module_params", c.engine, c.strategy), 4 * c.largest_module_params, 0)
+    # DeepSpeed's "ddp" and no_shard are both stage 0: the same engine, the same 16-bit reduce bucket
+    bucket_elements = bucket_bytes(c.engine, 1)
+    ds_bucket = np.where(per_strategy("reduce_bucket_buffer", c.engine, c.strategy),
+                         2 * np.minimum(bucket_elements, c.total_params * trainable), 0)
     qlora_dequant = np.where(c.method == st.QLORA, 2 * c.hidden_size * c.mlp_width, 0)
 
     terms = {
@@ -143,14 +152,15 @@ def optimizer_step_temporaries(c, optimizer_shard_degree):
     so only one parameter's temporaries exist at a time (``largest_module_params``' share).
     """
     trainable = trainable_params(c)
-    master = np.where(c.precision == st.BF16_PURE, 2, 4)
+    master = master_dtype_bytes(c.precision)
     has_temp = (c.optimizer == st.ADAMW) | (c.optimizer == st.LION)
     on_gpu = c.offload == st.OFFLOAD_NONE
     n = np.maximum(optimizer_shard_degree, 1)
     foreach = np.ceil(trainable * master / optimizer_shard_degree)
     rank = c.lora_rank_out // np.maximum(c.lora_adapted_linears, 1)
     largest = np.where(c.method == st.FULL,
-                       np.where(c.engine == st.FSDP1, np.maximum(c.root_params, c.unit_params), c.largest_module_params),
+                       np.where(eng.layout_is(eng.FLAT_UNIT, c.engine), np.maximum(c.root_params, c.unit_params),
+                                c.largest_module_params),
                        rank * np.maximum(c.hidden_size, c.mlp_width))
     single = 2 * master * np.ceil(largest / n)
     temps = np.where(c.foreach_optimizer, foreach, single)

@@ -33,8 +33,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from shardplan.inputs import strategy as st
-from shardplan.formulas.buffers import reduce_dtype_bytes, unsharded_block_bytes_per_param
+from shardplan.formulas.buffers import bucket_bytes, reduce_dtype_bytes, unsharded_block_bytes_per_param
 from shardplan.formulas.model_states import trainable_params
+from shardplan.inputs import engines as eng
+from shardplan.inputs.engines import per_engine, per_strategy
 from shardplan.support.errors import ShardplanError
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -45,8 +47,6 @@ COLLECTIVES = ("ag_fwd", "ag_bwd", "rs_grad", "ar_grad", "ar_replica", "ag_post_
 # with the ring length here.
 NCCL_BASE_LATENCY_S = 6.6e-6
 PROFILE_RING_STEPS = 7
-# torch DistributedDataParallel ``bucket_cap_mb`` default 25 (MiB): one all-reduce per bucket.
-DDP_BUCKET_BYTES = 25 * 2**20
 
 
 # --- nccl-tests conventions -----------------------------------------------------------------
@@ -250,8 +250,26 @@ def grad_comm_bytes_per_element(c):
     buckets in the ``.grad`` dtype (fp32 params under autocast), or in 16-bit with
     ``bf16_compress_hook``/``fp16_compress_hook``; DeepSpeed ``communication_data_type`` (default:
     the 16-bit training dtype, DeepSpeed config docs; ASSUMPTION for bf16). The default per engine
-    is ``st.default_reduce_dtype``."""
+    is its declaration's (``st.default_reduce_dtype``)."""
     return reduce_dtype_bytes(c.precision, c.reduce_dtype)
+
+
+def reduce_collective_bytes_per_element(c, group):
+    """Bytes per element the gradient reduction sends: the reduce dtype, or the engine's quantized
+    gradients where it declares them (``collectives.gradient_quantization``: bits/8 + one scale per
+    group; ``across_nodes_only``: only when the ``group`` ring spans nodes, ZeRO++ qgZ's
+    ``all_to_all_quant_reduce`` being used for multi-node groups only)."""
+    quant = per_engine("gradient_comm_bytes", c.engine)
+    spans = np.asarray(group) > np.asarray(c.gpus_per_node)
+    applies = (quant > 0) & (spans | ~per_engine("gradient_quant_across_nodes_only", c.engine))
+    return np.where(applies, quant, grad_comm_bytes_per_element(c))
+
+
+def gather_bytes_scale(c, gathered_bytes_per_element):
+    """Factor on the bytes of a parameter all-gather: 1, or the engine's quantized weights over the
+    gathered dtype (``collectives.weight_gather_quantization``: ZeRO++ qwZ int8 + block scales)."""
+    quant = per_engine("weight_gather_bytes", c.engine)
+    return np.where(quant > 0, quant / np.asarray(gathered_bytes_per_element, dtype=np.float64), 1.0)
 
 
 def gathered_param_bytes(c):
@@ -282,12 +300,69 @@ def no_sync_grad_bytes(c, sync_every_micro_batch=True):
     return np.where(held, trainable_params(c) * grad_comm_bytes_per_element(c), 0).astype(np.int64)
 
 
+def _gather_collectives(c, n_p, k, units):
+    """(op, S, calls, group) of the parameter all-gathers: forward, and backward where units reshard
+    after forward (FSDP keeps the root unsharded to backward; DeepSpeed ZeRO-3 gathers it again:
+    ``keeps_root_unsharded_to_backward``). Quantized where the engine declares it (ZeRO++ qwZ;
+    ASSUMPTION: the backward gather too). Where the engine keeps a secondary partition within the
+    shard group (ZeRO++ hpZ, Wang et al. 2023 §3.2: "eliminates inter-node backward parameter
+    all-gather"), the backward all-gather runs inside that group."""
+    from shardplan.formulas.activations import compute_dtype_bytes
+
+    s = c.strategy
+    blocks_b, root_b = gathered_param_bytes(c)
+    scale = gather_bytes_scale(c, compute_dtype_bytes(c.precision))
+    blocks_b, root_b = blocks_b * scale, root_b * scale
+    regathers_root = ~per_engine("keeps_root_unsharded", c.engine)
+    gather = n_p > 1
+    reshard = gather & ((s == st.FULL_SHARD) | (s == st.HYBRID_SHARD))
+    ag_fwd_S = np.where(gather, (blocks_b + root_b) * k, 0)
+    ag_bwd_S = np.where(reshard, (blocks_b + np.where(regathers_root, root_b, 0)) * k, 0)
+    # ZeRO++ hpZ: backward gathers from the secondary partition, inside the shard group (the node)
+    secondary = per_strategy("secondary_param_partition", c.engine, s)
+    bwd_group = np.where(secondary, np.minimum(c.shard_group_size, c.world_size), n_p)
+    return {
+        "ag_fwd": ("all_gather", ag_fwd_S, np.where(gather, units * k, 0), np.where(gather, n_p, 1)),
+        "ag_bwd": ("all_gather", ag_bwd_S, np.where(reshard, (units - np.where(regathers_root, 0, 1)) * k, 0),
+                   np.where(reshard, bwd_group, 1)),
+    }
+
+
+def _gradient_collectives(c, n_g, g, replicas, syncs, units):
+    """(op, S, calls, group) of the gradient reduction and the post-step all-gather. FSDP reduces
+    once per unit; bucketed wrappers (torch DDP, DeepSpeed) once per declared bucket
+    (``collectives.gradient_bucket``; DeepSpeed's all-gather of the updated 16-bit partitions after
+    ZeRO-1/2's step: ``param_gather_bucket``). ZeRO-1 reduce-scatters although it keeps whole
+    gradients (``reduce_scatters_grads``)."""
+    s, n = c.strategy, c.world_size
+    hybrid = (s == st.HYBRID_SHARD) | (s == st.HYBRID_SHARD_ZERO2)
+    bucketed = ~eng.wrapper_is(eng.W_FSDP, c.engine, s)
+    rs = (n_g > 1) | per_strategy("reduce_scatters_grads", c.engine, s)
+    rs_group = np.where(rs, np.where(hybrid, g, n), 1)
+    gb = reduce_collective_bytes_per_element(c, rs_group)
+    grads_S = trainable_params(c) * gb
+    rs_S = np.where(rs, grads_S * syncs, 0)
+    ar = ~rs & (n > 1)
+    plain_S = trainable_params(c) * grad_comm_bytes_per_element(c)
+    ar_S = np.where(ar, plain_S * syncs, 0)
+    ar_rep_S = np.where(hybrid & (replicas > 1), plain_S / np.maximum(g, 1) * syncs, 0)
+    post = per_strategy("post_step_gather", c.engine, s) & (n > 1)
+    post_S = np.where(post, trainable_params(c) * 2, 0)
+    grad_calls = np.ceil(np.where(rs, grads_S, plain_S) / bucket_bytes(c.engine, gb))
+    post_calls = np.ceil(post_S / np.maximum(bucket_bytes(c.engine, 2, "gather_bucket"), 1))
+    return {
+        "rs_grad": ("reduce_scatter", rs_S, np.where(rs, np.where(bucketed, grad_calls, units) * syncs, 0), rs_group),
+        "ar_grad": ("all_reduce", ar_S, np.where(ar, np.where(bucketed, grad_calls, units) * syncs, 0), np.where(ar, n, 1)),
+        "ar_replica": ("all_reduce", ar_rep_S, np.where(ar_rep_S > 0, units * syncs, 0), np.where(ar_rep_S > 0, replicas, 1)),
+        "ag_post_step": ("all_gather", post_S, np.where(post_S > 0, post_calls, 0), np.where(post_S > 0, n, 1)),
+    }
+
+
 def comm_volume(c, sync_every_micro_batch=True):
     """Per step, per GPU: for each collective in ``COLLECTIVES``: ``<name>_message_bytes`` (S summed
     over calls), ``<name>_bytes`` (f(n)·S, what this GPU sends), ``<name>_calls`` and ``<name>_group``
     (ranks in the ring), plus ``comm_bytes_per_step`` and ``no_sync_grad_bytes``."""
     s = c.strategy
-    ds = c.engine == st.DEEPSPEED
     n = c.world_size
     n_p, n_g, _ = st.shard_degrees(s, c.engine, n, c.shard_group_size)
     hybrid = (s == st.HYBRID_SHARD) | (s == st.HYBRID_SHARD_ZERO2)
@@ -296,33 +371,8 @@ def comm_volume(c, sync_every_micro_batch=True):
     k = c.grad_accum
     syncs = sync_count(c, sync_every_micro_batch)
     units = c.num_layers + 1
-
-    blocks_b, root_b = gathered_param_bytes(c)
-    gather = n_p > 1
-    reshard = gather & ((s == st.FULL_SHARD) | (s == st.HYBRID_SHARD))
-    ag_fwd_S = np.where(gather, (blocks_b + root_b) * k, 0)
-    ag_bwd_S = np.where(reshard, (blocks_b + np.where(ds, root_b, 0)) * k, 0)
-
-    gb = grad_comm_bytes_per_element(c)
-    grads_S = trainable_params(c) * gb
-    ds_z12 = ds & ((s == st.ZERO1) | (s == st.ZERO2) | (s == st.SHARD_GRAD_OP))
-    rs = (n_g > 1) | ds_z12
-    rs_S = np.where(rs, grads_S * syncs, 0)
-    ar = ~rs & (n > 1)
-    ar_S = np.where(ar, grads_S * syncs, 0)
-    ar_rep_S = np.where(hybrid & (replicas > 1), grads_S / np.maximum(g, 1) * syncs, 0)
-    post_S = np.where(ds_z12 & (n > 1), trainable_params(c) * 2, 0)
-
-    ddp_calls = np.ceil(grads_S / DDP_BUCKET_BYTES)
     out = {}
-    table = {
-        "ag_fwd": ("all_gather", ag_fwd_S, np.where(gather, units * k, 0), np.where(gather, n_p, 1)),
-        "ag_bwd": ("all_gather", ag_bwd_S, np.where(reshard, (units - np.where(ds, 0, 1)) * k, 0), np.where(reshard, n_p, 1)),
-        "rs_grad": ("reduce_scatter", rs_S, np.where(rs, np.where(ds, ddp_calls, units) * syncs, 0), np.where(rs, np.where(hybrid, g, n), 1)),
-        "ar_grad": ("all_reduce", ar_S, np.where(ar, np.where((s == st.DDP) | ds, ddp_calls, units) * syncs, 0), np.where(ar, n, 1)),
-        "ar_replica": ("all_reduce", ar_rep_S, np.where(ar_rep_S > 0, units * syncs, 0), np.where(ar_rep_S > 0, replicas, 1)),
-        "ag_post_step": ("all_gather", post_S, np.where(post_S > 0, ddp_calls, 0), np.where(post_S > 0, n, 1)),
-    }
+    table = {**_gather_collectives(c, n_p, k, units), **_gradient_collectives(c, n_g, g, replicas, syncs, units)}
     total = 0
     for name, (op, S, calls, group) in table.items():
         S = np.asarray(S, dtype=np.float64)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import (
     backward_working_bytes_per_token, block_activation_bytes, block_forward_working_bytes_per_token, checkpointed_layers, compute_dtype_bytes,
@@ -95,7 +96,7 @@ def host_bytes_per_node(c, host_offloaded):
     copies = np.where(c.load_mode == st.LOAD_FULL_PER_GPU, c.gpus_per_node, 1)
     loading = copies * model_load_bytes(c)
     ours = c.gpus_per_node * HOST_PROCESS_BYTES + np.maximum(loading, c.gpus_per_node * host_offloaded)
-    is_ds = c.engine == st.DEEPSPEED
+    is_ds = eng.wrapper_is(eng.W_DEEPSPEED, c.engine, c.strategy)
     if not np.any(is_ds):  # the estimator only matters for DeepSpeed rows
         return np.asarray(ours, dtype=np.int64)
     nodes = np.maximum(c.world_size // np.maximum(c.gpus_per_node, 1), 1)
@@ -132,7 +133,7 @@ def _block_forward(c, k, units, grads_held, pre):
     kept_avg = (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * full_layer) / L
     small = rope_bytes(c) + position_ids_bytes(c)
     if pre:
-        fsdp2 = fsdp & (c.engine == st.FSDP2) & (units["all_gather_block"] > 0)
+        fsdp2 = fsdp & eng.layout_is(eng.PER_TENSOR, c.engine) & (units["all_gather_block"] > 0)
         per_token = layers_on_device(c, k) * kept_avg + a * c.hidden_size
         prior = np.where(k == 0, units["all_gather_root"], units["all_gather_block"])
         acts = np.ceil(tokens * per_token).astype(np.int64) + small
@@ -181,7 +182,7 @@ def _block_backward(c, k, states, units, n_g, grads_held, recompute=False):
     fsdp = units["fsdp"]
     full = c.method == st.FULL
     g_bytes = np.where(states["grads"] > 0, 1, 0)  # offloaded grads: none on the device
-    fsdp1 = c.engine == st.FSDP1
+    fsdp1 = eng.layout_is(eng.FLAT_UNIT, c.engine)
     block_shard = np.where(fsdp1, fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1)),
                            padded_shard_elements(c, n_g, "block") * np.maximum(n_g, 1) // np.maximum(n_g, 1))
     block_shard = np.where(fsdp1, block_shard // np.maximum(L, 1), padded_shard_elements(c, n_g, "block"))
@@ -274,7 +275,7 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
     # FSDP1 prefetches the last block (BACKWARD_PRE) in the root's pre-backward hook, before the
     # loss's backward runs (measured: tiny bf16 W=4/64 no AC, root + one block unsharded at the
     # logits' backward; −6.5 % / −9.2 % before)
-    fsdp1_prefetch = np.where((c.engine == st.FSDP1) & fsdp & ~keep & (L > 0), units["block_unsharded"], 0)
+    fsdp1_prefetch = np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & fsdp & ~keep & (L > 0), units["block_unsharded"], 0)
     start_bw = dict(common, grads=grads_held, activations=saved, logits_and_loss=logits_bw,
                     unsharded_params=blocks_held + fsdp1_prefetch, all_gather_buffers=np.where(keep, 0, units["all_gather_block"]),
                     root_unsharded=units["root_unsharded"])
@@ -389,15 +390,10 @@ def valid_stack_knobs(c):
 
 
 def valid_offload(c):
-    """Offload each engine can express: FSDP offloads params+grads+optimizer together
-    (``CPUOffloadPolicy`` / ``CPUOffload(offload_params=True)``); DeepSpeed offloads the optimizer at
-    stage 1–3 and parameters only at stage 3; DDP offloads nothing."""
-    ds = c.engine == st.DEEPSPEED
-    stage3 = (c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD)
-    ddp_like = (c.strategy == st.DDP) | (c.strategy == st.SINGLE) | ((c.strategy == st.NO_SHARD) & ds)
-    ok_fsdp = (c.offload != st.OFFLOAD_OPTIMIZER)
-    ok_ds = (c.offload != st.OFFLOAD_ALL) | stage3
-    return (c.offload == st.OFFLOAD_NONE) | (~ddp_like & np.where(ds, ok_ds, ok_fsdp))
+    """Offload each engine can express, as its declaration lists per strategy (``offloads``): FSDP
+    offloads params+grads+optimizer together (``CPUOffloadPolicy`` / ``CPUOffload(offload_params=True)``);
+    DeepSpeed offloads the optimizer at stage 1–3 and parameters only at stage 3; DDP offloads nothing."""
+    return eng.tables().offload_ok[np.asarray(c.engine), np.asarray(c.strategy), np.asarray(c.offload)]
 
 
 def valid_method(c):

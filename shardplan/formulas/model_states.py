@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
+from shardplan.inputs.engines import per_engine, per_precision, per_strategy
 
 # bitsandbytes NF4 with double quantization (Dettmers et al. 2023, §3 "Double Quantization";
 # bitsandbytes ``functional.quantize_4bit`` with compress_statistics): the packed 4-bit weight,
@@ -114,31 +116,33 @@ def quant_replicated(c):
 
 
 def param_storage_bytes_per_element(engine, precision):
-    """Bytes per element of the persistent (sharded) parameter copy the engine stores.
-
-    FSDP/DDP under mixed precision keep fp32 parameters; DeepSpeed keeps 16-bit ones (its fp32
-    copy is the optimizer's master, counted in ``master_bytes_per_element``).
-    """
-    precision = np.asarray(precision)
-    sixteen = (precision == st.BF16_PURE) | ((np.asarray(engine) == st.DEEPSPEED) & (precision != st.FP32))
-    return np.where(sixteen, 2, 4)
+    """Bytes per element of the persistent (sharded) parameter copy the engine stores, as its
+    declaration states it (``bytes_per_element.params``): FSDP/DDP under mixed precision keep fp32
+    parameters; DeepSpeed keeps 16-bit ones (its fp32 copy is the optimizer's master, counted in
+    ``master_bytes_per_element``)."""
+    return per_precision("param_bytes", engine, precision)
 
 
 def grad_bytes_per_element(engine, precision):
-    """Persistent gradient dtype: fp32 for FSDP/DDP mixed and fp32; 16-bit for pure bf16 and DeepSpeed's
-    16-bit gradient partition (its fp32 gradient partition is counted with the optimizer)."""
-    return param_storage_bytes_per_element(engine, precision)
+    """Persistent gradient dtype (``bytes_per_element.grads``): fp32 for FSDP/DDP mixed and fp32;
+    16-bit for pure bf16 and DeepSpeed's 16-bit gradient partition."""
+    return per_precision("grad_bytes", engine, precision)
 
 
 def master_bytes_per_element(engine, precision):
-    """A separate fp32 master copy: DeepSpeed under 16-bit training (and its fp32 gradient
-    partition, 4 more bytes), none elsewhere."""
-    ds16 = (np.asarray(engine) == st.DEEPSPEED) & (np.asarray(precision) != st.FP32)
-    return np.where(ds16, 8, 0)
+    """A separate fp32 master copy and the fp32 gradient partition the optimizer steps on
+    (``fp32_master`` + ``fp32_grad_partition``): DeepSpeed under 16-bit training 4 + 4, none for FSDP/DDP."""
+    return per_precision("master_bytes", engine, precision) + per_precision("grad_partition_bytes", engine, precision)
+
+
+def master_dtype_bytes(precision):
+    """Bytes per element of the dtype the optimizer keeps its master weights and states in: fp32,
+    or bf16 under pure bf16 (no fp32 copy anywhere; torch optimizers keep states in the param dtype)."""
+    return np.where(np.asarray(precision) == st.BF16_PURE, 2, 4)
 
 
 def optimizer_bytes_per_element(optimizer, precision, hidden_size):
-    """Optimizer state bytes per parameter, in the master dtype (fp32, or bf16 for pure bf16).
+    """Optimizer state bytes per parameter, in the master dtype (``master_dtype_bytes``).
 
     AdamW: exp_avg + exp_avg_sq (Loshchilov & Hutter 2019); SGD with momentum and Lion: one
     buffer; 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states + an fp32 absmax
@@ -146,12 +150,22 @@ def optimizer_bytes_per_element(optimizer, precision, hidden_size):
     and a column factor per matrix, ≈ 2/h of the matrix in fp32 (ASSUMPTION: square-ish h×h').
     """
     opt = np.asarray(optimizer)
-    master = np.where(np.asarray(precision) == st.BF16_PURE, 2, 4)
+    master = master_dtype_bytes(precision)
     hidden = np.asarray(hidden_size, dtype=np.float64)
     return np.select(
         [opt == st.ADAMW, opt == st.SGD, opt == st.LION, opt == st.ADAMW_8BIT, opt == st.ADAFACTOR],
         [2.0 * master, 1.0 * master, 1.0 * master, 2.0 + 2 * 4 / 2048, master * 2.0 / hidden],
     )
+
+
+def optimizer_step_bytes_per_element(optimizer, precision, hidden_size):
+    """HBM (or host DRAM) bytes one optimizer step moves per parameter: it reads and writes the
+    master weights and every state (``optimizer_bytes_per_element``) and reads the gradient, all
+    in the master dtype. AdamW in fp32: 2·(4 + 8) + 4 = 28 B. ASSUMPTION: memory-bound, each byte
+    touched once (torch ``_multi_tensor_adam``/``_fused_adam`` read param, grad, exp_avg,
+    exp_avg_sq and write param, exp_avg, exp_avg_sq)."""
+    master = master_dtype_bytes(precision)
+    return 2.0 * (master + optimizer_bytes_per_element(optimizer, precision, hidden_size)) + master
 
 
 def _floor(numerator, divisor):
@@ -222,32 +236,119 @@ def optimizer_step_tensor_bytes(c, on_device=False):
     """Adam's per-tensor ``step`` (4 bytes each). torch keeps it on the CPU unless the optimizer is
     ``fused`` or ``capturable`` (``optim/adam.py`` ``_init_group``), so on CUDA it is host memory:
     counted only when ``on_device`` (the CPU harness, or fused/capturable Adam). Tensors the
-    optimizer sees: FSDP2/DDP every parameter; FSDP1 (``use_orig_params=False``) one flat
-    parameter per unit. LoRA/QLoRA adapters: 2 tensors per adapted Linear (not tracked; 0)."""
-    fsdp1 = c.engine == st.FSDP1
+    optimizer sees, as the engine declares them (``optimizer_step_tensors``): every parameter
+    (FSDP2/DDP), one flat parameter per unit (FSDP1, ``use_orig_params=False``), or none counted
+    (DeepSpeed's flat partitions). LoRA/QLoRA: lora_A and lora_B of every adapted Linear."""
+    kind = per_engine("step_tensors", c.engine)
     # LoRA/QLoRA: lora_A and lora_B of every adapted Linear (measured: 28 step scalars for 14
     # adapted Linears, hf_stack_cpu.jsonl)
-    tensors = np.where(c.method == st.FULL, np.where(fsdp1, c.num_layers + 1, c.param_tensors),
+    tensors = np.where(c.method == st.FULL, np.where(kind == 1, c.num_layers + 1, c.param_tensors),
                        2 * c.num_layers * c.lora_adapted_linears)
-    adam = (c.optimizer == st.ADAMW) & (c.engine != st.DEEPSPEED)
+    adam = (c.optimizer == st.ADAMW) & (kind != 2)
     return np.where(adam & np.asarray(on_device), ADAM_STEP_BYTES * tensors, 0).astype(np.int64)
 
 
 def hpz_secondary_param_bytes(c, trainable_bytes_16bit):
     """ZeRO++ hpZ (Wang et al. 2023, "ZeRO++", §3.2): a secondary copy of the 16-bit parameters,
-    partitioned within the node-sized group, so backward all-gathers stay inside the node."""
-    ds_hybrid = (c.engine == st.DEEPSPEED) & (c.strategy == st.HYBRID_SHARD)
+    partitioned within the node-sized group, so backward all-gathers stay inside the node (where
+    the engine declares ``secondary_param_partition`` for the strategy)."""
+    secondary = per_strategy("secondary_param_partition", c.engine, c.strategy)
     group = np.minimum(c.shard_group_size, c.world_size)
-    return np.where(ds_hybrid, _floor(trainable_bytes_16bit, group), 0)
+    return np.where(secondary, _floor(trainable_bytes_16bit, group), 0)
+
+
+def sharded_by_wrapper(c):
+    """Whether FSDP does the work for the row's (engine, strategy) (not torch DDP, not unwrapped)."""
+    return eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy)
 
 
 def params_offloaded(c):
     """Whether the sharded parameters live in host RAM: FSDP's ``CPUOffloadPolicy`` /
-    ``CPUOffload(offload_params=True)`` moves them with the optimizer; DeepSpeed only with
-    ``offload_param`` (ZeRO-3, "optimizer+params")."""
-    ds = c.engine == st.DEEPSPEED
-    fsdp = ~ds & (c.strategy != st.DDP) & (c.strategy != st.SINGLE)
-    return (c.offload == st.OFFLOAD_ALL) | ((c.offload != st.OFFLOAD_NONE) & fsdp)
+    ``CPUOffload(offload_params=True)`` moves them with the optimizer (``offload_moves_params``);
+    DeepSpeed only with ``offload_param`` (ZeRO-3, "optimizer+params")."""
+    moves = per_engine("offload_moves_params", c.engine) & sharded_by_wrapper(c)
+    return (c.offload == st.OFFLOAD_ALL) | ((c.offload != st.OFFLOAD_NONE) & moves)
+
+
+def frozen_base(c):
+    """(bytes of the frozen base, its 4-bit part, its quant_state) before sharding.
+
+    Frozen base: 16-bit (LoRA) or 4-bit for block Linears and 16-bit for the rest (QLoRA), sharded
+    like any float parameter (NF4 with a float ``bnb_4bit_quant_storage``; GPTQ/AWQ buffers are
+    not: ``quant_replicated``). The unquantized frozen weights are 16-bit, or fp32 under fp32
+    precision (a base loaded in fp32; for QLoRA, PEFT's ``prepare_model_for_kbit_training``
+    casting every non-4-bit parameter to fp32). bitsandbytes ``Linear4bit.forward`` casts its bias
+    to the compute dtype in place, whatever it was loaded as: 16-bit here (ASSUMPTION:
+    ``bnb_4bit_compute_dtype`` bf16; measured: Qwen2 q/k/v biases, hf_stack_cpu). The NF4
+    quant_state (absmax, codes) is an attribute of each Params4bit, not a parameter (bitsandbytes
+    ``nn/modules.py`` ``fix_4bit_weight_quant_state_from_module``); GPTQ/AWQ scales are inside
+    ``quant_bytes_per_param``."""
+    peft = c.method != st.FULL
+    frozen = np.where(peft, c.total_params, 0)
+    qlora = c.method == st.QLORA
+    w_frozen = np.where(np.asarray(c.precision) == st.FP32, 4, 2)
+    quant_part = quantized_base_bytes(c)
+    unquantized = c.total_params - c.quantizable_params - c.quantized_bias_params
+    frozen_bytes = np.where(
+        qlora, quant_part + w_frozen * unquantized + 2 * c.quantized_bias_params, w_frozen * frozen,
+    ).astype(np.int64)
+    quant_state = np.where(qlora & (np.asarray(c.quant_format) == st.NF4), c.quant_state_bytes, 0)
+    return frozen_bytes, quant_part, quant_state
+
+
+def state_bytes_per_element(c):
+    """(params, grads, master, optimizer) bytes per trainable element the engine keeps. Engines
+    that keep no persistent gradient partition for the strategy (DeepSpeed stage 3, estimator:
+    18Ψ/N = 2 + 16) hold 0 gradient bytes."""
+    g_bytes = np.where(per_strategy("keeps_grads", c.engine, c.strategy), grad_bytes_per_element(c.engine, c.precision), 0)
+    return (param_storage_bytes_per_element(c.engine, c.precision), g_bytes,
+            master_bytes_per_element(c.engine, c.precision), optimizer_bytes_per_element(c.optimizer, c.precision, c.hidden_size))
+
+
+def _zero_partitioned_states(c, trainable, degrees, per_element):
+    """(params, grads, master, optimizer) of the trainable weights split evenly over each state's
+    shard degree. States split the same way are floored once as a group, as DeepSpeed's
+    estimators do (int(18Ψ/N)); the optimizer term takes the remainder so the group total is exact."""
+    n_p, n_g, n_o = degrees
+    p_bytes, g_bytes, m_bytes, o_bytes = per_element
+    grads = _floor(trainable * g_bytes, n_g)
+    master = _floor(trainable * m_bytes, n_o)
+    same_p = n_p == n_o
+    same_g = n_g == n_o
+    group = _floor(trainable * (np.where(same_p, p_bytes, 0) + np.where(same_g, g_bytes, 0) + m_bytes + o_bytes), n_o)
+    optimizer = group - np.where(same_p, _floor(trainable * p_bytes, n_p), 0) - np.where(same_g, grads, 0) - master
+    return _floor(trainable * p_bytes, n_p), grads, master, optimizer
+
+
+def _fsdp_shard_elements(c, n):
+    """Elements one rank holds of the model sharded over ``n``: per tensor (FSDP2) or per flat unit (FSDP1)."""
+    return np.where(eng.layout_is(eng.FLAT_UNIT, c.engine), fsdp1_shard_elements(c, n), padded_shard_elements(c, n))
+
+
+def _held_states(c, optimizer_step_on_device):
+    """Per-GPU (params, grads, master, optimizer, grad_buckets) before offload (``model_states``)."""
+    degrees = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
+    n_p, n_g, n_o = degrees
+    trainable = trainable_params(c)
+    frozen_bytes, quant_part, quant_state = frozen_base(c)
+    # the quant_state is whole on every rank unless the quantization itself is sharded
+    quant_state = np.where(c.quant_state_sharded, _floor(quant_state, n_p), quant_state)
+    per_element = state_bytes_per_element(c)
+    p_bytes, g_bytes, _, o_bytes = per_element
+    frozen_held = np.where(quant_replicated(c), _floor(frozen_bytes - quant_part, n_p) + quant_part,
+                           _floor(frozen_bytes, n_p))
+    params, grads, master, optimizer = _zero_partitioned_states(c, trainable, degrees, per_element)
+    params = params + frozen_held + quant_state
+    # FSDP shards per tensor (FSDP2) or per flat unit (FSDP1), padded: exact per-rank bytes.
+    full_fsdp = sharded_by_wrapper(c) & (c.method == st.FULL)
+    params = np.where(full_fsdp, _fsdp_shard_elements(c, n_p) * p_bytes, params)
+    params = params + hpz_secondary_param_bytes(c, 2 * trainable + frozen_bytes)
+    grads = np.where(full_fsdp, _fsdp_shard_elements(c, n_g) * g_bytes, grads)
+    optimizer = np.where(full_fsdp, np.ceil(_fsdp_shard_elements(c, n_o) * o_bytes).astype(np.int64), optimizer)
+    optimizer = optimizer + optimizer_step_tensor_bytes(c, optimizer_step_on_device)
+    # torch DDP's gradient buckets: a second copy of the gradients (DDP docstring, gradient_as_bucket_view)
+    grad_buckets = np.where(eng.wrapper_is(eng.W_DDP, c.engine, c.strategy), trainable * g_bytes, 0)
+    return params, grads, master, optimizer, grad_buckets
 
 
 def model_states(c, optimizer_step_on_device=False):
@@ -255,74 +356,14 @@ def model_states(c, optimizer_step_on_device=False):
 
     Returns a dict of int64 arrays: ``params``, ``grads``, ``grad_buckets``, ``master_params``,
     ``optimizer_states`` (GPU) and ``host_offloaded`` (bytes this rank keeps in host RAM).
+    Offload: FSDP's CPUOffloadPolicy moves sharded params, grads and optimizer to the host;
+    DeepSpeed ZeRO-Offload moves the optimizer partition (with fp32 grads and master) and its
+    16-bit gradient partition, and at stage 3 optionally the 16-bit params (ZeRO-Infinity).
     """
-    n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
-    ds = c.engine == st.DEEPSPEED
-    fsdp = ~ds & (c.strategy != st.DDP) & (c.strategy != st.SINGLE)
-    peft = c.method != st.FULL
-
-    trainable = trainable_params(c)
-    frozen = np.where(peft, c.total_params, 0)
-    # Frozen base: 16-bit (LoRA) or 4-bit for block Linears and 16-bit for the rest (QLoRA),
-    # sharded like any float parameter (NF4 with a float ``bnb_4bit_quant_storage``; GPTQ/AWQ
-    # buffers are not: ``quant_replicated``). The unquantized frozen weights are 16-bit, or fp32
-    # under fp32 precision (a base loaded in fp32; for QLoRA, PEFT's ``prepare_model_for_kbit_training``
-    # casting every non-4-bit parameter to fp32).
-    qlora = c.method == st.QLORA
-    w_frozen = np.where(np.asarray(c.precision) == st.FP32, 4, 2)
-    quant_part = quantized_base_bytes(c)
-    # bitsandbytes ``Linear4bit.forward`` casts its bias to the compute dtype in place
-    # (``bias.data = bias.data.to(x.dtype)``), whatever it was loaded or prepared as: 16-bit here
-    # (ASSUMPTION: ``bnb_4bit_compute_dtype`` bf16; measured: Qwen2 q/k/v biases, hf_stack_cpu).
-    unquantized = c.total_params - c.quantizable_params - c.quantized_bias_params
-    frozen_bytes = np.where(
-        qlora, quant_part + w_frozen * unquantized + 2 * c.quantized_bias_params, w_frozen * frozen,
-    ).astype(np.int64)
-    # The quant_state (absmax, codes) is an attribute of each Params4bit / Linear4bit, not a
-    # parameter: FSDP leaves it whole on every rank unless the quantization itself is sharded
-    # (``quant_state_sharded``; bitsandbytes ``nn/modules.py`` ``fix_4bit_weight_quant_state_from_module``
-    # restores it from the module after FSDP swaps the parameter; measured: hf_stack_cpu.jsonl).
-    # (NF4 only: GPTQ/AWQ scales and zeros are inside ``quant_bytes_per_param``)
-    quant_state = np.where(qlora & (np.asarray(c.quant_format) == st.NF4), c.quant_state_bytes, 0)
-    quant_state = np.where(c.quant_state_sharded, _floor(quant_state, n_p), quant_state)
-
-    ds_stage3 = ds & ((c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD))
-    p_bytes = param_storage_bytes_per_element(c.engine, c.precision)
-    # DeepSpeed stage 3 keeps no persistent 16-bit gradient partition (estimator: 18Ψ/N = 2 + 16).
-    g_bytes = np.where(ds_stage3, 0, grad_bytes_per_element(c.engine, c.precision))
-    m_bytes = master_bytes_per_element(c.engine, c.precision)
-    o_bytes = optimizer_bytes_per_element(c.optimizer, c.precision, c.hidden_size)
-
-    replicated = quant_replicated(c)
-    frozen_held = np.where(replicated, _floor(frozen_bytes - quant_part, n_p) + quant_part, _floor(frozen_bytes, n_p))
-    params = _floor(trainable * p_bytes, n_p) + frozen_held + quant_state
-    grads = _floor(trainable * g_bytes, n_g)
-    # FSDP shards per tensor (FSDP2) or per flat unit (FSDP1), padded: exact per-rank bytes.
-    full_fsdp = fsdp & (c.method == st.FULL)
-    fsdp1 = c.engine == st.FSDP1
-    shard_p = np.where(fsdp1, fsdp1_shard_elements(c, n_p), padded_shard_elements(c, n_p))
-    shard_g = np.where(fsdp1, fsdp1_shard_elements(c, n_g), padded_shard_elements(c, n_g))
-    shard_o = np.where(fsdp1, fsdp1_shard_elements(c, n_o), padded_shard_elements(c, n_o))
-    master = _floor(trainable * m_bytes, n_o)
-    # States split the same way are floored once as a group, as DeepSpeed's estimators do
-    # (int(18Ψ/N)); the optimizer term takes the remainder so the group total is exact.
-    same_p = n_p == n_o
-    same_g = n_g == n_o
-    group_bytes = np.where(same_p, p_bytes, 0) + np.where(same_g, g_bytes, 0) + m_bytes + o_bytes
-    group = _floor(trainable * group_bytes, n_o)
-    optimizer = group - np.where(same_p, _floor(trainable * p_bytes, n_p), 0) - np.where(same_g, grads, 0) - master
-    params = np.where(full_fsdp, shard_p * p_bytes, params) + hpz_secondary_param_bytes(c, 2 * trainable + frozen_bytes)
-    grads = np.where(full_fsdp, shard_g * g_bytes, grads)
-    optimizer = np.where(full_fsdp, np.ceil(shard_o * o_bytes).astype(np.int64), optimizer)
-    optimizer = optimizer + optimizer_step_tensor_bytes(c, optimizer_step_on_device)
-    grad_buckets = np.where((c.strategy == st.DDP) & ~ds, trainable * g_bytes, 0)
-
-    # Offload: FSDP's CPUOffloadPolicy moves sharded params, grads and optimizer to the host;
-    # DeepSpeed ZeRO-Offload moves the optimizer partition (with fp32 grads and master), and at
-    # stage 3 optionally the 16-bit params (ZeRO-Infinity).
+    params, grads, master, optimizer, grad_buckets = _held_states(c, optimizer_step_on_device)
     off_opt = c.offload != st.OFFLOAD_NONE
-    off_params = (c.offload == st.OFFLOAD_ALL) | (off_opt & fsdp)
-    off_grads = off_opt & (fsdp | (ds & ~ds_stage3))
+    off_params = params_offloaded(c)
+    off_grads = off_opt & ~eng.wrapper_is(eng.W_DDP, c.engine, c.strategy) & ~eng.wrapper_is(eng.W_NONE, c.engine, c.strategy)
     host = (np.where(off_params, params, 0) + np.where(off_grads, grads, 0)
             + np.where(off_opt, master + optimizer, 0))
     return {

@@ -34,7 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
+from shardplan.inputs.engines import per_engine
+from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element
 from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
 from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, sync_count
 from shardplan.formulas.model_states import trainable_params
@@ -239,8 +242,8 @@ def fsdp_copy_bytes(c):
     n_p, n_g, _ = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
     a = compute_dtype_bytes(c.precision)
     blocks_b, root_b = gathered_param_bytes(c)
-    fsdp2 = c.engine == st.FSDP2
-    fsdp1 = c.engine == st.FSDP1
+    fsdp2 = eng.layout_is(eng.PER_TENSOR, c.engine)
+    fsdp1 = eng.layout_is(eng.FLAT_UNIT, c.engine)
     gather = fsdp2 & (n_p > 1)
     reshard = gather & ((c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD))
     fwd = np.where(gather, 2.0 * (blocks_b + root_b), 0.0)
@@ -249,7 +252,7 @@ def fsdp_copy_bytes(c):
     cast = np.where(fsdp2 | (fsdp1 & (gb != a)), (a + gb) * trainable_params(c), 0.0)
     # the reduced shard is cast back to the parameter's own dtype (fp32 sharded params under mixed
     # precision: ``_to_dtype_if_needed(reduce_output, orig_dtype)``; FSDP1 ``_cast_grad_to_param_dtype``)
-    orig = np.where(c.precision == st.BF16_PURE, 2, 4)
+    orig = master_dtype_bytes(c.precision)
     back = np.where(gb != orig, (gb + orig) * trainable_params(c) / np.maximum(n_g, 1), 0.0)
     rs = np.where((fsdp1 | fsdp2) & (n_g > 1), cast + back, 0.0)
     return fwd, bwd_gather, rs
@@ -297,23 +300,23 @@ def qlora_dequant_s(c, rates: ComputeRates):
 
 
 def optimizer_step_s(c, rates: ComputeRates):
-    """GPU optimizer step, memory-bound: reads and writes master + states, reads the gradient, per
-    sharded trainable parameter (AdamW fp32: 4·(2·3 + 1) = 28 B/param). Offloaded: the CPU does it
-    (``cpu_optimizer_step_s``)."""
+    """GPU optimizer step, memory-bound: the optimizer's own bytes per sharded trainable parameter
+    (``model_states.optimizer_step_bytes_per_element``: AdamW fp32 28 B/param). Offloaded: the CPU
+    does it (``cpu_optimizer_step_s``)."""
     _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
-    states = np.select([c.optimizer == st.ADAMW, c.optimizer == st.ADAMW_8BIT, c.optimizer == st.ADAFACTOR], [2.0, 0.5, 0.1], 1.0)
-    master = np.where(c.precision == st.BF16_PURE, 2, 4)
-    per_param = master * (2 * (1 + states) + 1)
+    per_param = optimizer_step_bytes_per_element(c.optimizer, c.precision, c.hidden_size)
     shard = trainable_params(c) / n_o
     return np.where(c.offload == st.OFFLOAD_NONE, shard * per_param / rates.hbm_bytes_per_s, 0.0)
 
 
 def cpu_optimizer_step_s(c, rates: ComputeRates):
-    """Offloaded optimizer on the host: same bytes as on the GPU, streamed by the node's DRAM for all
-    its GPUs at once (ASSUMPTION in ``CPU_OPTIMIZER_BYTES_PER_S_PER_NODE``)."""
+    """Offloaded optimizer on the host: the same bytes per parameter as on the GPU
+    (``optimizer_step_bytes_per_element``, each optimizer its own), streamed by the node's DRAM for
+    all its GPUs at once (ASSUMPTION in ``CPU_OPTIMIZER_BYTES_PER_S_PER_NODE``)."""
     _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
     shard = trainable_params(c) / n_o
-    per_node = shard * 28.0 * np.minimum(c.gpus_per_node, c.world_size)
+    per_param = optimizer_step_bytes_per_element(c.optimizer, c.precision, c.hidden_size)
+    per_node = shard * per_param * np.minimum(c.gpus_per_node, c.world_size)
     return np.where(c.offload != st.OFFLOAD_NONE, per_node / rates.cpu_optimizer_bytes_per_s_per_node, 0.0)
 
 
@@ -327,8 +330,8 @@ def offload_transfer_s(c, rates: ComputeRates, syncs):
     a = compute_dtype_bytes(c.precision)
     grads = np.where(c.offload != st.OFFLOAD_NONE, syncs * t * 4.0 / n_g, 0.0)
     params_back = np.where(c.offload != st.OFFLOAD_NONE, t * a / n_o, 0.0)
-    fsdp = c.engine != st.DEEPSPEED
-    params_resident = (c.offload == st.OFFLOAD_ALL) | ((c.offload != st.OFFLOAD_NONE) & fsdp)
+    moves = per_engine("offload_moves_params", c.engine)
+    params_resident = (c.offload == st.OFFLOAD_ALL) | ((c.offload != st.OFFLOAD_NONE) & moves)
     reshard = (c.strategy == st.FULL_SHARD) | (c.strategy == st.HYBRID_SHARD)
     gathers = c.grad_accum * np.where(reshard, 2, 1)
     params_in = np.where(params_resident, gathers * c.total_params * 4.0 / n_p, 0.0)

@@ -225,8 +225,8 @@ class Columns:
             values["precision"] = np.where(~np.asarray(values["fp32_master"], dtype=bool)
                                            & (np.asarray(values["precision"]) == st.BF16_MIXED),
                                            st.BF16_PURE, values["precision"])
-        if values.get("reduce_dtype") is None and "precision" in values and "engine" in values:
-            values["reduce_dtype"] = st.default_reduce_dtype(values["precision"], values["engine"])
+        if "precision" in values and "engine" in values:
+            values["reduce_dtype"] = st.resolve_reduce_dtype(values.get("reduce_dtype"), values["precision"], values["engine"])
         missing = sorted(set(names) - set(values))
         if missing:
             raise TypeError(f"Columns.build missing {missing}")
@@ -392,9 +392,9 @@ def knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
         shard_group_size=config.shard_group_size or cluster.gpus_per_node,
         attention=st.code(st.ATTENTIONS, config.attention, "attention"),
         dropout=config.dropout, expandable_segments=config.expandable_segments,
-        reduce_dtype=(int(st.default_reduce_dtype(st.code(st.PRECISIONS, config.precision, "precision"),
-                                              st.code(st.ENGINES, config.engine, "engine")))
-                      if config.reduce_dtype is None else st.code(st.REDUCE_DTYPES, config.reduce_dtype, "reduce_dtype")),
+        reduce_dtype=int(st.resolve_reduce_dtype(
+            None if config.reduce_dtype is None else st.code(st.REDUCE_DTYPES, config.reduce_dtype, "reduce_dtype"),
+            st.code(st.PRECISIONS, config.precision, "precision"), st.code(st.ENGINES, config.engine, "engine"))),
     )
 
 

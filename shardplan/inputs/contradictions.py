@@ -38,10 +38,14 @@ def _offload_invalid(cfg, stated, cluster, spec) -> bool:
 
 
 def _offload_reason(cfg, stated, cluster, spec) -> str:
-    if cfg.strategy in ("ddp", "single") or (cfg.strategy == "no_shard" and cfg.engine == "deepspeed"):
+    from shardplan.inputs.engines import get_engine
+
+    engine = get_engine(cfg.engine)
+    run = engine.strategies.get(cfg.strategy)
+    if run is not None and run.offloads == ["none"]:
         return (f"{cfg.strategy} keeps whole replicas on every GPU: torch DistributedDataParallel has no CPU "
                 f"offload (no such argument); offload needs a sharded strategy, e.g. --strategy full_shard")
-    if cfg.engine == "deepspeed":
+    if run is not None and run.wrapper == "deepspeed":
         return ("DeepSpeed offloads parameters only at ZeRO stage 3 (its config docs: zero_optimization."
                 "offload_param is available only with stage 3); use --offload optimizer, or --strategy zero3")
     return ("FSDP offloads parameters, gradients and optimizer states together (FSDP2 CPUOffloadPolicy, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.inputs.engines import engine_names as _engine_names
 from shardplan.support.names import choose
 
 # ``single``: one GPU, no wrapper (no DDP/FSDP/DeepSpeed): full states on the GPU, no sharding
@@ -17,8 +18,10 @@ STRATEGIES = ("ddp", "no_shard", "zero1", "zero2", "shard_grad_op", "full_shard"
               "single")
 DDP, NO_SHARD, ZERO1, ZERO2, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, SINGLE = range(len(STRATEGIES))
 
-ENGINES = ("fsdp2", "fsdp1", "deepspeed")
-FSDP2, FSDP1, DEEPSPEED = range(len(ENGINES))
+# The engines are declared as data (shardplan/inputs/engines.py, data/engine_profiles/*.json); their
+# names come in the declared code order, so existing codes keep their values.
+ENGINES = _engine_names()
+FSDP2, FSDP1, DEEPSPEED = (ENGINES.index(n) for n in ("fsdp2", "fsdp1", "deepspeed"))
 
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "bf16-pure", "fp32")
 BF16_MIXED, FP16_MIXED, BF16_PURE, FP32 = range(len(PRECISIONS))
@@ -64,32 +67,14 @@ LORA_TARGETS = ("qv", "attention", "all-linear", "all-linear+embeddings")
 REDUCE_DTYPES = ("fp32", "bf16", "fp16", "param")
 REDUCE_FP32, REDUCE_BF16, REDUCE_FP16, REDUCE_PARAM = range(len(REDUCE_DTYPES))
 
-# Which framework names each strategy maps to, for reports and exports (docs/vocabulary.md).
-FRAMEWORK_NAMES = {
-    "ddp": {"fsdp1": "DistributedDataParallel", "fsdp2": "replicate / DDP", "deepspeed": "stage 0"},
-    "no_shard": {"fsdp1": "ShardingStrategy.NO_SHARD", "fsdp2": "fully_shard on a (replicate=n, shard=1) mesh", "deepspeed": "stage 0"},
-    "zero1": {"deepspeed": "stage 1"},
-    "zero2": {"deepspeed": "stage 2"},
-    "shard_grad_op": {"fsdp1": "ShardingStrategy.SHARD_GRAD_OP", "fsdp2": "fully_shard(reshard_after_forward=False)", "deepspeed": "stage 2 (≈)"},
-    "full_shard": {"fsdp1": "ShardingStrategy.FULL_SHARD", "fsdp2": "fully_shard(reshard_after_forward=True)", "deepspeed": "stage 3"},
-    "hybrid_shard": {"fsdp1": "ShardingStrategy.HYBRID_SHARD", "fsdp2": "fully_shard on a 2-D (replicate, shard) mesh", "deepspeed": "stage 3 + hpZ/MiCS"},
-    "hybrid_shard_zero2": {"fsdp1": "ShardingStrategy._HYBRID_SHARD_ZERO2", "fsdp2": "2-D mesh + reshard_after_forward=False"},
-    "single": {"fsdp1": "no wrapper (one GPU)", "fsdp2": "no wrapper (one GPU)"},
-}
+def runs_as(strategy, engine):
+    """The strategy code the engine actually runs for ``strategy``: the first strategy its
+    declaration runs under the same framework name (a trailing "(≈)" marks a stand-in). DeepSpeed
+    has one stage 0 for ``ddp`` and ``no_shard`` (both run as ``ddp``) and no SHARD_GRAD_OP: it
+    runs ``shard_grad_op`` as stage 2, i.e. as ``zero2``. Other combinations run as themselves."""
+    from shardplan.inputs.engines import per_strategy
 
-
-def runs_as(strategy: int, engine: int) -> int:
-    """The strategy code the engine actually runs for ``strategy``: the first strategy that the
-    engine runs under the same name (FRAMEWORK_NAMES, a trailing "(≈)" marking a stand-in). DeepSpeed
-    has one stage 0 for ``ddp`` and ``no_shard`` (both run as ``ddp``) and no SHARD_GRAD_OP: it runs
-    ``shard_grad_op`` as stage 2, i.e. as ``zero2``. Other combinations run as themselves."""
-    def name(s: str) -> str:
-        return FRAMEWORK_NAMES[s].get(ENGINES[engine], "").removesuffix(" (≈)")
-
-    own = name(STRATEGIES[strategy])
-    if not own:
-        return strategy
-    return next(i for i, s in enumerate(STRATEGIES) if name(s) == own)
+    return per_strategy("runs_as", engine, strategy)
 
 
 def code(vocabulary: tuple[str, ...], value: str, field: str) -> int:
@@ -103,13 +88,21 @@ def code(vocabulary: tuple[str, ...], value: str, field: str) -> int:
 
 
 def default_reduce_dtype(precision, engine):
-    """The reduce dtype when the user names none: fp32 under FSDP/DDP mixed precision (torchtitan
-    ``mixed_precision_reduce = "float32"``; DDP all-reduces the fp32 ``.grad`` under autocast),
-    the 16-bit training dtype for DeepSpeed (``communication_data_type`` defaults to it, DeepSpeed
-    config docs), and the param dtype when nothing is mixed (bf16-pure, fp32)."""
-    p = np.asarray(precision)
-    mixed = (p == BF16_MIXED) | (p == FP16_MIXED)
-    return np.where(mixed & (np.asarray(engine) != DEEPSPEED), REDUCE_FP32, REDUCE_PARAM)
+    """The reduce dtype when the user names none: each engine declares it per precision
+    (``default_reduce_dtype`` in data/engine_profiles/*.json: fp32 under FSDP/DDP mixed precision,
+    the 16-bit training dtype for DeepSpeed, the param dtype when nothing is mixed)."""
+    from shardplan.inputs.engines import per_precision
+
+    return per_precision("default_reduce_dtype", engine, precision)
+
+
+def resolve_reduce_dtype(reduce_dtype, precision, engine):
+    """The ``reduce_dtype`` codes with every unstated one (None, or a negative code in a sweep
+    column) replaced by the engine's default: the one place the default is resolved."""
+    if reduce_dtype is None:
+        return default_reduce_dtype(precision, engine)
+    r = np.asarray(reduce_dtype)
+    return np.where(r < 0, default_reduce_dtype(precision, engine), r)
 
 
 def reduce_dtype_name(reduce_dtype: int, precision: int) -> str:
@@ -120,19 +113,13 @@ def reduce_dtype_name(reduce_dtype: int, precision: int) -> str:
 
 
 def is_valid(strategy, engine) -> np.ndarray:
-    """Combinations a framework can express (docs/vocabulary.md "Strategies in each framework").
+    """Combinations a framework can express: the strategies the engine's declaration lists
+    (zero1/zero2 only DeepSpeed's; hybrid_shard_zero2 and ``single`` not DeepSpeed's, whose engine
+    always wraps the model). That ``single`` needs one GPU is checked with the world size
+    (``valid_world_size``)."""
+    from shardplan.inputs.engines import per_strategy
 
-    zero1/zero2 exist only in DeepSpeed; hybrid_shard_zero2 has no DeepSpeed equivalent.
-    DeepSpeed's shard_grad_op is run as stage 2 and hybrid_shard as stage 3 with hpZ. ``single``
-    (no wrapper) is stated with the FSDP engines (the engine is then unused), not DeepSpeed, whose
-    engine always wraps the model; that it needs one GPU is checked with the world size
-    (``memory.valid_single``).
-    """
-    strategy = np.asarray(strategy)
-    engine = np.asarray(engine)
-    deepspeed_only = (strategy == ZERO1) | (strategy == ZERO2)
-    not_deepspeed = (strategy == HYBRID_SHARD_ZERO2) | (strategy == SINGLE)
-    return np.where(deepspeed_only, engine == DEEPSPEED, np.where(not_deepspeed, engine != DEEPSPEED, True))
+    return per_strategy("valid", engine, strategy)
 
 
 def valid_world_size(strategy, world_size) -> np.ndarray:
@@ -141,25 +128,21 @@ def valid_world_size(strategy, world_size) -> np.ndarray:
 
 
 def shard_degrees(strategy, engine, world_size, shard_group_size):
-    """(param, grad, optimizer) shard degree per strategy: how many ranks split each state.
+    """(param, grad, optimizer) shard degree: how many ranks split each state, as the engine
+    declares it per strategy (``shards``: none -> 1, all -> the world, group -> the shard group).
 
     ZeRO paper (Rajbhandari et al., SC'20, §5): stage 1 shards optimizer states, stage 2 adds
     gradients, stage 3 adds parameters. FSDP's SHARD_GRAD_OP still shards parameters at rest
-    (FSDP1 notes, `docs/source/notes/fsdp.rst`); it only keeps them unsharded from forward to
-    backward, which is a transient term. HYBRID strategies shard within ``shard_group_size``;
-    DeepSpeed's hybrid (ZeRO++ hpZ, Wang et al. 2023, §3.2) keeps the primary partition of every
-    state across all ranks and adds a secondary 16-bit parameter copy within the group
-    (``model_states.hpz_secondary_param_bytes``).
+    (FSDP1 notes, ``docs/source/notes/fsdp.rst``); keeping them unsharded from forward to backward
+    is a transient term. FSDP's HYBRID strategies shard within ``shard_group_size``; DeepSpeed's
+    hybrid (ZeRO++ hpZ, Wang et al. 2023, §3.2) partitions every state over all ranks and adds a
+    secondary 16-bit parameter copy within the group (``model_states.hpz_secondary_param_bytes``).
     """
-    s = np.asarray(strategy)
+    from shardplan.inputs.engines import per_strategy
+
     n = np.asarray(world_size)
     g = np.minimum(np.asarray(shard_group_size), n)
-    one = np.ones_like(n)
-    hybrid = ((s == HYBRID_SHARD) | (s == HYBRID_SHARD_ZERO2)) & (np.asarray(engine) != DEEPSPEED)
-    ds_hybrid = (s == HYBRID_SHARD) & (np.asarray(engine) == DEEPSPEED)
-    full = (s == FULL_SHARD) | (s == SHARD_GRAD_OP) | ds_hybrid
-    ds_stage2_like = (np.asarray(engine) == DEEPSPEED) & (s == SHARD_GRAD_OP)
-    param = np.where(hybrid, g, np.where(full & ~ds_stage2_like, n, one))
-    grad = np.where(hybrid, g, np.where(full | (s == ZERO2), n, one))
-    optim = np.where(hybrid, g, np.where(full | (s == ZERO2) | (s == ZERO1), n, one))
-    return param, grad, optim
+    over = per_strategy("shards", engine, strategy)
+    degree = [np.where(over[..., k] == 1, n, np.where(over[..., k] == 2, g, 1)) for k in range(3)]
+    ones = np.ones_like(n) * np.ones_like(g)
+    return tuple(d * ones for d in degree)

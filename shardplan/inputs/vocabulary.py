@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any, Iterable
 
 from shardplan.inputs import strategy as st
+from shardplan.inputs.engines import engine_profiles
 from shardplan.support.errors import ShardplanError
 from shardplan.support.names import did_you_mean, normalize
 
@@ -68,8 +69,8 @@ KNOBS: dict[str, Knob] = {k.field: k for k in (
         Alias("hsdp", "hybrid_shard", "hybrid sharded data parallel: FSDP HYBRID_SHARD, fully_shard on a 2-D mesh"),
         Alias("zero0", "ddp", "DeepSpeed stage 0 shards nothing: data parallelism (DeepSpeed ZeroStageEnum.disabled)"),
     ), keys=("strategy",), bare=True, option="--strategy"),
-    Knob("engine", "sharding engine", st.ENGINES, (
-        Alias("ds", "deepspeed", "the usual abbreviation of DeepSpeed"),
+    Knob("engine", "sharding engine", st.ENGINES, tuple(  # each engine's declaration names its words
+        Alias(w.word, e.name, w.why) for e in engine_profiles() for w in e.words
     ), keys=("engine",), bare=True, option="--engine"),
     Knob("method", "fine-tuning method", st.METHODS, (
         Alias("full-finetune", "full", "every weight trained (no adapters)"),
@@ -104,7 +105,7 @@ KNOBS: dict[str, Knob] = {k.field: k for k in (
                                             "gradients, and the optimizer step runs on the CPU"),
         Alias("auto", None, "what the engine usually offloads: DeepSpeed ZeRO-Offload offload_optimizer, FSDP "
                             "CPUOffload(offload_params=True)", by="engine",
-              by_value=(("fsdp2", "optimizer+params"), ("fsdp1", "optimizer+params"), ("deepspeed", "optimizer"))),
+              by_value=tuple((e.name, e.default_offload.value) for e in engine_profiles())),
     ), keys=("offload",), key_alone="auto", option="--offload"),
     Knob("lora_targets", "LoRA targets", st.LORA_TARGETS, (
         Alias("q_proj,v_proj", "qv", "PEFT target_modules=['q_proj', 'v_proj']"),

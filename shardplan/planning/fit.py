@@ -243,7 +243,7 @@ def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allo
                            _with(config, micro_batch=1, grad_accum=config.grad_accum * config.micro_batch)))
     if config.strategy != "full_shard":
         candidates.append(("full sharding (--strategy full_shard)", _with(config, strategy="full_shard",
-                                                                          engine="fsdp2" if config.engine == "deepspeed" and config.strategy in ("zero1", "zero2") else config.engine)))
+                                                                          engine="fsdp2" if config.strategy in ("zero1", "zero2") else config.engine)))
     sharded = "full_shard" if config.strategy in ("ddp", "no_shard", "zero1", "zero2", "single") else config.strategy
     if config.offload == "none":
         candidates.append((f"CPU offload (--offload {default_offload(config.engine)}, --strategy {sharded})",

@@ -290,7 +290,7 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any], max_configurations
         axes[arg] = _knob_axis(arg, args[arg])
     targets = _dedupe(vocabulary.canonical("lora_targets", t) for t in _as_list(args["lora_targets"]))
     axes["lora_targets"] = _Axis("lora_targets", tuple(targets), np.arange(len(targets)))
-    if args["reduce_dtype"] is None:  # each engine's default (st.default_reduce_dtype); no label column
+    if args["reduce_dtype"] is None:  # each engine's default (st.resolve_reduce_dtype); no label column
         axes["reduce_dtype"] = _Axis("reduce_dtype", (None,), np.asarray([-1]))
     else:
         codes = _dedupe(st.code(st.REDUCE_DTYPES, v, "reduce_dtype") for v in _as_list(args["reduce_dtype"]))
@@ -463,10 +463,8 @@ def _chunk_columns(plan: _Plan, ix: dict[str, Any]) -> tuple[Columns, dict[str, 
     values["precision"] = np.where((master == 0) & (np.asarray(values["precision"]) == st.BF16_MIXED),
                                    st.BF16_PURE, values["precision"])
     values["fp32_master"] = np.where(master < 0, np.asarray(values["precision"]) != st.BF16_PURE, master != 0)
-    if plan.axis("reduce_dtype").labels == (None,):
-        values["reduce_dtype"] = st.default_reduce_dtype(values["precision"], values["engine"])
-    else:
-        values["reduce_dtype"] = plan.axis("reduce_dtype").codes[ix["reduce_dtype"]]
+    values["reduce_dtype"] = st.resolve_reduce_dtype(plan.axis("reduce_dtype").codes[ix["reduce_dtype"]],
+                                                     values["precision"], values["engine"])
     values = {f: np.asarray(v) for f, v in values.items()}
     extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + COMPUTE_FIELDS + ("nodes", "cluster_ok", "has_bf16")}
     extra[PEAK_FIELD] = _PeakByPrecision(plan.cluster_table[PEAK_FIELD], cl)

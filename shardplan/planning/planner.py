@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from shardplan.inputs import strategy as st
+from shardplan.inputs.engines import tables as engine_tables
 from shardplan.formulas.comm import COLLECTIVES, comm_volume, link_rates
 from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.support.errors import ShardplanError
@@ -220,7 +221,8 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
     fixed = base.model_fields_set
     strategies = ([st.code(st.STRATEGIES, base.strategy, "strategy")] if "strategy" in fixed
                   else range(len(st.STRATEGIES)))
-    engines = [st.code(st.ENGINES, base.engine, "engine")] if "engine" in fixed else range(len(st.ENGINES))
+    engines = ([st.code(st.ENGINES, base.engine, "engine")] if "engine" in fixed
+               else np.flatnonzero(engine_tables().searched_by_planner).tolist())
     acs = [st.code(st.AC_MODES, a, "ac") for a in ([base.ac] if "ac" in fixed else PLAN_AC)]
     offloads = [st.code(st.OFFLOADS, o, "offload") for o in ([base.offload] if "offload" in fixed else PLAN_OFFLOADS)]
     micro = divisors(workload.sequences_per_gpu, up_to=max_micro_batch)
@@ -236,7 +238,8 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
     for s, e in itertools.product(strategies, engines):
         if not bool(st.is_valid(s, e)) or not bool(st.valid_world_size(s, cluster.world_size)):
             continue
-        if s == st.SINGLE and e != st.FSDP2 and "engine" not in fixed:  # no wrapper: plan it once
+        # no wrapper: plan it once, under the first engine that states it
+        if s == st.SINGLE and e != int(np.flatnonzero(engine_tables().valid[:, st.SINGLE])[0]) and "engine" not in fixed:
             continue
         if st.runs_as(s, e) != s and st.runs_as(s, e) in strategies:
             continue
@@ -245,7 +248,7 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
         families.append((s, e, [x for x in groups if x < cluster.world_size] if hybrid else [cluster.world_size]))
     # counted before any row is built: (micro-batch, sync) pairs per family, no_sync where it differs
     accumulating = sum(workload.sequences_per_gpu // mb > 1 for mb in micro)
-    count = sum(len(g) * len(acs) * len(offloads) * (len(micro) + (accumulating if e != st.DEEPSPEED else 0))
+    count = sum(len(g) * len(acs) * len(offloads) * (len(micro) + (accumulating if engine_tables().accumulates_without_sync[e] else 0))
                 for _, e, g in families) * methods
     if count > max_configurations:
         raise ShardplanError("max_configurations", max_configurations,
@@ -259,7 +262,7 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
             for ac, off, mb, sync in itertools.product(acs, offloads, micro, (True, False)):
                 k = workload.sequences_per_gpu // mb
                 # no_sync only where the engine offers it (DeepSpeed ZeRO-2/3 rejects no_sync) and it differs
-                if not sync and (k == 1 or e == st.DEEPSPEED):
+                if not sync and (k == 1 or not engine_tables().accumulates_without_sync[e]):
                     continue
                 rows.append((s, e, ac, off, mb, k, g, sync))
     if not rows:
@@ -274,7 +277,7 @@ def _grid_for(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload:
     knobs.update(strategy=arr[:, 0], engine=arr[:, 1], ac=arr[:, 2], offload=arr[:, 3], micro_batch=arr[:, 4],
                  grad_accum=arr[:, 5], shard_group_size=arr[:, 6])
     if base.reduce_dtype is None:  # the engine's own default (DeepSpeed reduces in 16-bit)
-        knobs["reduce_dtype"] = st.default_reduce_dtype(knobs["precision"], arr[:, 1])
+        knobs["reduce_dtype"] = st.resolve_reduce_dtype(None, knobs["precision"], arr[:, 1])
     return Columns.build(**model_values(spec, base.lora_rank, base.lora_targets), **cluster_values(cluster), **knobs)
 
 

@@ -1,0 +1,331 @@
+"""Sharding engines as data: what each engine holds and does, declared once per engine.
+
+An engine declaration (``shardplan/data/engine_profiles/<name>.json``, docs/engines.md) states,
+each value with its public ``source``: bytes per element of every model state under each
+precision, which strategies the engine runs and as what (its framework name, the wrapper class
+that does the work, which states it shards over which ranks, which offloads it accepts), its
+default gradient-reduction dtype, its collective bucket sizes and any quantized collectives.
+
+``ENGINES`` (the names) and the engine codes come from the declared ``code`` fields, so existing
+codes keep their values. The formulas never test an engine's name: they read the declarations as
+numpy tables indexed by the engine code (``table().param_bytes[engine, precision]``), through the
+broadcasting helpers below.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from shardplan.support.errors import ShardplanError
+
+ENGINE_DIR = __import__("pathlib").Path(__file__).parents[1] / "data" / "engine_profiles"
+
+# The classes that do an engine's work for one strategy: no wrapper, torch DDP, FSDP, DeepSpeed's
+# ZeRO engine. A new engine reuses one of these mechanisms (its numbers are data); a new
+# mechanism needs formulas.
+WRAPPERS = ("none", "ddp", "fsdp", "deepspeed")
+W_NONE, W_DDP, W_FSDP, W_DEEPSPEED = range(len(WRAPPERS))
+# How the engine stores its parameters: FSDP2's per-parameter shards (padded per tensor, an
+# all-gather buffer + copy-out), FSDP1's flat parameter per unit, DeepSpeed's flat partitions.
+LAYOUTS = ("per_tensor", "flat_unit", "partition")
+PER_TENSOR, FLAT_UNIT, PARTITION = range(len(LAYOUTS))
+SHARD_OVER = ("none", "all", "group")
+STEP_TENSORS = ("per_parameter", "per_flat_unit", "none")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Flag(_Frozen):
+    value: bool
+    source: str
+
+
+class Word(_Frozen):
+    value: str
+    source: str
+
+
+class PerPrecision(_Frozen):
+    """One number (or name) per precision (``strategy.PRECISIONS``)."""
+
+    value: dict[str, float | str]
+    source: str
+
+
+class Bucket(_Frozen):
+    """A collective bucket: ``value`` bytes, or ``value`` elements of the collective's dtype."""
+
+    value: int
+    unit: Literal["bytes", "elements"]
+    source: str
+
+
+class Quantization(_Frozen):
+    """A collective sent quantized: ``bits`` per element plus one ``scale_bytes`` scale per
+    ``group_elements``; ``across_nodes_only``: only when the ring spans nodes (else unquantized)."""
+
+    bits: int
+    group_elements: int
+    scale_bytes: int
+    across_nodes_only: bool = False
+    source: str
+
+    def bytes_per_element(self) -> float:
+        return self.bits / 8 + self.scale_bytes / self.group_elements
+
+
+class Collectives(_Frozen):
+    gradient_bucket: Bucket
+    param_gather_bucket: Optional[Bucket] = None
+    weight_gather_quantization: Optional[Quantization] = None
+    gradient_quantization: Optional[Quantization] = None
+
+
+class Shards(_Frozen):
+    params: Literal["none", "all", "group"]
+    grads: Literal["none", "all", "group"]
+    optimizer: Literal["none", "all", "group"]
+
+
+class StrategyRun(_Frozen):
+    """How the engine runs one strategy (a strategy it does not list is not valid with it)."""
+
+    framework_name: str
+    wrapper: Literal["none", "ddp", "fsdp", "deepspeed"]
+    shards: Shards
+    offloads: list[Literal["none", "optimizer", "optimizer+params"]]
+    zero_stage: Optional[int] = None
+    keeps_grads: bool = True                  # a persistent gradient partition (not at ZeRO-3)
+    gathers_module_params: bool = False       # ZeRO-3's gathered module (16-bit params + grads)
+    reduce_bucket_buffer: bool = False        # ZeRO-0/1/2's 16-bit reduce bucket
+    post_step_gather: bool = False            # all-gather of the updated 16-bit partitions
+    reduce_scatters_grads: bool = False       # reduce-scatter even where gradients stay whole (ZeRO-1)
+    secondary_param_partition: bool = False   # ZeRO++ hpZ: 16-bit params again within the group
+    source: str
+
+
+class EngineWord(_Frozen):
+    word: str
+    why: str
+
+
+class StateBytes(_Frozen):
+    params: PerPrecision
+    grads: PerPrecision
+    fp32_master: PerPrecision
+    fp32_grad_partition: PerPrecision
+
+
+class EngineProfile(_Frozen):
+    name: str
+    code: int
+    display_name: str
+    description: str
+    words: list[EngineWord] = []
+    layout: Word
+    searched_by_planner: Flag
+    bytes_per_element: StateBytes
+    default_reduce_dtype: PerPrecision
+    default_offload: Word
+    offload_moves_params: Flag
+    accumulates_without_sync: Flag
+    keeps_root_unsharded_to_backward: Flag
+    optimizer_step_tensors: Word
+    collectives: Collectives
+    strategies: dict[str, StrategyRun]
+
+
+def _read(path) -> EngineProfile:
+    from shardplan.inputs.profiles import load_profile
+
+    return load_profile(path, EngineProfile)
+
+
+@lru_cache(maxsize=1)
+def engine_profiles() -> tuple[EngineProfile, ...]:
+    """Every declaration, in code order (codes must be 0, 1, 2, ... without gaps)."""
+    profiles = sorted((_read(p) for p in ENGINE_DIR.glob("*.json")), key=lambda p: p.code)
+    for i, p in enumerate(profiles):
+        if p.code != i:
+            raise ShardplanError(f"{p.name}.json: code", p.code, f"engine codes must run 0..{len(profiles) - 1}")
+    return tuple(profiles)
+
+
+def engine_names() -> tuple[str, ...]:
+    """The engine names in code order, read from the declarations' ``name`` and ``code`` only
+    (``strategy.ENGINES``; imported before the other vocabularies exist)."""
+    pairs = sorted((json.loads(p.read_text())["code"], json.loads(p.read_text())["name"]) for p in ENGINE_DIR.glob("*.json"))
+    return tuple(name for _, name in pairs)
+
+
+def get_engine(name: str) -> EngineProfile:
+    """The declaration of engine ``name`` (any accepted spelling)."""
+    from shardplan.inputs import strategy as st
+
+    return engine_profiles()[st.code(st.ENGINES, name, "engine")]
+
+
+@dataclass(frozen=True)
+class EngineTables:
+    """The declarations as arrays: ``[engine]``, ``[engine, precision]``, ``[engine, strategy]`` or
+    ``[engine, strategy, offload]`` (codes of ``strategy.py``). Built once (``tables``)."""
+
+    param_bytes: np.ndarray
+    grad_bytes: np.ndarray
+    master_bytes: np.ndarray
+    grad_partition_bytes: np.ndarray
+    default_reduce_dtype: np.ndarray
+    valid: np.ndarray
+    runs_as: np.ndarray
+    wrapper: np.ndarray
+    shards: np.ndarray                  # [engine, strategy, state]: SHARD_OVER code (params, grads, optimizer)
+    offload_ok: np.ndarray
+    zero_stage: np.ndarray              # -1 where the engine has no ZeRO stage for the strategy
+    keeps_grads: np.ndarray
+    gathers_module_params: np.ndarray
+    reduce_bucket_buffer: np.ndarray
+    post_step_gather: np.ndarray
+    reduce_scatters_grads: np.ndarray
+    secondary_param_partition: np.ndarray
+    layout: np.ndarray
+    searched_by_planner: np.ndarray
+    offload_moves_params: np.ndarray
+    accumulates_without_sync: np.ndarray
+    keeps_root_unsharded: np.ndarray
+    step_tensors: np.ndarray
+    grad_bucket: np.ndarray             # bytes, or elements where grad_bucket_in_elements
+    grad_bucket_in_elements: np.ndarray
+    gather_bucket: np.ndarray           # 0: the engine gathers no updated partitions
+    gather_bucket_in_elements: np.ndarray
+    weight_gather_bytes: np.ndarray     # bytes per element of a quantized weight all-gather; 0: unquantized
+    gradient_comm_bytes: np.ndarray     # bytes per element of quantized gradient reduction; 0: unquantized
+    gradient_quant_across_nodes_only: np.ndarray
+
+
+_FLAGS = ("keeps_grads", "gathers_module_params", "reduce_bucket_buffer", "post_step_gather",
+          "reduce_scatters_grads", "secondary_param_partition")
+
+
+def _strategy_tables(profiles, st) -> dict[str, np.ndarray]:
+    E, S = len(profiles), len(st.STRATEGIES)
+    out = {k: np.zeros((E, S), dtype=bool) for k in ("valid",) + _FLAGS}
+    out.update(runs_as=np.tile(np.arange(S), (E, 1)), wrapper=np.zeros((E, S), dtype=np.int64),
+               shards=np.zeros((E, S, 3), dtype=np.int64), zero_stage=np.full((E, S), -1, dtype=np.int64),
+               offload_ok=np.zeros((E, S, len(st.OFFLOADS)), dtype=bool))
+    out["offload_ok"][:, :, st.OFFLOAD_NONE] = True
+    for e, p in enumerate(profiles):
+        for name, run in p.strategies.items():
+            s = st.code(st.STRATEGIES, name, f"{p.name}.json: strategies")
+            own = run.framework_name.removesuffix(" (≈)")  # "(≈)": run as the strategy of that name
+            out["runs_as"][e, s] = next(st.STRATEGIES.index(n) for n, r in p.strategies.items()
+                                        if r.framework_name.removesuffix(" (≈)") == own)
+            out["valid"][e, s] = True
+            out["wrapper"][e, s] = WRAPPERS.index(run.wrapper)
+            out["shards"][e, s] = [SHARD_OVER.index(getattr(run.shards, k)) for k in ("params", "grads", "optimizer")]
+            out["zero_stage"][e, s] = -1 if run.zero_stage is None else run.zero_stage
+            for o in run.offloads:
+                out["offload_ok"][e, s, st.OFFLOADS.index(o)] = True
+            for flag in _FLAGS:
+                out[flag][e, s] = getattr(run, flag)
+    return out
+
+
+def _per_precision(profiles, st, get) -> np.ndarray:
+    return np.array([[get(p).value[name] for name in st.PRECISIONS] for p in profiles])
+
+
+def _bucket(b: Optional[Bucket]) -> tuple[int, bool]:
+    return (0, False) if b is None else (b.value, b.unit == "elements")
+
+
+def _engine_tables(profiles) -> dict[str, np.ndarray]:
+    def each(get, dtype=None):
+        return np.array([get(p) for p in profiles], dtype=dtype)
+
+    def quant(get):
+        return each(lambda p: 0.0 if get(p) is None else get(p).bytes_per_element(), np.float64)
+
+    c = lambda p: p.collectives  # noqa: E731
+    return dict(
+        layout=each(lambda p: LAYOUTS.index(p.layout.value)),
+        searched_by_planner=each(lambda p: p.searched_by_planner.value, bool),
+        offload_moves_params=each(lambda p: p.offload_moves_params.value, bool),
+        accumulates_without_sync=each(lambda p: p.accumulates_without_sync.value, bool),
+        keeps_root_unsharded=each(lambda p: p.keeps_root_unsharded_to_backward.value, bool),
+        step_tensors=each(lambda p: STEP_TENSORS.index(p.optimizer_step_tensors.value)),
+        grad_bucket=each(lambda p: _bucket(c(p).gradient_bucket)[0], np.float64),
+        grad_bucket_in_elements=each(lambda p: _bucket(c(p).gradient_bucket)[1], bool),
+        gather_bucket=each(lambda p: _bucket(c(p).param_gather_bucket)[0], np.float64),
+        gather_bucket_in_elements=each(lambda p: _bucket(c(p).param_gather_bucket)[1], bool),
+        weight_gather_bytes=quant(lambda p: c(p).weight_gather_quantization),
+        gradient_comm_bytes=quant(lambda p: c(p).gradient_quantization),
+        gradient_quant_across_nodes_only=each(lambda p: c(p).gradient_quantization is not None
+                                              and c(p).gradient_quantization.across_nodes_only, bool),
+    )
+
+
+@lru_cache(maxsize=1)
+def tables() -> EngineTables:
+    from shardplan.inputs import strategy as st
+
+    profiles = engine_profiles()
+    reduce = np.array([[st.REDUCE_DTYPES.index(p.default_reduce_dtype.value[name]) for name in st.PRECISIONS]
+                       for p in profiles])
+    b = lambda p: p.bytes_per_element  # noqa: E731
+    return EngineTables(
+        param_bytes=_per_precision(profiles, st, lambda p: b(p).params).astype(np.int64),
+        grad_bytes=_per_precision(profiles, st, lambda p: b(p).grads).astype(np.int64),
+        master_bytes=_per_precision(profiles, st, lambda p: b(p).fp32_master).astype(np.int64),
+        grad_partition_bytes=_per_precision(profiles, st, lambda p: b(p).fp32_grad_partition).astype(np.int64),
+        default_reduce_dtype=reduce, **_strategy_tables(profiles, st), **_engine_tables(profiles))
+
+
+def per_engine(name: str, engine):
+    """``tables().<name>[engine]`` broadcast over the engine codes."""
+    return getattr(tables(), name)[np.asarray(engine)]
+
+
+def per_strategy(name: str, engine, strategy):
+    """``tables().<name>[engine, strategy]`` broadcast over both codes."""
+    return getattr(tables(), name)[np.asarray(engine), np.asarray(strategy)]
+
+
+def per_precision(name: str, engine, precision):
+    """``tables().<name>[engine, precision]`` broadcast over both codes."""
+    return getattr(tables(), name)[np.asarray(engine), np.asarray(precision)]
+
+
+def wrapper_is(code: int, engine, strategy):
+    """Whether the class doing the work for (engine, strategy) is ``WRAPPERS[code]``."""
+    return per_strategy("wrapper", engine, strategy) == code
+
+
+def layout_is(code: int, engine):
+    return per_engine("layout", engine) == code
+
+
+def framework_name(strategy: str, engine: str) -> str:
+    """What ``engine`` calls ``strategy`` ("stage 3", "ShardingStrategy.FULL_SHARD"); "" if it cannot run it."""
+    run = get_engine(engine).strategies.get(strategy)
+    return "" if run is None else run.framework_name
+
+
+def runs_deepspeed(engine: str) -> bool:
+    """Whether DeepSpeed's ZeRO engine does ``engine``'s work (its exports are DeepSpeed configs)."""
+    return any(run.wrapper == "deepspeed" for run in get_engine(engine).strategies.values())
+
+
+def zero_stage(strategy: str, engine: str) -> int | None:
+    """The ZeRO stage that runs ``strategy``: the engine's own declaration when DeepSpeed runs it,
+    else DeepSpeed's (a plan of another engine exported to DeepSpeed); None: no stage runs it."""
+    declared = get_engine(engine if runs_deepspeed(engine) else "deepspeed")
+    run = declared.strategies.get(strategy)
+    return None if run is None else run.zero_stage
