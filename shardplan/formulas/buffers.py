@@ -101,10 +101,65 @@ def fsdp_units(c, n_p):
         # the first weight gradient of a block's backward: down_proj (h x i)
         first_block_grad=np.where(fsdp, c.hidden_size * c.mlp_width * a * trainable, 0),
     )
+    # FSDP1 reduces the flat gradient upcast to the reduce dtype, padded to n·ceil(P/n), into
+    # its own output shard: input + output, and an unsharded gradient of P·max(a, r)
+    # (``fsdp1_unit_buffers``; measured exact, calibrate compare)
+    one = fsdp1_unit_buffers(c, n)
+    fsdp1 = fsdp & (c.engine == st.FSDP1)
+    for unit in ("root", "block"):
+        rs = n * one[f"rs_output_{unit}"] + one[f"rs_output_{unit}"]
+        out[f"reduce_scatter_{unit}"] = np.where(fsdp1, np.where(sharded & (full | (unit == "block")), rs, 0),
+                                                 out[f"reduce_scatter_{unit}"])
+        grad = np.maximum(one[f"flat_grad_{unit}"], one[f"upcast_grad_{unit}"])
+        out[f"unsharded_grads_{unit}"] = np.where(fsdp1, np.where(full | (unit == "block"), grad, 0),
+                                                  out[f"unsharded_grads_{unit}"])
     out = {k: np.asarray(np.ceil(v), dtype=np.int64) for k, v in out.items()}
     out["keep_unsharded"] = keep
     out["fsdp"] = fsdp
     return out
+
+
+def fsdp1_unit_buffers(c, n_p):
+    """FSDP1's gradient buffers of one unit in bytes, for the root (``*_root``) and the largest
+    block (``*_block``; P = ``unit_params``). FSDP1 keeps one flat parameter per unit, padded as a
+    whole to a multiple of the shard count n (torch ``distributed/fsdp/_flat_param.py``); a is the
+    compute dtype's bytes, r the reduce dtype's (torch ``distributed/fsdp/_runtime_utils.py``):
+
+    * ``mp_shard``: ``_mp_shard``, the compute-dtype copy of the rank's ceil(P/n) elements that is
+      the all-gather input under ``MixedPrecision`` (NO_SHARD: of the whole unit); 0 otherwise;
+    * ``flat_grad``: the flat parameter's gradient as autograd produces it, P·a. At the end of
+      the unit's backward autograd concatenates the gradients of the parameters' views into it
+      (``aten.cat``), so the views' gradients, P·a more, are alive at that moment too;
+    * ``upcast_grad``: in the post-backward hook (``_post_backward_hook``) the gradient upcast to
+      the reduce dtype (``flat_param.grad.to(handle._reduce_dtype)``), P·r when r differs from a,
+      while autograd's stays referenced (``autograd_computed_grad``);
+    * ``rs_input``: the reduce-scatter input when P is not a multiple of n: ``F.pad`` of the
+      gradient to n·ceil(P/n) elements in r (``_get_reduce_scatter_tensors``; otherwise the
+      gradient itself is the input);
+    * ``rs_output``: the reduce-scatter output shard, ceil(P/n)·r (``torch.empty_like(chunks[0])``),
+      which becomes ``_saved_grad_shard``.
+
+    NO_SHARD (n = 1) all-reduces the gradient in place (``_reduce_grad_no_shard``): no
+    reduce-scatter buffers. Measured with ``StorageTracker`` (tiny Llama, W = 3 and 4, fp32 and
+    bf16 with fp32 reduction): both moments at the bytes above,
+    data/calibration/fsdp1_grad_moments_cpu.jsonl. ASSUMPTION: LoRA/QLoRA gradients are the
+    trainable fraction of the unit's (unmeasured).
+    """
+    a = compute_dtype_bytes(c.precision)
+    r = reduce_dtype_bytes(c.precision, c.reduce_dtype)
+    n = np.maximum(np.asarray(n_p), 1)
+    sharded = n > 1
+    t = trainable_fraction(c)
+    mixed = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
+    out = {}
+    for unit, params in (("root", c.root_params), ("block", c.unit_params)):
+        shard = -(-params // n)
+        out[f"mp_shard_{unit}"] = np.where(mixed, shard * a, 0)
+        out[f"flat_grad_{unit}"] = params * t * a
+        out[f"upcast_grad_{unit}"] = np.where(r != a, params * t * r, 0)
+        out[f"rs_input_{unit}"] = np.where(sharded & (n * shard != params), n * shard * t * r, 0)
+        out[f"rs_output_{unit}"] = np.where(sharded, shard * t * r, 0)
+    return {k: np.asarray(np.ceil(v), dtype=np.int64) for k, v in out.items()}
 
 
 def engine_buffers(c):
