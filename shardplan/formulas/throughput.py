@@ -335,8 +335,10 @@ def offload_transfer_s(c, rates: ComputeRates, syncs):
     return (grads + params_back + params_in) / rates.host_link_bytes_per_s
 
 
-def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=True, volume=None):
-    """Every time column for the configurations in ``c`` (a dict of arrays; see module docstring)."""
+def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=None, volume=None):
+    """Every time column for the configurations in ``c`` (a dict of arrays; see module docstring).
+    ``sync_every_micro_batch`` None: the configuration's column."""
+    sync_every_micro_batch = c.sync_every_micro_batch if sync_every_micro_batch is None else sync_every_micro_batch
     v = comm_volume(c, sync_every_micro_batch) if volume is None else volume
     t = comm_times(c, links, v)
     k = np.asarray(c.grad_accum, dtype=np.float64)
