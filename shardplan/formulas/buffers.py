@@ -19,7 +19,9 @@ FSDP (torch 2.13; measured with FSDPMemTracker, data/calibration/, docs/calibrat
   category's maximum is the largest unit (the root when the vocabulary is large).
 * Unsharded gradients are in the param dtype; their maximum is the largest unit.
 * FSDP1 all-gathers straight into the unsharded flat parameter (no separate buffer) and keeps the
-  root unsharded after forward (5 all-gathers for 3 units).
+  root unsharded after forward (5 all-gathers for 3 units). Its gradient reduction upcasts the
+  flat gradient to the reduce dtype and reduce-scatters it into a separate output shard
+  (``fsdp1_unit_buffers``).
 * DDP under autocast: the 16-bit weight copies that matmuls saved for backward (all of them).
 * DeepSpeed ZeRO-3: one gathered module's 16-bit params and grads, 4·L (its estimator's term);
   ZeRO-1/2: the 16-bit reduce bucket (``reduce_bucket_size`` 5e8 elements, DeepSpeed config docs).
@@ -104,9 +106,9 @@ def fsdp_units(c, n_p):
     # FSDP1 reduces the flat gradient upcast to the reduce dtype, padded to n·ceil(P/n), into
     # its own output shard: input + output, and an unsharded gradient of P·max(a, r)
     # (``fsdp1_unit_buffers``; measured exact, calibrate compare)
-    one = fsdp1_unit_buffers(c, n)
     fsdp1 = fsdp & (c.engine == st.FSDP1)
-    for unit in ("root", "block"):
+    one = fsdp1_unit_buffers(c, n) if np.any(fsdp1) else {}  # only rows with FSDP1 need its terms
+    for unit in ("root", "block") if one else ():
         rs = n * one[f"rs_output_{unit}"] + one[f"rs_output_{unit}"]
         out[f"reduce_scatter_{unit}"] = np.where(fsdp1, np.where(sharded & (full | (unit == "block")), rs, 0),
                                                  out[f"reduce_scatter_{unit}"])

@@ -170,28 +170,27 @@ def wrapper_leftover_bytes(c, a, blocks_done, n_ckpt):
     return np.where(on, np.maximum(blocks_done, 0) * c.micro_batch * c.seq_len * per_token, 0).astype(np.int64)
 
 
-def _kept_average_bytes_per_token(c, a):
+def _kept_average_bytes_per_token(c, a, n_ckpt=None, full_layer=None):
     """Saved bytes per token of one block, averaged over the blocks: checkpointed blocks keep their
     input only (``kept_layer_bytes_per_token``), the others everything (``layer_bytes_per_token``)."""
     L = np.maximum(c.num_layers, 1)
-    n_ckpt = checkpointed_layers(c)
-    return (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * layer_bytes_per_token(c, a)) / L
+    n_ckpt = checkpointed_layers(c) if n_ckpt is None else n_ckpt
+    full_layer = layer_bytes_per_token(c, a) if full_layer is None else full_layer
+    return (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * full_layer) / L
 
 
-def _reduced_block_grads(c, k, states, n_g, grads_held):
-    """Sharded gradients of the blocks whose backward already ran (L-1-k of them in block k's
-    backward): FSDP1 a flat shard per block, FSDP2 the padded per-tensor shards; none while
-    earlier micro-batches' gradients are held (counted whole) or with the optimizer in backward
-    (each reduced gradient is stepped and freed at once). Offloaded gradients: none on the device."""
-    L = c.num_layers
-    full = c.method == st.FULL
-    g_bytes = np.where(states["grads"] > 0, 1, 0)
+def _per_block_grad_bytes(c, states, n_g, grads_held):
+    """Sharded gradient bytes of one reduced block (FSDP1 a flat shard per block, FSDP2 the padded
+    per-tensor shards); zero while earlier micro-batches' gradients are held (counted whole) or
+    with the optimizer in backward (each reduced gradient is stepped and freed at once), and for
+    offloaded gradients (none on the device)."""
+    L = np.maximum(c.num_layers, 1)
     fsdp1 = c.engine == st.FSDP1
-    block_shard = np.where(fsdp1, (fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1)))
-                           // np.maximum(L, 1), padded_shard_elements(c, n_g, "block"))
-    per_block_grad = np.where(full, block_shard * np.where(c.precision == st.BF16_PURE, 2, 4),
-                              states["grads"] // np.maximum(L, 1)) * g_bytes
-    return np.where((grads_held > 0) | c.optimizer_in_backward, 0, (L - 1 - k) * per_block_grad)
+    block_shard = np.where(fsdp1, (fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1))) // L,
+                           padded_shard_elements(c, n_g, "block"))
+    per_block = np.where(c.method == st.FULL, block_shard * np.where(c.precision == st.BF16_PURE, 2, 4),
+                         states["grads"] // L) * np.where(states["grads"] > 0, 1, 0)
+    return np.where((grads_held > 0) | c.optimizer_in_backward, 0, per_block)
 
 
 def _unwrapped_grads(c, states):
@@ -207,36 +206,46 @@ def _unwrapped_grads(c, states):
     return root, first.astype(np.int64)
 
 
-def _reentrant_bytes_per_token(c, a, n_ckpt):
-    """HF gradient checkpointing with use_reentrant=True: ``CheckpointFunction.backward`` re-runs the
-    block and back-propagates through the recomputed output it holds (torch ``utils/checkpoint.py``),
-    one more a·h tensor than the non-reentrant unpack hooks, through the recomputation and the
-    block's backward (measured: FSDP2 W=4 full and QLoRA pairs, +32,768 B = 256 tokens x 64 x 2)."""
-    return np.where(np.asarray(c.reentrant_checkpointing, dtype=bool) & (n_ckpt > 0), a * c.hidden_size, 0)
+def _backward_context(c, states, n_g, grads_held):
+    """What every backward moment shares, computed once per evaluation: per-token activation
+    sizes, the reduced block gradient, the unwrapped run's gradients.
+
+    ``reentrant``: HF gradient checkpointing with use_reentrant=True: ``CheckpointFunction.backward``
+    re-runs the block and back-propagates through the recomputed output it holds (torch
+    ``utils/checkpoint.py``), one more a·h tensor than the non-reentrant unpack hooks, through the
+    recomputation and the block's backward (measured: FSDP2 W=4 full and QLoRA pairs, +32,768 B =
+    256 tokens x 64 x 2)."""
+    a = compute_dtype_bytes(c.precision)
+    n_ckpt = checkpointed_layers(c)
+    full_layer = layer_bytes_per_token(c, a)
+    single_root, single_first = _unwrapped_grads(c, states)
+    return dict(
+        a=a, tokens=c.micro_batch * c.seq_len, n_ckpt=n_ckpt, full_layer=full_layer,
+        kept_avg=_kept_average_bytes_per_token(c, a, n_ckpt, full_layer),
+        extra=np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0),
+        reentrant=np.where(np.asarray(c.reentrant_checkpointing, dtype=bool) & (n_ckpt > 0), a * c.hidden_size, 0),
+        per_block_grad=_per_block_grad_bytes(c, states, n_g, grads_held),
+        single_root=single_root, single_first=single_first,
+    )
 
 
-def _backward_activation_bytes(c, k, recompute):
+def _backward_activation_bytes(c, k, ctx, recompute):
     """Activations inside block k's backward: the saved tensors of blocks < k, block k's own (all of
     them: recomputed in full under AC) and the activation gradients in flight, plus the
     checkpoint wrapper's leftovers. ``recompute``: a checkpointed LoRA/QLoRA block being recomputed
     at the start of its backward (PEFT's fp32 transients, ``lora_recompute_bytes_per_token``)."""
-    a = compute_dtype_bytes(c.precision)
-    tokens = c.micro_batch * c.seq_len
-    n_ckpt = checkpointed_layers(c)
-    kept_avg = _kept_average_bytes_per_token(c, a)
-    extra = np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0)
-    reentrant = _reentrant_bytes_per_token(c, a, n_ckpt)
+    a, tokens, n_ckpt, kept_avg = ctx["a"], ctx["tokens"], ctx["n_ckpt"], ctx["kept_avg"]
     leftover = wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, n_ckpt)
     if recompute:
-        lora = (np.ceil(tokens * (k * kept_avg + extra + reentrant + lora_recompute_bytes_per_token(c, a)))
+        lora = (np.ceil(tokens * (k * kept_avg + ctx["extra"] + ctx["reentrant"] + lora_recompute_bytes_per_token(c, a)))
                 + leftover.astype(np.int64) + rope_bytes(c))
         return np.where((c.method != st.FULL) & (n_ckpt > 0), lora, 0)
-    per_token = layers_on_device(c, k) * kept_avg + layer_bytes_per_token(c, a) + extra
+    per_token = layers_on_device(c, k) * kept_avg + ctx["full_layer"] + ctx["extra"]
     acts = np.ceil(tokens * per_token).astype(np.int64) + rope_bytes(c)
-    return acts + tokens * (backward_working_bytes_per_token(c, a) + reentrant) + leftover
+    return acts + tokens * (backward_working_bytes_per_token(c, a) + ctx["reentrant"]) + leftover
 
 
-def _block_backward(c, k, states, units, n_g, grads_held, recompute=False):
+def _block_backward(c, k, ctx, units, grads_held, recompute=False):
     """Terms inside block k's backward, at its MLP product (FSDP engines and unwrapped runs; zeros
     elsewhere). See the module docstring. ``recompute``: the moment a checkpointed LoRA/QLoRA block
     is being recomputed (no dequantized 4-bit weight is alive then)."""
@@ -244,11 +253,10 @@ def _block_backward(c, k, states, units, n_g, grads_held, recompute=False):
     fsdp1 = c.engine == st.FSDP1
     keep = units["keep_unsharded"]
     tracked = fsdp | (c.strategy == st.SINGLE)
-    single_root, single_first = _unwrapped_grads(c, states)
-    reduced = _reduced_block_grads(c, k, states, n_g, grads_held)
+    reduced = (c.num_layers - 1 - k) * ctx["per_block_grad"]
     return {
-        "grads": grads_held + np.where(tracked, reduced, 0) + single_first,
-        "activations": np.where(tracked, _backward_activation_bytes(c, k, recompute), 0),
+        "grads": grads_held + np.where(tracked, reduced, 0) + ctx["single_first"],
+        "activations": np.where(tracked, _backward_activation_bytes(c, k, ctx, recompute), 0),
         "unsharded_params": units["block_unsharded"] * np.where(keep, k + 1, 1),
         # the next block's prefetched all-gather (FSDP1: straight into its unsharded flat parameter)
         "all_gather_buffers": np.where((k >= 1) & ~keep, np.where(fsdp1 & (units["all_gather_block"] == 0) & fsdp,
@@ -259,12 +267,12 @@ def _block_backward(c, k, states, units, n_g, grads_held, recompute=False):
         # "Reduce Scatter" bytes inside block 0's backward, tiny bf16 full AC W=4: +12.8 % before)
         "reduce_scatter_buffers": np.where((k < c.num_layers - 1) & ~fsdp1, units["reduce_scatter_block"], 0),
         "root_unsharded": units["root_unsharded"],
-        "root_grads": units["root_grads"] + single_root,
+        "root_grads": units["root_grads"] + ctx["single_root"],
     }
 
 
-def _fsdp1_gradient_moments(c, k, states, units, n_p, n_g, grads_held):
-    """FSDP1's two moments at the end of block k's backward (``buffers.fsdp1_unit_buffers``):
+def _fsdp1_gradient_moments(c, k, ctx, units, one, grads_held):
+    """FSDP1's two moments at the end of block k's backward (``one``: ``buffers.fsdp1_unit_buffers``):
 
     * the flat gradient being concatenated from the views' gradients (2·P·a), block k and the
       prefetched block k-1 unsharded;
@@ -276,20 +284,16 @@ def _fsdp1_gradient_moments(c, k, states, units, n_p, n_g, grads_held):
     Activations then: the saved tensors of blocks < k and the gradient of block k's input (a·h per
     token). Measured (tiny Llama h=256, s=4, W=3/4, fp32 and bf16 with fp32 reduction, full AC;
     data/calibration/fsdp1_grad_moments_cpu.jsonl): the backward peak is one of these two moments,
-    which the block's compute moments missed by 17-27 %. Zeros for other engines.
+    which the block's compute moments missed by 5-27 %. Zeros for other engines.
     """
-    a = compute_dtype_bytes(c.precision)
+    a = ctx["a"]
     on = units["fsdp"] & (c.engine == st.FSDP1)
     keep = units["keep_unsharded"]
-    one = fsdp1_unit_buffers(c, n_p)
-    tokens = c.micro_batch * c.seq_len
-    n_ckpt = checkpointed_layers(c)
-    acts = (np.ceil(tokens * (layers_on_device(c, k) * _kept_average_bytes_per_token(c, a) + a * c.hidden_size))
-            .astype(np.int64) + rope_bytes(c) + wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, n_ckpt))
-    prefetched = np.where((k >= 1) & ~keep, units["block_unsharded"], 0)
+    acts = (np.ceil(ctx["tokens"] * (layers_on_device(c, k) * ctx["kept_avg"] + a * c.hidden_size)).astype(np.int64)
+            + rope_bytes(c) + wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, ctx["n_ckpt"]))
     shared = {
-        "grads": grads_held + _reduced_block_grads(c, k, states, n_g, grads_held),
-        "activations": acts, "all_gather_buffers": prefetched,
+        "grads": grads_held + (c.num_layers - 1 - k) * ctx["per_block_grad"], "activations": acts,
+        "all_gather_buffers": np.where((k >= 1) & ~keep, units["block_unsharded"], 0),  # block k-1, prefetched
         "root_unsharded": units["root_unsharded"], "root_grads": units["root_grads"],
     }
     concat = dict(shared, unsharded_params=units["block_unsharded"] * np.where(keep, k + 1, 1),
@@ -359,15 +363,17 @@ def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block):
     moments = [start]
     if not np.any(fsdp | (c.strategy == st.SINGLE)):
         return moments
-    peft_recompute = bool(np.any((c.method != st.FULL) & (checkpointed_layers(c) > 0)))
-    fsdp1 = bool(np.any(fsdp & (c.engine == st.FSDP1)))
-    for k in (0, 1, L - 2, L - 1):
+    ctx = _backward_context(c, states, n_g, grads_held)
+    peft_recompute = bool(np.any((c.method != st.FULL) & (ctx["n_ckpt"] > 0)))
+    # FSDP1's gradient moments have no buffer ending at L-2: linear in k from 1 to L-1
+    one = fsdp1_unit_buffers(c, n_p) if np.any(fsdp & (c.engine == st.FSDP1)) else None
+    for which, k in enumerate((0, 1, L - 2, L - 1)):
         kk = np.clip(k, 0, np.maximum(L - 1, 0))
-        moments.append(dict(in_block, **_block_backward(c, kk, states, units, n_g, grads_held)))
+        moments.append(dict(in_block, **_block_backward(c, kk, ctx, units, grads_held)))
         if peft_recompute:
-            moments.append(dict(common, **_block_backward(c, kk, states, units, n_g, grads_held, recompute=True)))
-        if fsdp1:
-            moments += [dict(common, **m) for m in _fsdp1_gradient_moments(c, kk, states, units, n_p, n_g, grads_held)]
+            moments.append(dict(common, **_block_backward(c, kk, ctx, units, grads_held, recompute=True)))
+        if one is not None and which != 2:
+            moments += [dict(common, **m) for m in _fsdp1_gradient_moments(c, kk, ctx, units, one, grads_held)]
     return moments
 
 
