@@ -115,7 +115,9 @@ def _block_forward(c, k, units, grads_held, pre):
     tensors of blocks < k and block k's input. Measured: tiny Llama fp32 full AC W=8 FSDP2 forward
     peak 777,812 B at the last ``aten.view`` of block 1's copy-out = states + root unsharded +
     2 × 147,968 all-gather + 147,968 being copied + 41,216 activations (−14.7 % before).
-    FSDP1 gathers straight into the flat parameter: no such moment.
+    FSDP1 gathers straight into the flat parameter, from ``_mp_shard`` (``buffers.fsdp1_unit_buffers``)
+    under MixedPrecision, which is alive until the gather ends: root + block k unsharded + that
+    shard (measured: tiny bf16 W=3/4 full AC, s=4, at block L-1's all-gather; −2.2 % to −3.5 % before).
 
     otherwise — inside block k's own computation (``block_forward_working_bytes_per_token``): root
     and block k unsharded (SHARD_GRAD_OP: blocks ≤ k), block k's all-gather buffer (FSDP2, kept
@@ -131,16 +133,17 @@ def _block_forward(c, k, units, grads_held, pre):
     kept_avg = _kept_average_bytes_per_token(c, a)
     small = rope_bytes(c) + position_ids_bytes(c)
     if pre:
-        fsdp2 = fsdp & (c.engine == st.FSDP2) & (units["all_gather_block"] > 0)
+        fsdp1 = fsdp & (c.engine == st.FSDP1) & (units["mp_shard_block"] > 0)
+        on = (fsdp & (c.engine == st.FSDP2) & (units["all_gather_block"] > 0)) | fsdp1
         per_token = layers_on_device(c, k) * kept_avg + a * c.hidden_size
         prior = np.where(k == 0, units["all_gather_root"], units["all_gather_block"])
         acts = np.ceil(tokens * per_token).astype(np.int64) + small
         return {
             "grads": grads_held,
-            "activations": np.where(fsdp2, acts, 0),
-            "unsharded_params": np.where(fsdp2, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
-            "all_gather_buffers": np.where(fsdp2, prior + units["all_gather_block"], 0),
-            "root_unsharded": np.where(fsdp2, units["root_unsharded"], 0),
+            "activations": np.where(on, acts, 0),
+            "unsharded_params": np.where(on, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
+            "all_gather_buffers": np.where(fsdp1, units["mp_shard_block"], np.where(on, prior + units["all_gather_block"], 0)),
+            "root_unsharded": np.where(on, units["root_unsharded"], 0),
         }
     per_token = layers_on_device(c, k) * kept_avg + block_forward_working_bytes_per_token(c, a)
     acts = np.ceil(tokens * per_token).astype(np.int64) + small
