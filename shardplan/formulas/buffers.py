@@ -19,7 +19,9 @@ FSDP (torch 2.13; measured with FSDPMemTracker, data/calibration/, docs/calibrat
   category's maximum is the largest unit (the root when the vocabulary is large).
 * Unsharded gradients are in the param dtype; their maximum is the largest unit.
 * FSDP1 all-gathers straight into the unsharded flat parameter (no separate buffer) and keeps the
-  root unsharded after forward (5 all-gathers for 3 units).
+  root unsharded after forward (5 all-gathers for 3 units). Its gradient reduction upcasts the
+  flat gradient to the reduce dtype and reduce-scatters it into a separate output shard
+  (``fsdp1_unit_buffers``).
 * DDP under autocast: the 16-bit weight copies that matmuls saved for backward (all of them).
 * DeepSpeed ZeRO-3: one gathered module's 16-bit params and grads, 4·L (its estimator's term);
   ZeRO-0/1/2: the 16-bit reduce bucket (the engine's declared ``gradient_bucket``: ``reduce_bucket_size``
@@ -106,10 +108,67 @@ def fsdp_units(c, n_p):
         # the first weight gradient of a block's backward: down_proj (h x i)
         first_block_grad=np.where(fsdp, c.hidden_size * c.mlp_width * a * trainable, 0),
     )
+    # FSDP1 reduces the flat gradient upcast to the reduce dtype, padded to n·ceil(P/n), into
+    # its own output shard: input + output, and an unsharded gradient of P·max(a, r)
+    # (``fsdp1_unit_buffers``; measured exact, calibrate compare)
+    fsdp1 = fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine)
+    one = fsdp1_unit_buffers(c, n) if np.any(fsdp1) else {}  # only rows with FSDP1 need its terms
+    for unit in ("root", "block") if one else ():
+        rs = n * one[f"rs_output_{unit}"] + one[f"rs_output_{unit}"]
+        out[f"reduce_scatter_{unit}"] = np.where(fsdp1, np.where(sharded & (full | (unit == "block")), rs, 0),
+                                                 out[f"reduce_scatter_{unit}"])
+        grad = np.maximum(one[f"flat_grad_{unit}"], one[f"upcast_grad_{unit}"])
+        out[f"unsharded_grads_{unit}"] = np.where(fsdp1, np.where(full | (unit == "block"), grad, 0),
+                                                  out[f"unsharded_grads_{unit}"])
+    # FSDP1's all-gather input under MixedPrecision (``_mp_shard``), alive while a unit is gathered
+    out["mp_shard_block"] = np.where(fsdp1 & sharded, one["mp_shard_block"], 0) if one else 0
     out = {k: np.asarray(np.ceil(v), dtype=np.int64) for k, v in out.items()}
     out["keep_unsharded"] = keep
     out["fsdp"] = fsdp
     return out
+
+
+def fsdp1_unit_buffers(c, n_p):
+    """FSDP1's gradient buffers of one unit in bytes, for the root (``*_root``) and the largest
+    block (``*_block``; P = ``unit_params``). FSDP1 keeps one flat parameter per unit, padded as a
+    whole to a multiple of the shard count n (torch ``distributed/fsdp/_flat_param.py``); a is the
+    compute dtype's bytes, r the reduce dtype's (torch ``distributed/fsdp/_runtime_utils.py``):
+
+    * ``mp_shard``: ``_mp_shard``, the compute-dtype copy of the rank's ceil(P/n) elements that is
+      the all-gather input under ``MixedPrecision`` (NO_SHARD: of the whole unit); 0 otherwise;
+    * ``flat_grad``: the flat parameter's gradient as autograd produces it, P·a. At the end of
+      the unit's backward autograd concatenates the gradients of the parameters' views into it
+      (``aten.cat``), so the views' gradients, P·a more, are alive at that moment too;
+    * ``upcast_grad``: in the post-backward hook (``_post_backward_hook``) the gradient upcast to
+      the reduce dtype (``flat_param.grad.to(handle._reduce_dtype)``), P·r when r differs from a,
+      while autograd's stays referenced (``autograd_computed_grad``);
+    * ``rs_input``: the reduce-scatter input when P is not a multiple of n: ``F.pad`` of the
+      gradient to n·ceil(P/n) elements in r (``_get_reduce_scatter_tensors``; otherwise the
+      gradient itself is the input);
+    * ``rs_output``: the reduce-scatter output shard, ceil(P/n)·r (``torch.empty_like(chunks[0])``),
+      which becomes ``_saved_grad_shard``.
+
+    NO_SHARD (n = 1) all-reduces the gradient in place (``_reduce_grad_no_shard``): no
+    reduce-scatter buffers. Measured with ``StorageTracker`` (tiny Llama, W = 3 and 4, fp32 and
+    bf16 with fp32 reduction): both moments at the bytes above,
+    data/calibration/fsdp1_grad_moments_cpu.jsonl. ASSUMPTION: LoRA/QLoRA gradients are the
+    trainable fraction of the unit's (unmeasured).
+    """
+    a = compute_dtype_bytes(c.precision)
+    r = reduce_dtype_bytes(c.precision, c.reduce_dtype)
+    n = np.maximum(np.asarray(n_p), 1)
+    sharded = n > 1
+    t = trainable_fraction(c)
+    mixed = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
+    out = {}
+    for unit, params in (("root", c.root_params), ("block", c.unit_params)):
+        shard = -(-params // n)
+        out[f"mp_shard_{unit}"] = np.where(mixed, shard * a, 0)
+        out[f"flat_grad_{unit}"] = params * t * a
+        out[f"upcast_grad_{unit}"] = np.where(r != a, params * t * r, 0)
+        out[f"rs_input_{unit}"] = np.where(sharded & (n * shard != params), n * shard * t * r, 0)
+        out[f"rs_output_{unit}"] = np.where(sharded, shard * t * r, 0)
+    return {k: np.asarray(np.ceil(v), dtype=np.int64) for k, v in out.items()}
 
 
 def engine_buffers(c):
@@ -143,9 +202,14 @@ def optimizer_step_temporaries(c, optimizer_shard_degree):
       (torch ``optim/adam.py`` ``_multi_tensor_adam``: ``exp_avg_sq_sqrt = _foreach_sqrt``); Lion's update;
     * per-tensor AdamW (``foreach_optimizer=False``: torch's default off CUDA,
       ``optim/optimizer.py`` ``_default_to_fused_or_foreach``): ``exp_avg_sq.sqrt() / bias_correction2_sqrt``
-      holds two copies of the largest tensor the optimizer sees (measured: CPU runs of the real HF
-      stack, 2 × the 2048 × 96 fp32 embedding = 1,572,864 B, hf_stack_cpu.jsonl). FSDP1 (flat
-      parameters) sees one flat shard per unit, FSDP2 per-tensor shards.
+      holds two copies of the largest tensor the optimizer sees, while the previous tensor's
+      ``denom`` stays alive until the name is rebound (``_single_tensor_adam``'s loop): 2 × the
+      largest + its predecessor. FSDP2 per-tensor shards (measured: CPU runs of the real HF stack,
+      2 × the 2048 × 96 fp32 embedding = 1,572,864 B, the first parameter, hf_stack_cpu.jsonl;
+      ASSUMPTION: the largest tensor's predecessor is small, the embedding / lm_head case); FSDP1
+      one flat shard per unit in order root, block 0, block 1, …: max(2·root, 2·block + root,
+      3·block with two blocks or more) (measured: tiny NO_SHARD runs, 3 × 3,934,208 B at the last
+      block's ``div``, fsdp1_grad_moments_cpu.jsonl; −6.9 % on the step before).
     None for SGD. ASSUMPTION: the largest LoRA tensor is rank × the widest adapted dimension.
     Optimizer in backward (``optimizer_in_backward``): one optimizer per parameter steps inside
     that parameter's post-accumulate-grad hook (torchtune ``training.register_optim_in_bwd_hooks``),
@@ -158,11 +222,10 @@ def optimizer_step_temporaries(c, optimizer_shard_degree):
     n = np.maximum(optimizer_shard_degree, 1)
     foreach = np.ceil(trainable * master / optimizer_shard_degree)
     rank = c.lora_rank_out // np.maximum(c.lora_adapted_linears, 1)
-    largest = np.where(c.method == st.FULL,
-                       np.where(eng.layout_is(eng.FLAT_UNIT, c.engine), np.maximum(c.root_params, c.unit_params),
-                                c.largest_module_params),
-                       rank * np.maximum(c.hidden_size, c.mlp_width))
-    single = 2 * master * np.ceil(largest / n)
+    largest = np.where(c.method == st.FULL, c.largest_module_params, rank * np.maximum(c.hidden_size, c.mlp_width))
+    root, block = np.ceil(c.root_params / n), np.ceil(c.unit_params / n)
+    flat = np.maximum(2 * root, 2 * block + np.where(c.num_layers >= 2, np.maximum(root, block), root))
+    single = master * np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & (c.method == st.FULL), flat, 2 * np.ceil(largest / n))
     temps = np.where(c.foreach_optimizer, foreach, single)
     one = np.ceil(foreach * np.minimum(c.largest_module_params / np.maximum(c.total_params, 1), 1.0))
     return np.where(has_temp & on_gpu, np.where(c.optimizer_in_backward, np.minimum(one, temps), temps), 0).astype(np.int64)

@@ -283,20 +283,27 @@ def gathered_param_bytes(c):
     return blocks + adapters, root
 
 
-def sync_count(c, sync_every_micro_batch=True):
+def _sync_mode(c, sync_every_micro_batch):
+    """The sync knob: the value given, or (None) the configuration's ``sync_every_micro_batch`` column."""
+    return np.asarray(c.sync_every_micro_batch if sync_every_micro_batch is None else sync_every_micro_batch, dtype=bool)
+
+
+def sync_count(c, sync_every_micro_batch=None):
     """Gradient synchronisations per step: every micro-batch, or once (no_sync). DeepSpeed ZeRO-1
     reduces only at the accumulation boundary (its gradients are unsharded anyway)."""
-    once = ~np.asarray(sync_every_micro_batch) | (c.strategy == st.ZERO1)
+    once = ~_sync_mode(c, sync_every_micro_batch) | (c.strategy == st.ZERO1)
     return np.where(once, 1, c.grad_accum)
 
 
-def no_sync_grad_bytes(c, sync_every_micro_batch=True):
+def no_sync_grad_bytes(c, sync_every_micro_batch=None):
     """Extra device memory of syncing once per step when gradients are otherwise sharded: the whole
     model's unsharded gradients in the reduce dtype (FSDP ``no_sync`` docstring: "gradients are
-    accumulated in the unsharded form"). Zero for DDP / NO_SHARD / ZeRO-1 (already unsharded)."""
+    accumulated in the unsharded form"). Zero for DDP / NO_SHARD / ZeRO-1 (already unsharded).
+    ``sync_every_micro_batch`` None: the configuration's column. ``memory.estimate_memory`` counts
+    it in every forward and backward moment."""
     _, n_g, _ = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
     sharded_grads = (n_g > 1) & (c.strategy != st.ZERO1)
-    held = ~np.asarray(sync_every_micro_batch) & (c.grad_accum > 1) & sharded_grads
+    held = ~_sync_mode(c, sync_every_micro_batch) & (c.grad_accum > 1) & sharded_grads
     return np.where(held, trainable_params(c) * grad_comm_bytes_per_element(c), 0).astype(np.int64)
 
 
@@ -358,7 +365,7 @@ def _gradient_collectives(c, n_g, g, replicas, syncs, units):
     }
 
 
-def comm_volume(c, sync_every_micro_batch=True):
+def comm_volume(c, sync_every_micro_batch=None):
     """Per step, per GPU: for each collective in ``COLLECTIVES``: ``<name>_message_bytes`` (S summed
     over calls), ``<name>_bytes`` (f(n)·S, what this GPU sends), ``<name>_calls`` and ``<name>_group``
     (ranks in the ring), plus ``comm_bytes_per_step`` and ``no_sync_grad_bytes``."""
@@ -392,7 +399,7 @@ COLLECTIVE_OP = {"ag_fwd": "all_gather", "ag_bwd": "all_gather", "rs_grad": "red
                  "ar_grad": "all_reduce", "ar_replica": "all_reduce", "ag_post_step": "all_gather"}
 
 
-def comm_times(c, rates: LinkRates, volume=None, sync_every_micro_batch=True):
+def comm_times(c, rates: LinkRates, volume=None, sync_every_micro_batch=None):
     """α-β time per step of each collective (``<name>_s``), each on its own ring and link tier:
     sharded groups and DDP/ZeRO rings as flat rings (``ring_bus_bytes_per_s``), HSDP replicas on
     the per-GPU NIC share (``replica_bus_bytes_per_s``)."""

@@ -38,7 +38,9 @@ from shardplan.formulas.activations import (
     offloaded_activation_bytes, position_ids_bytes, recompute_extra_bytes_per_token, rope_bytes,
 )
 from shardplan.formulas.allocator import default_allocator, reserved_terms
-from shardplan.formulas.buffers import engine_buffers, fsdp_units, optimizer_step_temporaries, trainable_fraction
+from shardplan.formulas.buffers import (engine_buffers, fsdp1_unit_buffers, fsdp_units, optimizer_step_temporaries,
+                                       trainable_fraction)
+from shardplan.formulas.comm import no_sync_grad_bytes
 from shardplan.formulas.load import load_peak_allocated_bytes, model_load_bytes
 from shardplan.formulas.model_states import fsdp1_shard_elements, model_states, padded_shard_elements
 from shardplan.formulas.overheads import HOST_PROCESS_BYTES, non_torch_device_bytes
@@ -114,7 +116,9 @@ def _block_forward(c, k, units, grads_held, pre):
     tensors of blocks < k and block k's input. Measured: tiny Llama fp32 full AC W=8 FSDP2 forward
     peak 777,812 B at the last ``aten.view`` of block 1's copy-out = states + root unsharded +
     2 × 147,968 all-gather + 147,968 being copied + 41,216 activations (−14.7 % before).
-    FSDP1 gathers straight into the flat parameter: no such moment.
+    FSDP1 gathers straight into the flat parameter, from ``_mp_shard`` (``buffers.fsdp1_unit_buffers``)
+    under MixedPrecision, which is alive until the gather ends: root + block k unsharded + that
+    shard (measured: tiny bf16 W=3/4 full AC, s=4, at block L-1's all-gather; −2.2 % to −3.5 % before).
 
     otherwise — inside block k's own computation (``block_forward_working_bytes_per_token``): root
     and block k unsharded (SHARD_GRAD_OP: blocks ≤ k), block k's all-gather buffer (FSDP2, kept
@@ -127,22 +131,20 @@ def _block_forward(c, k, units, grads_held, pre):
     tokens = c.micro_batch * c.seq_len
     fsdp = units["fsdp"]
     keep = units["keep_unsharded"]
-    full_layer = layer_bytes_per_token(c, a)
-    n_ckpt = checkpointed_layers(c)
-    L = np.maximum(c.num_layers, 1)
-    kept_avg = (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * full_layer) / L
+    kept_avg = _kept_average_bytes_per_token(c, a)
     small = rope_bytes(c) + position_ids_bytes(c)
     if pre:
-        fsdp2 = fsdp & eng.layout_is(eng.PER_TENSOR, c.engine) & (units["all_gather_block"] > 0)
+        fsdp1 = fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine) & (units["mp_shard_block"] > 0)
+        on = (fsdp & eng.layout_is(eng.PER_TENSOR, c.engine) & (units["all_gather_block"] > 0)) | fsdp1
         per_token = layers_on_device(c, k) * kept_avg + a * c.hidden_size
         prior = np.where(k == 0, units["all_gather_root"], units["all_gather_block"])
         acts = np.ceil(tokens * per_token).astype(np.int64) + small
         return {
             "grads": grads_held,
-            "activations": np.where(fsdp2, acts, 0),
-            "unsharded_params": np.where(fsdp2, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
-            "all_gather_buffers": np.where(fsdp2, prior + units["all_gather_block"], 0),
-            "root_unsharded": np.where(fsdp2, units["root_unsharded"], 0),
+            "activations": np.where(on, acts, 0),
+            "unsharded_params": np.where(on, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
+            "all_gather_buffers": np.where(fsdp1, units["mp_shard_block"], np.where(on, prior + units["all_gather_block"], 0)),
+            "root_unsharded": np.where(on, units["root_unsharded"], 0),
         }
     per_token = layers_on_device(c, k) * kept_avg + block_forward_working_bytes_per_token(c, a)
     acts = np.ceil(tokens * per_token).astype(np.int64) + small
@@ -172,55 +174,93 @@ def wrapper_leftover_bytes(c, a, blocks_done, n_ckpt):
     return np.where(on, np.maximum(blocks_done, 0) * c.micro_batch * c.seq_len * per_token, 0).astype(np.int64)
 
 
-def _block_backward(c, k, states, units, n_g, grads_held, recompute=False):
-    """Terms inside block k's backward (FSDP engines and unwrapped runs; zeros elsewhere). See the
-    module docstring. ``recompute``: the moment a checkpointed LoRA/QLoRA block is being recomputed
-    (``activations.lora_recompute_bytes_per_token``; no dequantized 4-bit weight is alive then)."""
-    a = compute_dtype_bytes(c.precision)
-    tokens = c.micro_batch * c.seq_len
-    L = c.num_layers
-    fsdp = units["fsdp"]
-    full = c.method == st.FULL
-    g_bytes = np.where(states["grads"] > 0, 1, 0)  # offloaded grads: none on the device
+def _kept_average_bytes_per_token(c, a, n_ckpt=None, full_layer=None):
+    """Saved bytes per token of one block, averaged over the blocks: checkpointed blocks keep their
+    input only (``kept_layer_bytes_per_token``), the others everything (``layer_bytes_per_token``)."""
+    L = np.maximum(c.num_layers, 1)
+    n_ckpt = checkpointed_layers(c) if n_ckpt is None else n_ckpt
+    full_layer = layer_bytes_per_token(c, a) if full_layer is None else full_layer
+    return (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * full_layer) / L
+
+
+def _per_block_grad_bytes(c, states, n_g, grads_held):
+    """Sharded gradient bytes of one reduced block (FSDP1 a flat shard per block, FSDP2 the padded
+    per-tensor shards); zero while earlier micro-batches' gradients are held (counted whole) or
+    with the optimizer in backward (each reduced gradient is stepped and freed at once), and for
+    offloaded gradients (none on the device)."""
+    L = np.maximum(c.num_layers, 1)
     fsdp1 = eng.layout_is(eng.FLAT_UNIT, c.engine)
-    block_shard = np.where(fsdp1, fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1)),
-                           padded_shard_elements(c, n_g, "block") * np.maximum(n_g, 1) // np.maximum(n_g, 1))
-    block_shard = np.where(fsdp1, block_shard // np.maximum(L, 1), padded_shard_elements(c, n_g, "block"))
-    per_block_grad = np.where(full, block_shard * np.where(c.precision == st.BF16_PURE, 2, 4),
-                              states["grads"] // np.maximum(L, 1)) * g_bytes
-    # optimizer in backward: each reduced gradient is stepped and freed at once
-    reduced = np.where((grads_held > 0) | c.optimizer_in_backward, 0, (L - 1 - k) * per_block_grad)
-    full_layer = layer_bytes_per_token(c, a)
-    n_ckpt = checkpointed_layers(c)
-    kept_avg = (n_ckpt * kept_layer_bytes_per_token(c, a) + (L - n_ckpt) * full_layer) / np.maximum(L, 1)
-    extra = np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0)
-    acts = np.ceil(tokens * (layers_on_device(c, k) * kept_avg + full_layer + extra)).astype(np.int64) + rope_bytes(c)
-    keep = units["keep_unsharded"]
-    # One device without a wrapper (``single``): gradients land in ``.grad`` in their own dtype as
-    # backward produces them — the root's (lm_head + final norm) first, then each block's, block
-    # k's down projection first (measured: HF stack CPU runs with a small vocabulary, whose peak is
-    # inside a block's backward: −26 % before these moments existed for unwrapped runs)
+    block_shard = np.where(fsdp1, (fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1))) // L,
+                           padded_shard_elements(c, n_g, "block"))
+    per_block = np.where(c.method == st.FULL, block_shard * np.where(c.precision == st.BF16_PURE, 2, 4),
+                         states["grads"] // L) * np.where(states["grads"] > 0, 1, 0)
+    return np.where((grads_held > 0) | c.optimizer_in_backward, 0, per_block)
+
+
+def _unwrapped_grads(c, states):
+    """One device without a wrapper (``single``): gradients land in ``.grad`` in their own dtype as
+    backward produces them — the root's (lm_head + final norm) first, then each block's, block
+    k's down projection first (measured: HF stack CPU runs with a small vocabulary, whose peak is
+    inside a block's backward: −26 % before these moments existed for unwrapped runs).
+    Returns (root gradients, the block's first weight gradient)."""
     single = c.strategy == st.SINGLE
-    tracked = fsdp | single
-    g_elem = np.where(c.precision == st.BF16_PURE, 2, 4) * g_bytes
-    single_root = np.where(single & full, (c.vocab_size * c.hidden_size + c.hidden_size) * g_elem, 0)
-    single_first = np.where(single, np.ceil(c.hidden_size * c.mlp_width * g_elem * trainable_fraction(c)), 0)
-    # HF gradient checkpointing with use_reentrant=True: ``CheckpointFunction.backward`` re-runs the
-    # block and back-propagates through the recomputed output it holds (torch ``utils/checkpoint.py``),
-    # one more a·h tensor than the non-reentrant unpack hooks, through the recomputation and the
-    # block's backward (measured: FSDP2 W=4 full and QLoRA pairs, +32,768 B = 256 tokens x 64 x 2)
-    reentrant = np.where(np.asarray(c.reentrant_checkpointing, dtype=bool) & (n_ckpt > 0), a * c.hidden_size, 0)
-    in_backward = (acts + tokens * (backward_working_bytes_per_token(c, a) + reentrant)
-                   + wrapper_leftover_bytes(c, a, L - 1 - k, n_ckpt))
-    if recompute:  # LoRA/QLoRA: the checkpointed block's recomputation (PEFT's fp32 transients)
-        lora = (np.ceil(tokens * (k * kept_avg + extra + reentrant + lora_recompute_bytes_per_token(c, a)))
-                + wrapper_leftover_bytes(c, a, L - 1 - k, n_ckpt)
-                .astype(np.int64) + rope_bytes(c))
-        in_backward = np.where((c.method != st.FULL) & (n_ckpt > 0), lora, 0)
+    g_elem = np.where(c.precision == st.BF16_PURE, 2, 4) * np.where(states["grads"] > 0, 1, 0)
+    root = np.where(single & (c.method == st.FULL), (c.vocab_size * c.hidden_size + c.hidden_size) * g_elem, 0)
+    first = np.where(single, np.ceil(c.hidden_size * c.mlp_width * g_elem * trainable_fraction(c)), 0)
+    return root, first.astype(np.int64)
+
+
+def _backward_context(c, states, n_g, grads_held):
+    """What every backward moment shares, computed once per evaluation: per-token activation
+    sizes, the reduced block gradient, the unwrapped run's gradients.
+
+    ``reentrant``: HF gradient checkpointing with use_reentrant=True: ``CheckpointFunction.backward``
+    re-runs the block and back-propagates through the recomputed output it holds (torch
+    ``utils/checkpoint.py``), one more a·h tensor than the non-reentrant unpack hooks, through the
+    recomputation and the block's backward (measured: FSDP2 W=4 full and QLoRA pairs, +32,768 B =
+    256 tokens x 64 x 2)."""
+    a = compute_dtype_bytes(c.precision)
+    n_ckpt = checkpointed_layers(c)
+    full_layer = layer_bytes_per_token(c, a)
+    single_root, single_first = _unwrapped_grads(c, states)
+    return dict(
+        a=a, tokens=c.micro_batch * c.seq_len, n_ckpt=n_ckpt, full_layer=full_layer,
+        kept_avg=_kept_average_bytes_per_token(c, a, n_ckpt, full_layer),
+        extra=np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0),
+        reentrant=np.where(np.asarray(c.reentrant_checkpointing, dtype=bool) & (n_ckpt > 0), a * c.hidden_size, 0),
+        per_block_grad=_per_block_grad_bytes(c, states, n_g, grads_held),
+        single_root=single_root, single_first=single_first,
+    )
+
+
+def _backward_activation_bytes(c, k, ctx, recompute):
+    """Activations inside block k's backward: the saved tensors of blocks < k, block k's own (all of
+    them: recomputed in full under AC) and the activation gradients in flight, plus the
+    checkpoint wrapper's leftovers. ``recompute``: a checkpointed LoRA/QLoRA block being recomputed
+    at the start of its backward (PEFT's fp32 transients, ``lora_recompute_bytes_per_token``)."""
+    a, tokens, n_ckpt, kept_avg = ctx["a"], ctx["tokens"], ctx["n_ckpt"], ctx["kept_avg"]
+    leftover = wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, n_ckpt)
+    if recompute:
+        lora = (np.ceil(tokens * (k * kept_avg + ctx["extra"] + ctx["reentrant"] + lora_recompute_bytes_per_token(c, a)))
+                + leftover.astype(np.int64) + rope_bytes(c))
+        return np.where((c.method != st.FULL) & (n_ckpt > 0), lora, 0)
+    per_token = layers_on_device(c, k) * kept_avg + ctx["full_layer"] + ctx["extra"]
+    acts = np.ceil(tokens * per_token).astype(np.int64) + rope_bytes(c)
+    return acts + tokens * (backward_working_bytes_per_token(c, a) + ctx["reentrant"]) + leftover
+
+
+def _block_backward(c, k, ctx, units, grads_held, recompute=False):
+    """Terms inside block k's backward, at its MLP product (FSDP engines and unwrapped runs; zeros
+    elsewhere). See the module docstring. ``recompute``: the moment a checkpointed LoRA/QLoRA block
+    is being recomputed (no dequantized 4-bit weight is alive then)."""
+    fsdp = units["fsdp"]
+    fsdp1 = eng.layout_is(eng.FLAT_UNIT, c.engine)
+    keep = units["keep_unsharded"]
+    tracked = fsdp | (c.strategy == st.SINGLE)
+    reduced = (c.num_layers - 1 - k) * ctx["per_block_grad"]
     return {
-        "grads": grads_held + np.where(tracked, reduced, 0) + single_first.astype(np.int64),
-        # saved tensors of blocks <= k, and the activation gradients in flight in block k
-        "activations": np.where(tracked, in_backward, 0),
+        "grads": grads_held + np.where(tracked, reduced, 0) + ctx["single_first"],
+        "activations": np.where(tracked, _backward_activation_bytes(c, k, ctx, recompute), 0),
         "unsharded_params": units["block_unsharded"] * np.where(keep, k + 1, 1),
         # the next block's prefetched all-gather (FSDP1: straight into its unsharded flat parameter)
         "all_gather_buffers": np.where((k >= 1) & ~keep, np.where(fsdp1 & (units["all_gather_block"] == 0) & fsdp,
@@ -229,10 +269,199 @@ def _block_backward(c, k, states, units, n_g, grads_held, recompute=False):
         # FSDP2 keeps the previous block's reduce-scatter input until the next reduce-scatter
         # (``reduce_scatter_state``); FSDP1 frees it inside the post-backward hook (measured: no
         # "Reduce Scatter" bytes inside block 0's backward, tiny bf16 full AC W=4: +12.8 % before)
-        "reduce_scatter_buffers": np.where((k < L - 1) & ~fsdp1, units["reduce_scatter_block"], 0),
+        "reduce_scatter_buffers": np.where((k < c.num_layers - 1) & ~fsdp1, units["reduce_scatter_block"], 0),
         "root_unsharded": units["root_unsharded"],
-        "root_grads": units["root_grads"] + single_root,
+        "root_grads": units["root_grads"] + ctx["single_root"],
     }
+
+
+def _fsdp1_gradient_moments(c, k, ctx, units, one, grads_held):
+    """FSDP1's two moments at the end of block k's backward (``one``: ``buffers.fsdp1_unit_buffers``):
+
+    * the flat gradient being concatenated from the views' gradients (2·P·a), block k and the
+      prefetched block k-1 unsharded;
+    * the post-backward hook: block k resharded first (``_post_backward_reshard``), then autograd's
+      gradient, its upcast to the reduce dtype, the padded reduce-scatter input and its output
+      shard (NO_SHARD: the upcast, all-reduced in place; the unit's 16-bit copy is freed by the
+      same reshard, ``FlatParamHandle.post_reshard``).
+
+    Activations then: the saved tensors of blocks < k and the gradient of block k's input (a·h per
+    token). Measured (tiny Llama h=256, s=4, W=3/4, fp32 and bf16 with fp32 reduction, full AC;
+    data/calibration/fsdp1_grad_moments_cpu.jsonl): the backward peak is one of these two moments,
+    which the block's compute moments missed by 5-27 %. Zeros for other engines.
+    """
+    a = ctx["a"]
+    on = units["fsdp"] & eng.layout_is(eng.FLAT_UNIT, c.engine)
+    keep = units["keep_unsharded"]
+    acts = (np.ceil(ctx["tokens"] * (layers_on_device(c, k) * ctx["kept_avg"] + a * c.hidden_size)).astype(np.int64)
+            + rope_bytes(c) + wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, ctx["n_ckpt"]))
+    shared = {
+        "grads": grads_held + (c.num_layers - 1 - k) * ctx["per_block_grad"], "activations": acts,
+        "all_gather_buffers": np.where((k >= 1) & ~keep, units["block_unsharded"], 0),  # block k-1, prefetched
+        "root_unsharded": units["root_unsharded"], "root_grads": units["root_grads"],
+    }
+    concat = dict(shared, unsharded_params=units["block_unsharded"] * np.where(keep, k + 1, 1),
+                  unsharded_grads=2 * one["flat_grad_block"])
+    hook = dict(shared, unsharded_params=units["block_unsharded"] * np.where(keep, k, 0),
+                unsharded_grads=one["flat_grad_block"] + one["upcast_grad_block"],
+                reduce_scatter_buffers=one["rs_input_block"] + one["rs_output_block"])
+    return [{name: np.where(on, value, 0) for name, value in m.items()} for m in (concat, hook)]
+
+
+def _logits_bytes(c):
+    """(forward, backward) bytes of the logits and the loss: whole, or chunked cross-entropy's."""
+    logits_fw, logits_bw = logits_forward_bytes(c), logits_backward_bytes(c)
+    if np.any(c.ce_chunks > 0):  # only rows with chunked cross-entropy need its terms
+        chunked = c.ce_chunks > 0
+        logits_fw = np.where(chunked, chunked_logits_forward_bytes(c), logits_fw)
+        logits_bw = np.where(chunked, chunked_logits_backward_bytes(c), logits_bw)
+    return logits_fw, logits_bw
+
+
+def _engine_terms(c):
+    """DDP/DeepSpeed buffers alive in every moment (``common``), and inside a block (``in_block``):
+    bitsandbytes dequantizes a 4-bit weight inside its Linear's forward and backward only
+    (``autograd/_functions.py`` ``MatMul4Bit``: ``F.dequantize_4bit(B, quant_state)``, freed on
+    return): it exists in the moments inside a block, not at the loss (measured: QLoRA runs whose
+    peak is the logits' backward hold no dequantized weight, hf_stack_cpu.jsonl: +2.3 % before)."""
+    other = engine_buffers(c)
+    common = {name: other[name] for name in other if name != "qlora_dequant"}
+    return other, common, dict(common, qlora_dequant=other["qlora_dequant"])
+
+
+def _forward_moments(c, units, grads_held, common, in_block):
+    """The moments of the forward: inside the loss (every block's saved activations, the logits),
+    and, for FSDP and unwrapped runs, block 0's / block L-1's pre-forward and block L-1's own
+    forward (``_block_forward``)."""
+    keep = units["keep_unsharded"]
+    # blocks unsharded outside their own computation: none (full_shard) or all (SHARD_GRAD_OP)
+    blocks_held = np.where(keep, c.num_layers * units["block_unsharded"], 0)
+    saved = block_activation_bytes(c) + head_activation_bytes(c)
+    forward = dict(common, grads=grads_held, activations=saved, logits_and_loss=_logits_bytes(c)[0],
+                   unsharded_params=blocks_held, all_gather_buffers=units["all_gather_block"],
+                   root_unsharded=units["root_unsharded"])
+    moments = [forward]
+    if np.any(units["fsdp"] | (c.strategy == st.SINGLE)):  # block moments: FSDP and unwrapped runs
+        last = np.maximum(c.num_layers - 1, 0)
+        moments += [dict(common, **_block_forward(c, 0, units, grads_held, pre=True)),
+                    dict(common, **_block_forward(c, last, units, grads_held, pre=True)),
+                    dict(in_block, **_block_forward(c, last, units, grads_held, pre=False))]
+    return moments
+
+
+def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block):
+    """The moments of the backward: its start (the loss's backward), then inside block k's backward
+    for k in {0, 1, L-2, L-1} (every term is linear in k apart from the buffers at the ends), with
+    a checkpointed LoRA/QLoRA block's recomputation and FSDP1's gradient moments where they apply."""
+    L = c.num_layers
+    fsdp, keep = units["fsdp"], units["keep_unsharded"]
+    saved = block_activation_bytes(c) + head_activation_bytes(c)
+    blocks_held = np.where(keep, L * units["block_unsharded"], 0)
+    # FSDP1 prefetches the last block (BACKWARD_PRE) in the root's pre-backward hook, before the
+    # loss's backward runs (measured: tiny bf16 W=4/64 no AC, root + one block unsharded at the
+    # logits' backward; −6.5 % / −9.2 % before)
+    fsdp1_prefetch = np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & fsdp & ~keep & (L > 0), units["block_unsharded"], 0)
+    start = dict(common, grads=grads_held, activations=saved, logits_and_loss=_logits_bytes(c)[1],
+                 unsharded_params=blocks_held + fsdp1_prefetch,
+                 all_gather_buffers=np.where(keep, 0, units["all_gather_block"]), root_unsharded=units["root_unsharded"])
+    moments = [start]
+    if not np.any(fsdp | (c.strategy == st.SINGLE)):
+        return moments
+    ctx = _backward_context(c, states, n_g, grads_held)
+    peft_recompute = bool(np.any((c.method != st.FULL) & (ctx["n_ckpt"] > 0)))
+    # FSDP1's gradient moments have no buffer ending at L-2: linear in k from 1 to L-1
+    one = fsdp1_unit_buffers(c, n_p) if np.any(fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine)) else None
+    for which, k in enumerate((0, 1, L - 2, L - 1)):
+        kk = np.clip(k, 0, np.maximum(L - 1, 0))
+        moments.append(dict(in_block, **_block_backward(c, kk, ctx, units, grads_held)))
+        if peft_recompute:
+            moments.append(dict(common, **_block_backward(c, kk, ctx, units, grads_held, recompute=True)))
+        if one is not None and which != 2:
+            moments += [dict(common, **m) for m in _fsdp1_gradient_moments(c, kk, ctx, units, one, grads_held)]
+    return moments
+
+
+def _optimizer_step_moment(c, states, n_o):
+    """The optimizer step: every gradient and the optimizer's temporaries. Optimizer in backward:
+    no moment holds every gradient; each parameter's gradient is freed by its own step (torchtune
+    ``register_optim_in_bwd_hooks``), so the step moment holds one parameter's gradient (the
+    largest module's share) and its temporaries."""
+    one_grad = np.ceil(states["grads"] * np.minimum(c.largest_module_params / np.maximum(c.total_params, 1), 1.0))
+    return dict(grads=np.where(c.optimizer_in_backward, one_grad, states["grads"]).astype(np.int64),
+                optimizer_step_temporaries=optimizer_step_temporaries(c, n_o))
+
+
+def _with_accumulated_grads(moments, held):
+    """Gradient accumulation without sync (``no_sync`` / ``set_requires_gradient_sync(False)``):
+    the whole model's unsharded gradients (``comm.no_sync_grad_bytes``) are alive from the first
+    micro-batch's backward to the last one's reduction, so in every forward and backward moment;
+    reduced before the optimizer step. ASSUMPTION: counted on top of the sharded gradients held
+    across micro-batches, an upper bound by at most those (the planner's earlier count)."""
+    if not np.any(held):  # the default (sync every micro-batch) adds nothing
+        return moments
+    return [dict(m, unsharded_grads=m.get("unsharded_grads", 0) + held) for m in moments]
+
+
+def _peak(moments, first_bw, step, persistent, zero):
+    """Totals of the forward, backward and step moments (each the largest of its moments), the
+    moment that is the peak (``PEAK_MOMENTS``) and the index of the winning moment in ``moments``
+    (-1: the optimizer step). Every moment's total sums the same terms."""
+    def total(m):
+        return sum((m.get(name, 0) for name in ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)), zero) + persistent
+
+    totals = [total(m) for m in moments]
+    best_fw, fw_total = np.zeros_like(totals[0], dtype=np.int64), totals[0]
+    for i in range(1, first_bw):
+        best_fw = np.where(totals[i] > fw_total, i, best_fw)
+        fw_total = np.maximum(fw_total, totals[i])
+    best_bw, bw_total = np.zeros_like(totals[first_bw], dtype=np.int64) + first_bw, totals[first_bw]
+    for i in range(first_bw + 1, len(totals)):
+        best_bw = np.where(totals[i] > bw_total, i, best_bw)
+        bw_total = np.maximum(bw_total, totals[i])
+    step_total = total(step)
+    moment = np.where(fw_total > bw_total, FORWARD, BACKWARD)
+    moment = np.where(step_total > np.maximum(fw_total, bw_total), OPTIMIZER_STEP, moment).astype(np.int8)
+    which = np.where(moment == FORWARD, best_fw, np.where(moment == BACKWARD, best_bw, -1))
+    return dict(forward=fw_total + zero, backward=bw_total + zero, step=step_total + zero, moment=moment, which=which)
+
+
+def _term_at_peak(name, moments, step, peak, zero):
+    """One breakdown term at the peak moment."""
+    value = np.where(peak["moment"] == OPTIMIZER_STEP, step.get(name, 0), 0)
+    for i, m in enumerate(moments):
+        if name in m:
+            value = np.where(peak["which"] == i, m[name], value)
+    return np.asarray(value, dtype=np.int64) + zero
+
+
+def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):
+    """Reserved = allocated + FSDP's side-stream pools + fragmentation (allocator.py, measured on an
+    H100), the bytes outside torch (CUDA context, NCCL), the device total and the load peak.
+    bitsandbytes paged optimizer states (cudaMallocManaged, ``functional.get_paged``) are counted
+    as allocated on the device: the driver pages them to host RAM only under pressure."""
+    reserved = reserved_terms(c, peak_allocated, units, states["grads"], live, allocator, c.expandable_segments)
+    non_torch = non_torch_device_bytes(c.nccl_buffer_bytes, allocator.cuda_context_bytes)
+    device_total = reserved["peak_reserved_bytes"] + non_torch
+    load_peak = load_peak_allocated_bytes(c, n_p) + non_torch
+    return dict(
+        peak_reserved_bytes=reserved["peak_reserved_bytes"], stream_pool_bytes=reserved["stream_pool_bytes"],
+        fragmentation_bytes=reserved["fragmentation_bytes"], allocator_band_bytes=reserved["allocator_band_bytes"],
+        non_torch_bytes=np.broadcast_to(non_torch, peak_allocated.shape).astype(np.int64),
+        device_total_bytes=device_total,
+        load_peak_bytes=np.asarray(load_peak, dtype=np.int64) + np.zeros_like(peak_allocated),
+        gpu_memory_bytes=c.gpu_memory_bytes, headroom_bytes=c.gpu_memory_bytes - device_total,
+    )
+
+
+def _verdicts(c, out):
+    """Validity and the three capacity checks (device, load, host)."""
+    out["valid"] = (st.is_valid(c.strategy, c.engine) & valid_offload(c) & valid_method(c) & valid_stack_knobs(c)
+                    & st.valid_world_size(c.strategy, c.world_size))
+    out["fits_gpu"] = out["device_total_bytes"] <= c.gpu_memory_bytes
+    out["fits_load"] = out["load_peak_bytes"] <= c.gpu_memory_bytes
+    out["fits_host"] = out["host_bytes_per_node"] <= c.host_ram_bytes_per_node
+    out["fits"] = out["fits_gpu"] & out["fits_load"] & out["fits_host"] & out["valid"]
+    return out
 
 
 def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakdown=True):
@@ -241,143 +470,41 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
     ``optimizer_step_on_device``: count Adam's per-tensor ``step`` scalars in device memory (CPU
     runs, or fused/capturable Adam); torch's default on CUDA keeps them on the host.
     ``breakdown=False`` leaves out the per-term columns at the peak moment (sweeps that only want
-    totals); the totals are the same either way.
+    totals); the totals are the same either way. Gradient accumulation without sync
+    (``c.sync_every_micro_batch`` False) is counted here (``_with_accumulated_grads``).
     """
     states = model_states(c, optimizer_step_on_device=optimizer_step_on_device)
     n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
     units = fsdp_units(c, n_p)
-    fsdp = units["fsdp"]
-    keep = units["keep_unsharded"]
-    saved = block_activation_bytes(c) + head_activation_bytes(c)
-    other = engine_buffers(c)
-    step_temps = optimizer_step_temporaries(c, n_o)
-    L = c.num_layers
-
+    other, common, in_block = _engine_terms(c)
     persistent = states["params"] + states["grad_buckets"] + states["master_params"] + states["optimizer_states"]
     grads_held = np.where(c.grad_accum > 1, states["grads"], 0)
-    zero = np.zeros(np.broadcast(persistent, saved).shape, dtype=np.int64)
-    # blocks unsharded outside their own computation: none (full_shard) or all (SHARD_GRAD_OP)
-    blocks_held = np.where(keep, L * units["block_unsharded"], 0)
-    # bitsandbytes dequantizes a 4-bit weight inside its Linear's forward and backward only
-    # (``autograd/_functions.py`` ``MatMul4Bit``: ``F.dequantize_4bit(B, quant_state)``, freed on
-    # return): it exists in the moments inside a block, not at the loss (measured: QLoRA runs whose
-    # peak is the logits' backward hold no dequantized weight, hf_stack_cpu.jsonl: +2.3 % before)
-    common = {name: other[name] for name in other if name != "qlora_dequant"}
-    in_block = dict(common, qlora_dequant=other["qlora_dequant"])
-    logits_fw, logits_bw = logits_forward_bytes(c), logits_backward_bytes(c)
-    if np.any(c.ce_chunks > 0):  # only rows with chunked cross-entropy need its terms
-        chunked = c.ce_chunks > 0
-        logits_fw = np.where(chunked, chunked_logits_forward_bytes(c), logits_fw)
-        logits_bw = np.where(chunked, chunked_logits_backward_bytes(c), logits_bw)
-    forward = dict(common, grads=grads_held, activations=saved, logits_and_loss=logits_fw,
-                   unsharded_params=blocks_held, all_gather_buffers=units["all_gather_block"],
-                   root_unsharded=units["root_unsharded"])
-    # FSDP1 prefetches the last block (BACKWARD_PRE) in the root's pre-backward hook, before the
-    # loss's backward runs (measured: tiny bf16 W=4/64 no AC, root + one block unsharded at the
-    # logits' backward; −6.5 % / −9.2 % before)
-    fsdp1_prefetch = np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & fsdp & ~keep & (L > 0), units["block_unsharded"], 0)
-    start_bw = dict(common, grads=grads_held, activations=saved, logits_and_loss=logits_bw,
-                    unsharded_params=blocks_held + fsdp1_prefetch, all_gather_buffers=np.where(keep, 0, units["all_gather_block"]),
-                    root_unsharded=units["root_unsharded"])
-    moments = [forward, start_bw]
-    any_fsdp = bool(np.any(fsdp | (c.strategy == st.SINGLE)))  # block moments: FSDP and unwrapped runs
-    peft_recompute = bool(np.any((c.method != st.FULL) & (checkpointed_layers(c) > 0)))
-    last = np.maximum(L - 1, 0)
-    forward_moments = [forward]
-    if any_fsdp:
-        forward_moments += [dict(common, **_block_forward(c, 0, units, grads_held, pre=True)),
-                            dict(common, **_block_forward(c, last, units, grads_held, pre=True)),
-                            dict(in_block, **_block_forward(c, last, units, grads_held, pre=False))]
-    moments = forward_moments + [start_bw]
-    first_bw = len(forward_moments)
-    if any_fsdp:
-        for k in (0, 1, L - 2, L - 1):
-            kk = np.clip(k, 0, np.maximum(L - 1, 0))
-            moments.append(dict(in_block, **_block_backward(c, kk, states, units, n_g, grads_held)))
-            if peft_recompute:
-                moments.append(dict(common, **_block_backward(c, kk, states, units, n_g, grads_held, recompute=True)))
-    # optimizer in backward: no moment holds every gradient; each parameter's gradient is freed by
-    # its own step (torchtune ``register_optim_in_bwd_hooks``), so the step moment holds one
-    # parameter's gradient (the largest module's share) and its temporaries.
-    one_grad = np.ceil(states["grads"] * np.minimum(c.largest_module_params / np.maximum(c.total_params, 1), 1.0))
-    step = dict(grads=np.where(c.optimizer_in_backward, one_grad, states["grads"]).astype(np.int64),
-                optimizer_step_temporaries=step_temps)
-
-    def total(m):
-        return sum((m.get(name, 0) for name in ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)), zero) + persistent
-
-    totals = [total(m) for m in moments]
-    # the largest of the forward moments (in the loss, block pre-forward / inside a block's forward)
-    best_fw = np.zeros_like(totals[0], dtype=np.int64)
-    fw_total = totals[0]
-    for i in range(1, first_bw):
-        best_fw = np.where(totals[i] > fw_total, i, best_fw)
-        fw_total = np.maximum(fw_total, totals[i])
-    # the largest of the backward moments (start of backward, inside block k's backward)
-    best_bw = np.zeros_like(totals[first_bw], dtype=np.int64) + first_bw
-    bw_total = totals[first_bw]
-    for i in range(first_bw + 1, len(totals)):
-        better = totals[i] > bw_total
-        best_bw = np.where(better, i, best_bw)
-        bw_total = np.maximum(bw_total, totals[i])
-    step_total = total(step)
-    moment = np.where(fw_total > bw_total, FORWARD, BACKWARD)
-    moment = np.where(step_total > np.maximum(fw_total, bw_total), OPTIMIZER_STEP, moment).astype(np.int8)
-    which = np.where(moment == FORWARD, best_fw, np.where(moment == BACKWARD, best_bw, -1))
-
-    def at_peak(name):
-        value = np.where(moment == OPTIMIZER_STEP, step.get(name, 0), 0)
-        for i, m in enumerate(moments):
-            if name in m:
-                value = np.where(which == i, m[name], value)
-        return np.asarray(value, dtype=np.int64) + zero
+    forward = _forward_moments(c, units, grads_held, common, in_block)
+    backward = _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block)
+    moments = _with_accumulated_grads(forward + backward, no_sync_grad_bytes(c))
+    step = _optimizer_step_moment(c, states, n_o)
+    zero = np.zeros(np.broadcast(persistent, moments[0]["activations"]).shape, dtype=np.int64)
+    peak = _peak(moments, len(forward), step, persistent, zero)
 
     out = {name: states[name] for name in ("params", "grad_buckets", "master_params", "optimizer_states")}
+    at_peak = {name: _term_at_peak(name, moments, step, peak, zero) for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS
+               if breakdown or name in ("grads", "all_gather_buffers")}
     if breakdown:
-        for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS:
-            out[name] = at_peak(name)
-
-    # every moment's total sums the same terms, so the peak is the largest total
-    peak_allocated = np.maximum(np.maximum(fw_total, bw_total), step_total) + zero
-    # Reserved = allocated + FSDP's side-stream pools + fragmentation (allocator.py, measured on
-    # an H100). bitsandbytes paged optimizer states (cudaMallocManaged, ``functional.get_paged``)
-    # are counted as allocated on the device: the driver pages them to host RAM only under pressure.
-    allocator = allocator or default_allocator()
-    live = {name: out[name] if breakdown else at_peak(name) for name in ("grads", "all_gather_buffers")}
-    reserved = reserved_terms(c, peak_allocated, units, states["grads"], live, allocator, c.expandable_segments)
-    peak_reserved = reserved["peak_reserved_bytes"]
-    non_torch = non_torch_device_bytes(c.nccl_buffer_bytes, allocator.cuda_context_bytes)
-    device_total = peak_reserved + non_torch
-    load_peak = load_peak_allocated_bytes(c, n_p) + non_torch
+        out.update(at_peak)
+    peak_allocated = np.maximum(np.maximum(peak["forward"], peak["backward"]), peak["step"])
+    live = {name: at_peak[name] for name in ("grads", "all_gather_buffers")}
+    out.update(peak_allocated_bytes=peak_allocated,
+               **_device_totals(c, peak_allocated, units, states, live, allocator or default_allocator(), n_p))
     host_acts = offloaded_activation_bytes(c) if np.any(c.activation_offload) else 0
-    host = host_bytes_per_node(c, states["host_offloaded"] + host_acts)
     out.update(
-        peak_allocated_bytes=peak_allocated,
-        peak_reserved_bytes=peak_reserved,
-        stream_pool_bytes=reserved["stream_pool_bytes"],
-        fragmentation_bytes=reserved["fragmentation_bytes"],
-        allocator_band_bytes=reserved["allocator_band_bytes"],
-        non_torch_bytes=np.broadcast_to(non_torch, peak_allocated.shape).astype(np.int64),
-        device_total_bytes=device_total,
-        load_peak_bytes=np.asarray(load_peak, dtype=np.int64) + np.zeros_like(peak_allocated),
-        gpu_memory_bytes=c.gpu_memory_bytes,
-        headroom_bytes=c.gpu_memory_bytes - device_total,
         model_state_bytes=(persistent + step["grads"] + other["gathered_params"]),  # OIB: one gradient at a time
         host_offloaded_bytes_per_gpu=states["host_offloaded"] + host_acts,
-        host_bytes_per_node=host,
+        host_bytes_per_node=host_bytes_per_node(c, states["host_offloaded"] + host_acts),
         host_ram_bytes_per_node=c.host_ram_bytes_per_node,
-        forward_peak_bytes=fw_total + zero,
-        backward_peak_bytes=bw_total + zero,
-        optimizer_step_peak_bytes=step_total + zero,
-        peak_moment=moment,
-        valid=st.is_valid(c.strategy, c.engine) & valid_offload(c) & valid_method(c) & valid_stack_knobs(c)
-        & st.valid_world_size(c.strategy, c.world_size),
+        forward_peak_bytes=peak["forward"], backward_peak_bytes=peak["backward"],
+        optimizer_step_peak_bytes=peak["step"], peak_moment=peak["moment"],
     )
-    out["fits_gpu"] = device_total <= c.gpu_memory_bytes
-    out["fits_load"] = load_peak <= c.gpu_memory_bytes
-    out["fits_host"] = host <= c.host_ram_bytes_per_node
-    out["fits"] = out["fits_gpu"] & out["fits_load"] & out["fits_host"] & out["valid"]
-    return out
+    return _verdicts(c, out)
 
 
 def valid_stack_knobs(c):

@@ -399,8 +399,10 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
     return micro, compute
 
 
-def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=True, volume=None):
-    """Every time column for the configurations in ``c`` (Columns; see module docstring)."""
+def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=None, volume=None):
+    """Every time column for the configurations in ``c`` (Columns; see module docstring).
+    ``sync_every_micro_batch`` None: the configuration's column."""
+    sync_every_micro_batch = c.sync_every_micro_batch if sync_every_micro_batch is None else sync_every_micro_batch
     v = comm_volume(c, sync_every_micro_batch) if volume is None else volume
     t = comm_times(c, links, v)
     reduces = v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0

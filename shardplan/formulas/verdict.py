@@ -52,17 +52,17 @@ ADVICE = (
 PEAKS = ("training", "load")
 
 
-def class_bytes(m, extra_allocated_bytes=0) -> dict[str, np.ndarray]:
+def class_bytes(m) -> dict[str, np.ndarray]:
     """The bytes each relative error applies to, at the peak moment (``BASES``).
 
     ``m`` is ``estimate_memory``'s output with its breakdown. Engine buffers are the allocated
     peak minus model states and activations, so a term added to the breakdown later is counted
-    somewhere and the three add up to the allocated peak. ``extra_allocated_bytes``: device bytes
-    a caller adds on top of the memory model (the planner's no_sync gradients), counted as buffers.
+    somewhere and the three add up to the allocated peak (gradients held by accumulation without
+    sync are in ``unsharded_grads``, an engine buffer).
     """
     states = sum((np.asarray(m[t]) for t in STATE_TERMS), np.int64(0))
     acts = sum((np.asarray(m[t]) for t in ACTIVATION_TERMS), np.int64(0))
-    allocated = np.asarray(m["peak_allocated_bytes"]) + extra_allocated_bytes
+    allocated = np.asarray(m["peak_allocated_bytes"])
     return {"model_states": states, "activations": acts, "engine_buffers": allocated - states - acts,
             "peak_allocated": allocated,
             "allocator_slack": np.asarray(m["peak_reserved_bytes"]) - np.asarray(m["peak_allocated_bytes"]),
@@ -164,21 +164,19 @@ def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
     return verdict, undecided
 
 
-def judge(m, c=None, bands: AccuracyBands | None = None, *, device_total_bytes=None, extra_allocated_bytes=0,
-          per_class: bool = True, with_advice: bool = True) -> dict[str, np.ndarray]:
+def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = True,
+          with_advice: bool = True) -> dict[str, np.ndarray]:
     """Verdict columns for ``estimate_memory`` output ``m`` (with its breakdown) and the ``Columns``
     ``c`` it came from (read for the stack and the knobs the advice names; None: defaults).
 
-    ``device_total_bytes`` / ``extra_allocated_bytes``: a caller that adds device bytes to the
-    memory model's total (the planner's no_sync gradients) passes the new total and the addition.
-    Returns ``verdict`` (codes into ``VERDICTS``), ``band_bytes``, ``margin_bytes`` (capacity −
+    Every device byte is in ``m`` (no_sync gradients included: ``estimate_memory``). Returns ``verdict`` (codes into ``VERDICTS``), ``band_bytes``, ``margin_bytes`` (capacity −
     judged peak − band: the room left once the band is counted), ``judged_bytes``, ``judged_peak``
     (codes into ``PEAKS``), ``risk_term`` (codes into ``BAND_CLASSES``), ``advice`` (codes into
     ``ADVICE``; left out with ``with_advice=False``) and, with ``per_class``, ``band_<class>_bytes``.
     """
     bands = bands or load_bands()
-    total = np.asarray(m["device_total_bytes"] if device_total_bytes is None else device_total_bytes)
-    train_bases = class_bytes(m, extra_allocated_bytes)
+    total = np.asarray(m["device_total_bytes"])
+    train_bases = class_bytes(m)
     train, train_band = class_bands(train_bases, c, bands), band_bytes(train_bases, c, bands)
     capacity = np.asarray(m["gpu_memory_bytes"])
     if "load_peak_bytes" in m:

@@ -39,6 +39,8 @@ class TrainingConfig(BaseModel):
     micro_batch: PositiveInt = 1
     seq_len: PositiveInt = Field(1024, description="default: TRL SFTConfig.max_length (1024)")
     grad_accum: PositiveInt = 1
+    sync_every_micro_batch: bool = Field(True, description="reduce gradients every micro-batch (FSDP/DeepSpeed "
+                                         "default); False: no_sync, unsharded gradients held until the last")
     shard_group_size: PositiveInt | None = Field(None, description="HSDP shard group; default GPUs per node")
     attention: str = "sdpa"
     dropout: bool = False
@@ -216,6 +218,7 @@ class Columns:
     fused_dropout: np.ndarray        # CUDA native_dropout (1-byte mask); False: CPU's composite (mask in the input dtype)
     foreach_optimizer: np.ndarray    # foreach optimizer step (torch's CUDA default); False: per-tensor loop (CPU default)
     sdpa_fp32_gqa_math: np.ndarray   # fp32 + GQA sends SDPA to its math backend (CUDA); False: CPU's flash kernel
+    sync_every_micro_batch: np.ndarray  # gradients reduced every micro-batch; False: no_sync until the last (memory.py)
 
     @classmethod
     def build(cls, **values: Any) -> "Columns":
@@ -247,6 +250,7 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     # transformers, torchtitan's freqs_cis; CUDA's fused dropout; foreach AdamW)
     rope_shared_batch=True, fused_dropout=True, foreach_optimizer=True, sdpa_fp32_gqa_math=True,
     expandable_segments=False,  # the caching allocator's default (allocator.py)
+    sync_every_micro_batch=True,  # FSDP's and DeepSpeed's default: no no_sync / set_requires_gradient_sync(False)
 )
 
 
@@ -389,6 +393,7 @@ def knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
         offload=st.code(st.OFFLOADS, config.offload, "offload"),
         method=st.code(st.METHODS, config.method, "method"),
         micro_batch=config.micro_batch, seq_len=config.seq_len, grad_accum=config.grad_accum,
+        sync_every_micro_batch=config.sync_every_micro_batch,
         shard_group_size=config.shard_group_size or cluster.gpus_per_node,
         attention=st.code(st.ATTENTIONS, config.attention, "attention"),
         dropout=config.dropout, expandable_segments=config.expandable_segments,

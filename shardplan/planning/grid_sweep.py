@@ -91,13 +91,13 @@ INTEGER_KNOBS = ("ac_every_k", "micro_batch", "seq_len", "grad_accum")
 # Axis order of the product (the last varies fastest) and the DataFrame column each axis fills.
 AXES = ("models", "gpus", "nodes", "gpu_counts", "engines", "strategies", "method", "lora_rank", "lora_targets",
         "precision", "optimizer", "offload", "ac", "ac_every_k", "micro_batch", "seq_len", "grad_accum",
-        "shard_group_size", "attention", "dropout", "reduce_dtype", "stack") + STACK_KNOB_AXES
+        "shard_group_size", "attention", "dropout", "reduce_dtype", "stack") + STACK_KNOB_AXES + ("sync_every_micro_batch",)
 AXIS_COLUMN = {**{k: k for k in STACK_KNOB_AXES}, "stack": "stack", "models": "model", "gpus": "gpu", "nodes": "nodes", "gpu_counts": "world_size", "engines": "engine",
                "strategies": "strategy", "method": "method", "lora_rank": "lora_rank", "lora_targets": "lora_targets",
                "precision": "precision", "optimizer": "optimizer", "offload": "offload", "ac": "ac",
                "ac_every_k": "ac_every_k", "micro_batch": "micro_batch", "seq_len": "seq_len",
                "grad_accum": "grad_accum", "shard_group_size": "shard_group_size", "attention": "attention",
-               "dropout": "dropout", "reduce_dtype": "reduce_dtype"}
+               "dropout": "dropout", "reduce_dtype": "reduce_dtype", "sync_every_micro_batch": "sync_every_micro_batch"}
 LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS) + ("reduce_dtype", "quant_format", "load_mode")
 
 MEMORY_COLUMNS = BREAKDOWN_TERMS + (
@@ -314,6 +314,11 @@ def _plan(args: dict[str, Any], link_options: dict[str, Any], max_configurations
         else:
             flags = _dedupe(bool(v) for v in _as_list(raw))
             axes[arg] = _Axis(arg, tuple(flags), np.asarray(flags, dtype=bool))
+    if args["sync_every_micro_batch"] is None:  # every micro-batch, the engines' default; no label column
+        axes["sync_every_micro_batch"] = _Axis("sync_every_micro_batch", (None,), np.asarray([True]))
+    else:
+        flags = _dedupe(bool(v) for v in _as_list(args["sync_every_micro_batch"]))
+        axes["sync_every_micro_batch"] = _Axis("sync_every_micro_batch", tuple(flags), np.asarray(flags, dtype=bool))
     groups = args["shard_group_size"]
     if groups is None:
         axes["shard_group_size"] = _Axis("shard_group_size", (None,), np.asarray([0]))
@@ -443,7 +448,7 @@ def _chunk_columns(plan: _Plan, ix: dict[str, Any]) -> tuple[Columns, dict[str, 
     values.update({f: plan.cluster_table[f][cl] for f in CLUSTER_FIELDS})
     for arg, (field, _) in CATEGORICAL_KNOBS.items():
         values[field] = plan.axis(arg).codes[ix[arg]]
-    for arg in INTEGER_KNOBS + ("dropout",):
+    for arg in INTEGER_KNOBS + ("dropout", "sync_every_micro_batch"):
         values[arg] = plan.axis(arg).codes[ix[arg]]
     if plan.axis("shard_group_size").labels == (None,):
         values["shard_group_size"] = values["gpus_per_node"]
@@ -477,7 +482,7 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
                      bands: AccuracyBands | None = None) -> dict[str, Any]:
     """Every column the library computes for ``c``: ``memory.estimate_memory``, the verdict
     (``shardplan.formulas.verdict``), then ``comm.comm_volume`` and ``throughput.step_time`` (gradients
-    synchronised every micro-batch, the engines' default) when a wanted column needs them (``want``
+    synchronised as the ``sync_every_micro_batch`` column says) when a wanted column needs them (``want``
     None: everything). ``fits`` and ``verdict`` are the verdict's rule (peak + band under capacity).
 
     The band's exact bytes need the per-term breakdown at the peak; when only ``fits`` / ``verdict``
@@ -624,6 +629,7 @@ def sweep(
     quant_format: Any = None,
     load_mode: Any = None,
     checkpoint_wrapper: Any = None,
+    sync_every_micro_batch: Any = None,
     intra_link: str | None = None,
     inter_link: str | None = None,
     host_ram: str | int | None = None,
@@ -650,7 +656,9 @@ def sweep(
     ``progress`` None: a stderr bar when stderr is a terminal and the sweep is big. ``bands``: the
     verdict's band data (default the built-in ``accuracy_bands.json``; ``load_bands().with_overlay``
     for a calibration's). ``fits`` / ``verdict`` are the verdict's (peak + band under capacity);
-    ``band_bytes``, ``margin_bytes``, ``risk_term`` by name or with "all".
+    ``band_bytes``, ``margin_bytes``, ``risk_term`` by name or with "all". ``sync_every_micro_batch``
+    None: gradients reduced every micro-batch (the engines' default); False (or [True, False]) holds
+    the unsharded gradients until the last micro-batch (no_sync), counted in the memory columns.
     ``max_configurations`` (default ``limits.MAX_SWEEP_CONFIGURATIONS``, 10^7): the DataFrame is held
     in memory (~765 B a row with all columns), so a larger product is refused before anything is
     evaluated, naming its count; pass a larger value to allow it. Each axis holds at most
@@ -665,7 +673,7 @@ def sweep(
                 activation_offload=activation_offload, fp32_master=fp32_master, paged_optimizer=paged_optimizer,
                 lora_dropout=lora_dropout, reentrant_checkpointing=reentrant_checkpointing,
                 quant_state_sharded=quant_state_sharded, quant_format=quant_format, load_mode=load_mode,
-                checkpoint_wrapper=checkpoint_wrapper)
+                checkpoint_wrapper=checkpoint_wrapper, sync_every_micro_batch=sync_every_micro_batch)
     from shardplan.support.limits import checked_int
 
     link_options = dict(intra_link=intra_link, inter_link=inter_link,
@@ -680,7 +688,7 @@ def sweep(
     bar = _Progress(total, show)
 
     label_cols = [AXIS_COLUMN[a] for a in AXES
-                  if not (a == "nodes" or (a in ("shard_group_size", "reduce_dtype") + STACK_KNOB_AXES
+                  if not (a == "nodes" or (a in ("shard_group_size", "reduce_dtype", "sync_every_micro_batch") + STACK_KNOB_AXES
                                            and plan.axis(a).labels == (None,)))]
     store: dict[str, np.ndarray | list] = {}
     names: list[str] | None = None

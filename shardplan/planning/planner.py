@@ -275,7 +275,7 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
 def _grid_for(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Workload, arr: np.ndarray) -> Columns:
     knobs = knob_values(base.model_copy(update={"seq_len": workload.seq_len}), cluster)
     knobs.update(strategy=arr[:, 0], engine=arr[:, 1], ac=arr[:, 2], offload=arr[:, 3], micro_batch=arr[:, 4],
-                 grad_accum=arr[:, 5], shard_group_size=arr[:, 6])
+                 grad_accum=arr[:, 5], shard_group_size=arr[:, 6], sync_every_micro_batch=arr[:, 7].astype(bool))
     if base.reduce_dtype is None:  # the engine's own default (DeepSpeed reduces in 16-bit)
         knobs["reduce_dtype"] = st.resolve_reduce_dtype(None, knobs["precision"], arr[:, 1])
     return Columns.build(**model_values(spec, base.lora_rank, base.lora_targets), **cluster_values(cluster), **knobs)
@@ -299,16 +299,14 @@ def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
                   bands: AccuracyBands | None = None) -> dict[str, np.ndarray]:
     """Memory, communication and time for every row, each computed once over the whole grid.
     ``fits`` is the verdict's (peak + band under capacity; shardplan/formulas/verdict.py), the no_sync
-    gradients counted in the peak; tokens/s carries its band (``*_low`` / ``*_high``)."""
+    gradients counted in the peak by ``estimate_memory``; tokens/s carries its band (``*_low`` / ``*_high``)."""
     links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
     with quiet_numpy():  # overflowed rows are judged by the guard, never shown as warnings
         m = estimate_memory(c)
         v = comm_volume(c, sync)
         t = step_time(c, links, rates, sync, volume=v)
-        device_total = m["device_total_bytes"] + v["no_sync_grad_bytes"]
-        verdict = judge(m, c, bands, device_total_bytes=device_total, extra_allocated_bytes=v["no_sync_grad_bytes"])
-    out = {**m, **v, **t, **verdict, "device_total_bytes": device_total,
-           "headroom_bytes": c.gpu_memory_bytes - device_total, "fits": verdict["verdict"] == FITS,
+        verdict = judge(m, c, bands)
+    out = {**m, **v, **t, **verdict, "fits": verdict["verdict"] == FITS,
            "calibrated": np.asarray(links.calibrated or rates.calibrated)}
     overflow = bad_results(c, out)  # an overflowed row is not a candidate (overflow.py)
     out["overflow"] = overflow
