@@ -188,7 +188,7 @@ def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calib
                 bands: AccuracyBands | None = None) -> dict[str, float]:
     """Step time, tokens/s and MFU of one configuration (the planner's vectorized path, one row),
     with tokens/s's band (``tokens_per_s_low/high``, ``tokens_per_s_per_gpu_low/high``)."""
-    from shardplan.planning.planner import evaluate_grid  # the time model is only needed when a batch is given
+    from shardplan.planning.evaluate import evaluate_grid  # the time model is only needed when a batch is given
 
     c = _columns(spec, cluster, config)
     r = evaluate_grid(c, True, cluster, calibration, bands)

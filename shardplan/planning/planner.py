@@ -17,18 +17,19 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from shardplan.inputs import strategy as st
-from shardplan.formulas.comm import COLLECTIVES, comm_volume, link_rates
+from shardplan.formulas.comm import COLLECTIVES
 from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.support.errors import ShardplanError
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.support.limits import INT64_SAFE, MAX_DIVISOR_TRIALS, MAX_PLAN_CONFIGURATIONS, approx_bytes, bounded_int
-from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.formulas.memory import BREAKDOWN_TERMS
 from shardplan.inputs.model import ModelSpec
-from shardplan.support.overflow import OVERFLOW_NOTE, bad_results, check_one, quiet_numpy
+from shardplan.support.overflow import OVERFLOW_NOTE, check_one
 from shardplan.inputs.stacks import stack_label
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
-from shardplan.formulas.throughput import compute_rates, step_time, training_cost
-from shardplan.formulas.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge, throughput_band
+from shardplan.formulas.throughput import training_cost
+from shardplan.formulas.verdict import ADVICE, TIGHT, VERDICTS
+from shardplan.planning.evaluate import evaluate_grid
 
 PLAN_AC = ("none", "selective", "full")
 PLAN_OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -290,31 +291,6 @@ def build_grid(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload
     c = parts[0] if len(parts) == 1 else Columns(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
                                                     for f in fields(Columns)})
     return c, {"sync_every_micro_batch": np.tile(arr[:, 7].astype(bool), len(parts))}
-
-
-def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
-                  bands: AccuracyBands | None = None) -> dict[str, np.ndarray]:
-    """Memory, communication and time for every row, each computed once over the whole grid.
-    ``fits`` is the verdict's (peak + band under capacity; shardplan/formulas/verdict.py), the no_sync
-    gradients counted in the peak; tokens/s carries its band (``*_low`` / ``*_high``)."""
-    links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
-    with quiet_numpy():  # overflowed rows are judged by the guard, never shown as warnings
-        m = estimate_memory(c)
-        v = comm_volume(c, sync)
-        t = step_time(c, links, rates, sync, volume=v)
-        device_total = m["device_total_bytes"] + v["no_sync_grad_bytes"]
-        verdict = judge(m, c, bands, device_total_bytes=device_total, extra_allocated_bytes=v["no_sync_grad_bytes"])
-    out = {**m, **v, **t, **verdict, "device_total_bytes": device_total,
-           "headroom_bytes": c.gpu_memory_bytes - device_total, "fits": verdict["verdict"] == FITS,
-           "calibrated": np.asarray(links.calibrated or rates.calibrated)}
-    overflow = bad_results(c, out)  # an overflowed row is not a candidate (overflow.py)
-    out["overflow"] = overflow
-    out["valid"] = out["valid"] & ~overflow
-    out["fits"] = out["fits"] & ~overflow
-    out["verdict"] = np.where(overflow, DOES_NOT_FIT, out["verdict"]).astype(np.asarray(out["verdict"]).dtype)
-    for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
-        out[f"{name}_low"], out[f"{name}_high"] = throughput_band(t[name], bands)
-    return out
 
 
 def _why(i: int, r: dict, c: Columns, order: np.ndarray, pos: int) -> list[str]:
