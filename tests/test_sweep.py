@@ -198,7 +198,7 @@ def test_pareto_front():
 
 
 def test_minimum_gpus_matches_fit_minimum_gpus():
-    from shardplan.planning.fit import minimum_gpus as fit_minimum
+    from shardplan.planning.fit import fewest_gpus_that_fit as fit_minimum
 
     counts = [1, 2, 4, 8, 16, 32, 64, 128]
     df = sweep(models=["llama-3.1-8b", "llama-3.1-70b"], gpus="a100-80gb", gpu_counts=counts,
