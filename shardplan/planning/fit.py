@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Sequence
 
 import numpy as np
@@ -156,6 +157,7 @@ def _fit_result(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, scala
     """One row of the memory model and its verdict as the ``FitResult`` record."""
     from shardplan.inputs.stacks import stack_label
 
+    model = cached_model_values(spec, config.lora_rank, config.lora_targets)  # spec.total_params walks every block
     if not scalar["valid"]:
         notes.append(f"{config.strategy} with engine {config.engine}, offload {config.offload}, "
                      f"method {config.method} is not a combination the framework offers")
@@ -168,9 +170,8 @@ def _fit_result(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, scala
         valid=bool(scalar["valid"]), strategy=config.strategy, engine=config.engine,
         stack=stack_label(config.stack), fits_load=bool(scalar["fits_load"]),
         config=config.model_dump(),
-        model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
-               "trainable_params": int(spec.total_params if config.method == "full"
-                                       else cached_model_values(spec, config.lora_rank, config.lora_targets)["lora_params"])},
+        model={"name": spec.name, "display_name": spec.display_name, "params": model["total_params"],
+               "trainable_params": int(model["total_params"] if config.method == "full" else model["lora_params"])},
         gpu={"name": cluster.gpu.name, "memory_bytes": cluster.gpu.memory_bytes, "capacity_only": cluster.capacity_only},
         cluster={"label": cluster.label, "world_size": cluster.world_size, "gpus_per_node": cluster.gpus_per_node,
                  "nodes": cluster.nodes, "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name},
@@ -231,20 +232,36 @@ def _with(config: TrainingConfig, **changes: Any) -> TrainingConfig:
 def fewest_gpus_that_fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limit: int = 4096,
                          allocator=None, bands: AccuracyBands | None = None) -> int | None:
     """Smallest GPU count (same GPU, same node size, whole nodes beyond one) at which one
-    configuration fits (the verdict's rule: peak + band under capacity); None up to ``limit``.
-    Every count is a row of one evaluation."""
+    configuration fits (the verdict's rule: peak + band under capacity); None up to ``limit``."""
+    return _fewest_gpus_of(spec, cluster, [config], limit, allocator, bands)[0]
+
+
+def _gpu_counts(cluster: Cluster, limit: int) -> np.ndarray:
+    """The GPU counts tried: 1, 2, 4, 8 within a node, then whole nodes up to ``limit``."""
     counts = [n for n in (1, 2, 4, 8) if n <= cluster.gpus_per_node] if cluster.gpus_per_node < 8 else [1, 2, 4, 8]
     counts += [cluster.gpus_per_node * k for k in range(1, limit // cluster.gpus_per_node + 1)]
-    counts = sorted(set(c for c in counts if c <= limit))
-    world = np.array(counts)
+    return np.array(sorted(set(c for c in counts if c <= limit)))
+
+
+def _fewest_gpus_of(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], limit: int = 4096,
+                    allocator=None, bands: AccuracyBands | None = None) -> list[int | None]:
+    """``fewest_gpus_that_fit`` of several configurations: every (configuration, count) is a row
+    of one evaluation."""
+    if not configs:
+        return []
+    world = _gpu_counts(cluster, limit)
     per_node = np.minimum(world, cluster.gpus_per_node)
-    knobs = knob_values(config, cluster)
-    knobs["shard_group_size"] = np.minimum(knobs["shard_group_size"], world)
-    values = {**cluster_values(cluster), "world_size": world, "gpus_per_node": per_node}
-    c = Columns.build(**cached_model_values(spec, config.lora_rank, config.lora_targets), **values, **knobs)
+    parts = []
+    for config in configs:
+        knobs = knob_values(config, cluster)
+        knobs["shard_group_size"] = np.minimum(knobs["shard_group_size"], world)
+        values = {**cluster_values(cluster), "world_size": world, "gpus_per_node": per_node}
+        parts.append(Columns.build(**cached_model_values(spec, config.lora_rank, config.lora_targets), **values,
+                                   **knobs))
+    c = Columns(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Columns)})
     _, judged, overflow = memory_verdict(c, allocator, bands, per_class=False)
-    fitting = world[(judged["verdict"] == 0) & ~overflow]
-    return int(fitting[0]) if fitting.size else None
+    fits = ((judged["verdict"] == 0) & ~overflow).reshape(len(parts), world.size)
+    return [int(world[row][0]) if row.any() else None for row in fits]
 
 
 def minimum_gpus(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limit: int = 4096,
@@ -321,28 +338,26 @@ def _tried(spec: ModelSpec, changes: list[tuple[str, Cluster, TrainingConfig]], 
             for (change, cluster, candidate), r in zip(changes, evaluated)]
 
 
-def _more_gpus(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
-               bands: AccuracyBands | None = None) -> list[tuple[str, Cluster, TrainingConfig]]:
-    """The fewest GPUs at which the same settings (else the same with checkpointing) fit, as a change."""
-    gpu_changes = [("same settings", config)]
-    if config.ac != "full":
-        gpu_changes.append(("with activation checkpointing", _with(config, ac="full")))
-    for label, candidate in gpu_changes:
-        need = fewest_gpus_that_fit(spec, cluster, candidate, allocator=allocator, bands=bands)
-        if need is not None and need != cluster.world_size:
-            bigger = cluster.model_copy(update={"gpus_per_node": min(need, cluster.gpus_per_node),
-                                                "nodes": max(1, need // cluster.gpus_per_node)})
-            return [(f"{need} GPUs instead of {cluster.world_size} ({label})", bigger, candidate)]
-    return []
-
-
-def _changes(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
-             bands: AccuracyBands | None = None) -> list[tuple[str, Cluster, TrainingConfig]]:
-    """The alternatives' (label, cluster, config), cheapest first."""
-    changes = [(label, cluster, candidate) for label, candidate in _same_training_changes(config)]
-    changes += _more_gpus(spec, cluster, config, allocator, bands)
-    changes += [(label, cluster, candidate) for label, candidate in _method_changes(config, cluster)]
-    return changes
+def _more_gpus_of(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], allocator=None,
+                  bands: AccuracyBands | None = None) -> list[list[tuple[str, Cluster, TrainingConfig]]]:
+    """Per configuration, the fewest GPUs at which the same settings (else the same with
+    checkpointing) fit, as a change (none when that is the cluster's own count); one evaluation."""
+    tries = [[("same settings", config)] + ([("with activation checkpointing", _with(config, ac="full"))]
+                                            if config.ac != "full" else []) for config in configs]
+    needs = iter(_fewest_gpus_of(spec, cluster, [candidate for t in tries for _, candidate in t],
+                                 allocator=allocator, bands=bands))
+    out = []
+    for t in tries:
+        found = [(label, candidate, next(needs)) for label, candidate in t]
+        changes = []
+        for label, candidate, need in found:
+            if need is not None and need != cluster.world_size:
+                bigger = cluster.model_copy(update={"gpus_per_node": min(need, cluster.gpus_per_node),
+                                                    "nodes": max(1, need // cluster.gpus_per_node)})
+                changes = [(f"{need} GPUs instead of {cluster.world_size} ({label})", bigger, candidate)]
+                break
+        out.append(changes)
+    return out
 
 
 def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
@@ -355,8 +370,12 @@ def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allo
 
 def _alternatives_of(spec: ModelSpec, cluster: Cluster, configs: list[TrainingConfig], allocator=None,
                      bands: AccuracyBands | None = None) -> list[list[Alternative]]:
-    """``alternatives`` of several configurations, every change of all of them one evaluation."""
-    per_config = [_changes(spec, cluster, config, allocator, bands) for config in configs]
+    """``alternatives`` of several configurations: every change of all of them is a row of one
+    evaluation (the GPU-count search one more)."""
+    more = _more_gpus_of(spec, cluster, configs, allocator, bands)
+    per_config = [[(label, cluster, candidate) for label, candidate in _same_training_changes(config)] + gpus
+                  + [(label, cluster, candidate) for label, candidate in _method_changes(config, cluster)]
+                  for config, gpus in zip(configs, more)]
     tried = iter(_tried(spec, [change for changes in per_config for change in changes], allocator, bands))
     return [[a for a in (next(tried) for _ in changes) if a is not None] for changes in per_config]
 
