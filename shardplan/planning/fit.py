@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from shardplan.inputs import contradictions
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values
+from shardplan.inputs.config import Columns, TrainingConfig, knob_values
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
@@ -245,22 +245,19 @@ def _gpu_counts(cluster: Cluster, limit: int) -> np.ndarray:
 
 def _fewest_gpus_of(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], limit: int = 4096,
                     allocator=None, bands: AccuracyBands | None = None) -> list[int | None]:
-    """``fewest_gpus_that_fit`` of several configurations: every (configuration, count) is a row
-    of one evaluation."""
+    """``fewest_gpus_that_fit`` of several configurations in one evaluation: the configurations
+    are a column axis and the GPU counts a row axis, each field shaped only along the axis it
+    varies with (as the sweep lays its product out), so numpy works at the size each needs."""
     if not configs:
         return []
     world = _gpu_counts(cluster, limit)
-    per_node = np.minimum(world, cluster.gpus_per_node)
-    parts = []
-    for config in configs:
-        knobs = knob_values(config, cluster)
-        knobs["shard_group_size"] = np.minimum(knobs["shard_group_size"], world)
-        values = {**cluster_values(cluster), "world_size": world, "gpus_per_node": per_node}
-        parts.append(Columns.build(**cached_model_values(spec, config.lora_rank, config.lora_targets), **values,
-                                   **knobs))
-    c = Columns(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Columns)})
-    _, judged, overflow = memory_verdict(c, allocator, bands, per_class=False)
-    fits = ((judged["verdict"] == 0) & ~overflow).reshape(len(parts), world.size)
+    rows = [Columns.build(**query_values(spec, cluster, config)) for config in configs]
+    c = {f.name: np.array([getattr(r, f.name) for r in rows]).reshape(-1, 1) for f in fields(Columns)}
+    c["world_size"] = world.reshape(1, -1)
+    c["gpus_per_node"] = np.minimum(world, cluster.gpus_per_node).reshape(1, -1)
+    c["shard_group_size"] = np.minimum(c["shard_group_size"], c["world_size"])
+    _, judged, overflow = memory_verdict(Columns(**c), allocator, bands, per_class=False)
+    fits = np.broadcast_to((judged["verdict"] == 0) & ~overflow, (len(configs), world.size))
     return [int(world[row][0]) if row.any() else None for row in fits]
 
 
