@@ -15,7 +15,8 @@ from shardplan.planning.fit import evaluate
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.formulas.memory import BREAKDOWN_TERMS
 from shardplan.inputs.models import get_model
-from shardplan.planning.grid_sweep import minimum_gpus, pareto, sweep
+from shardplan.planning.grid_sweep import sweep
+from shardplan.planning.sweep_analysis import fewest_gpus_per_group as minimum_gpus, pareto
 
 GRID = dict(
     models=["gpt2", "llama-3.1-8b", "mixtral-8x7b", "llama-3.1-70b", "deepseek-v2-lite"],

@@ -41,6 +41,6 @@ class StderrBar:
         sys.stderr.flush()
 
 
-def progress_bar(flag: bool | None) -> StderrBar | None:
-    """The ``--progress/--no-progress`` flag as the sweep's progress callback (None: no bar)."""
-    return None if flag is False else StderrBar(flag)
+def progress_bar(flag: bool | None) -> StderrBar | bool:
+    """The ``--progress/--no-progress`` flag as ``sweep``'s ``progress`` (False: no bar)."""
+    return False if flag is False else StderrBar(flag)
