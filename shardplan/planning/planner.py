@@ -425,22 +425,7 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     tight_order = tight_rows[np.lexsort((-r["margin_bytes"][tight_rows], -r["tokens_per_s"][tight_rows]))]
     tight = [_plan_entry(i, 0, r, c, sync, cluster, _tight_why(i, r, c), train_tokens, price_per_gpu_hour, bases)
              for i in _best_per_family(tight_order, c, top)]
-    rejected = rejected_families(c, r)
-    explanation = ""
-    if not plans:
-        smallest = int(np.argmin(np.where(r["valid"], r["device_total_bytes"], np.iinfo(np.int64).max)))
-        term = max(BREAKDOWN_TERMS, key=lambda t: int(r[t][smallest]))
-        band = (f" ± {int(r['band_bytes'][smallest]) / 2**30:,.1f} GiB band" if tight else "")
-        explanation = (f"nothing fits{' once its error band is counted' if tight else ''}: of {c.shape[0]:,} candidates "
-                       f"the smallest footprint "
-                       f"({_name(c.strategy, st.STRATEGIES, smallest)}/{_name(c.engine, st.ENGINES, smallest)}, AC "
-                       f"{_name(c.ac, st.AC_MODES, smallest)}, offload {_name(c.offload, st.OFFLOADS, smallest)}, "
-                       f"micro-batch {int(c.micro_batch[smallest])}) needs {int(r['device_total_bytes'][smallest]) / 2**30:,.1f} GiB"
-                       f"{band} per GPU of {cluster.gpu.memory_bytes / 2**30:,.1f} GiB"
-                       + ("" if bool(r["fits_host"][smallest]) else
-                          f" and {int(r['host_bytes_per_node'][smallest]) / 2**30:,.0f} GiB host RAM per node")
-                       + f"; its largest term is {term} ({int(r[term][smallest]) / 2**30:,.1f} GiB). "
-                       f"Try more GPUs, LoRA/QLoRA, or a shorter sequence (`shardplan fit` lists alternatives).")
+    explanation = "" if plans else _nothing_fits(c, r, cluster, bool(tight))
     return PlanResult(
         model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
                "block_class": spec.block_class, "hf_id": next((a for a in spec.aliases if "/" in a), None)},
@@ -448,10 +433,27 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
                  "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name, "nodes": cluster.nodes,
                  "gpus_per_node": cluster.gpus_per_node},
         workload=workload, candidates=int(c.shape[0]), fitting=int(fitting.size), plans=plans,
-        tight_count=int(tight_rows.size), tight=tight, rejected=rejected,
+        tight_count=int(tight_rows.size), tight=tight, rejected=rejected_families(c, r),
         calibrated=bool(r["calibrated"]), explanation=explanation, notes=list(notes or []) + workload.notes,
         stack=stack_label(base.stack), methods=[st.METHODS[m] for m in sorted(bases)],
     )
+
+
+def _nothing_fits(c: Columns, r: dict, cluster: Cluster, tight: bool) -> str:
+    """Why no candidate fits: the smallest footprint, its largest term, and what to try."""
+    smallest = int(np.argmin(np.where(r["valid"], r["device_total_bytes"], np.iinfo(np.int64).max)))
+    term = max(BREAKDOWN_TERMS, key=lambda t: int(r[t][smallest]))
+    band = (f" ± {int(r['band_bytes'][smallest]) / 2**30:,.1f} GiB band" if tight else "")
+    return (f"nothing fits{' once its error band is counted' if tight else ''}: of {c.shape[0]:,} candidates "
+            f"the smallest footprint "
+            f"({_name(c.strategy, st.STRATEGIES, smallest)}/{_name(c.engine, st.ENGINES, smallest)}, AC "
+            f"{_name(c.ac, st.AC_MODES, smallest)}, offload {_name(c.offload, st.OFFLOADS, smallest)}, "
+            f"micro-batch {int(c.micro_batch[smallest])}) needs {int(r['device_total_bytes'][smallest]) / 2**30:,.1f} GiB"
+            f"{band} per GPU of {cluster.gpu.memory_bytes / 2**30:,.1f} GiB"
+            + ("" if bool(r["fits_host"][smallest]) else
+               f" and {int(r['host_bytes_per_node'][smallest]) / 2**30:,.0f} GiB host RAM per node")
+            + f"; its largest term is {term} ({int(r[term][smallest]) / 2**30:,.1f} GiB). "
+            f"Try more GPUs, LoRA/QLoRA, or a shorter sequence (`shardplan fit` lists alternatives).")
 
 
 def rejected_families(c: Columns, r: dict) -> list[Rejected]:
