@@ -116,7 +116,7 @@ def _model_and_cluster(args: dict, parsed):
 def _with_global_batch(config, cluster, global_batch_tokens: str, notes: list[str]):
     """The config with the accumulation a global batch implies (--global-batch-tokens asks for time)."""
     from shardplan.inputs.units import parse_count
-    from shardplan.planning.planner import resolve_workload
+    from shardplan.planning.workload import resolve_workload
     from shardplan.support.limits import INT_RANGES
 
     # (the context check is noted already)

@@ -131,7 +131,8 @@ def _rules_and_workload(args: dict, resolved, cluster, base):
     """The contradiction rules' notes (errors raise) and the global batch as a workload."""
     from shardplan.inputs import contradictions
     from shardplan.inputs.units import parse_count
-    from shardplan.planning.planner import SEARCHED_KNOBS, resolve_workload
+    from shardplan.planning.planner import SEARCHED_KNOBS
+    from shardplan.planning.workload import resolve_workload
 
     rule_notes = contradictions.check(base, cluster, resolved.spec,  # what the search varies, its validity decides
                                       searched={k for k in (*SEARCHED_KNOBS, "method") if k not in base.model_fields_set})
