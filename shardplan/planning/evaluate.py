@@ -96,6 +96,12 @@ def take_row(c: Columns, i: int) -> Columns:
     return Columns(**{f.name: getattr(c, f.name)[i] for f in fields(Columns)})
 
 
+def row_of(columns: dict[str, Any], i: int, shape: tuple[int, ...]) -> dict[str, Any]:
+    """Element ``i`` of every column of a result over rows of ``shape`` (a column that does not
+    vary, e.g. a term that is 0 for every row, broadcast first), as Python scalars."""
+    return {k: np.broadcast_to(np.asarray(v), shape)[i].item() for k, v in columns.items()}
+
+
 def memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = None,
                    per_class: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray], np.ndarray]:
     """``estimate_memory``, the verdict (``verdict.judge``: peak + band under capacity) and the

@@ -22,7 +22,7 @@ from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
-from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values,
+from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values, row_of,
                                          stack_queries, take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, throughput_band
 
@@ -142,13 +142,13 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConf
         resolved.append(resolve_stack(config, cluster.world_size))
     c = stack_queries([query_values(spec, q[0], config) for q, config in zip(queries, resolved)])
     m, judged, overflow = memory_verdict(c, allocator, bands)
+    overflow = np.broadcast_to(overflow, c.shape)
     results = []
     for i, ((cluster, _, notes), config) in enumerate(zip(queries, resolved)):
+        row = row_of(m, i, c.shape)
         if overflow[i]:
-            check_one(take_row(c, i), {k: v[i] for k, v in m.items()}, config)  # an error, never a verdict
-        row = {k: v[i].item() for k, v in m.items()}
-        verdict = {k: v[i].item() for k, v in judged.items()}
-        results.append(_fit_result(spec, cluster, config, row, verdict, list(notes or [])))
+            check_one(take_row(c, i), row, config)  # an overflowed result is an error, never a verdict
+        results.append(_fit_result(spec, cluster, config, row, row_of(judged, i, c.shape), list(notes or [])))
     return results
 
 
