@@ -4,6 +4,7 @@ against the same configurations evaluated one at a time through the scalar path.
     python benchmarks/sweep_speed.py                 # the ~10^7 grid, both column sets, 2,000-config scalar sample
     python benchmarks/sweep_speed.py --quick         # a ~10^6 grid (CI smoke run)
     python benchmarks/sweep_speed.py --json out.json
+    python benchmarks/sweep_speed.py --no-sweeps     # only the scalar and query paths (no 10^7 sweeps)
 
 Each sweep runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own; the number
 includes the interpreter, numpy/pandas/pydantic imports (~150 MB) and the returned DataFrame.
@@ -12,7 +13,10 @@ device total, headroom, comm bytes, step time, tokens/s, MFU and the configurati
 ``memory`` = only the memory model (``fits``, ``peak_allocated_bytes``, ``device_total_bytes``).
 The scalar path is ``shardplan.planning.fit.evaluate`` (memory) and, for ``summary``, also
 ``comm.comm_volume`` + ``throughput.step_time`` on one-row columns — what a peer tool's
-per-configuration Python loop does.
+per-configuration Python loop does. The query path (``queries [memory]``) answers the same sample
+of single configurations (each its own model, cluster and ``TrainingConfig``, built inside the
+timed loop) through the shared evaluator, ``shardplan.planning.evaluate.evaluate_queries``: one
+row per query, the vectorized formulas run once over all of them, memory and verdict per query.
 """
 
 from __future__ import annotations
@@ -60,25 +64,15 @@ def _child(grid_name: str, columns: str, chunk: int) -> dict:
 
 
 def _scalar(grid_name: str, sample: int, with_time: bool, seed: int = 0) -> dict:
-    import numpy as np
-
-    from shardplan.inputs import strategy as st
     from shardplan.inputs.config import TrainingConfig, columns_for
     from shardplan.planning.fit import evaluate
-    from shardplan.inputs.hardware import parse_gpus
-    from shardplan.inputs.models import get_model
 
-    grid = QUICK if grid_name == "quick" else GRID
-    axes = {k: (list(st.STRATEGIES) if v is None else v) for k, v in grid.items()}
-    rng = np.random.default_rng(seed)
-    picks = [{k: v[rng.integers(len(v))] for k, v in axes.items()} for _ in range(sample)]
+    picks, specs, clusters = _sample(grid_name, sample, seed)
     comm = tp = None
     if with_time:
         from shardplan.formulas import comm
         from shardplan.formulas import throughput as tp
     # model and cluster profiles resolved once, outside the timed loop (favours the scalar path)
-    specs = {m: get_model(m) for m in axes["models"]}
-    clusters = {(g, n): parse_gpus(f"{n}x{g}") for g in axes["gpus"] for n in axes["gpu_counts"]}
     t0 = time.perf_counter()
     for p in picks:  # the one-at-a-time path
         spec = specs[p["models"]]
@@ -95,12 +89,50 @@ def _scalar(grid_name: str, sample: int, with_time: bool, seed: int = 0) -> dict
     return {"sample": sample, "seconds": elapsed, "configs_per_s": sample / elapsed}
 
 
+def _sample(grid_name: str, sample: int, seed: int = 0) -> tuple[list[dict], dict, dict]:
+    """``sample`` random picks of the grid, and the model and cluster profiles they name (resolved
+    once, outside any timed loop)."""
+    import numpy as np
+
+    from shardplan.inputs import strategy as st
+    from shardplan.inputs.hardware import parse_gpus
+    from shardplan.inputs.models import get_model
+
+    grid = QUICK if grid_name == "quick" else GRID
+    axes = {k: (list(st.STRATEGIES) if v is None else v) for k, v in grid.items()}
+    rng = np.random.default_rng(seed)
+    picks = [{k: v[rng.integers(len(v))] for k, v in axes.items()} for _ in range(sample)]
+    specs = {m: get_model(m) for m in axes["models"]}
+    clusters = {(g, n): parse_gpus(f"{n}x{g}") for g in axes["gpus"] for n in axes["gpu_counts"]}
+    return picks, specs, clusters
+
+
+def _queries(grid_name: str, sample: int, seed: int = 0) -> dict:
+    """The sample through the shared evaluator: configs built in the timed part, one vectorized pass."""
+    from shardplan.inputs.config import TrainingConfig
+    from shardplan.planning.evaluate import evaluate_queries
+
+    picks, specs, clusters = _sample(grid_name, sample, seed)
+    evaluate_queries([(specs[p["models"]], clusters[(p["gpus"], p["gpu_counts"])], TrainingConfig()) for p in picks[:8]])
+    t0 = time.perf_counter()
+    queries = [(specs[p["models"]], clusters[(p["gpus"], p["gpu_counts"])],
+                TrainingConfig(strategy=p["strategies"], engine=p["engines"], method=p["method"], ac=p["ac"],
+                               micro_batch=p["micro_batch"], seq_len=p["seq_len"], precision=p["precision"],
+                               offload=p["offload"], optimizer=p["optimizer"])) for p in picks]
+    result = evaluate_queries(queries)
+    elapsed = time.perf_counter() - t0
+    return {"sample": sample, "seconds": elapsed, "configs_per_s": sample / elapsed,
+            "fits": int(result["verdict"].tolist().count(0))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a ~10^6 grid instead of ~10^7")
     ap.add_argument("--sample", type=int, default=2000, help="configurations for the scalar path")
+    ap.add_argument("--queries", type=int, default=20000, help="configurations for the query path")
     ap.add_argument("--chunk", type=int, default=1 << 20, help="rows per chunk")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--no-sweeps", action="store_true", help="time only the scalar and query paths")
     ap.add_argument("--child", nargs=2, metavar=("GRID", "COLUMNS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -109,7 +141,7 @@ def main(argv=None) -> int:
     grid_name = "quick" if args.quick else "full"
     results = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
                            "load_average": os.getloadavg()}, "grid": grid_name, "sweep": {}, "scalar": {}}
-    for columns in COLUMN_SETS:
+    for columns in () if args.no_sweeps else COLUMN_SETS:
         out = subprocess.run([sys.executable, __file__, "--child", grid_name, columns, "--chunk", str(args.chunk)],
                              check=True, capture_output=True, text=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -120,10 +152,15 @@ def main(argv=None) -> int:
     for columns, with_time in (("memory", False), ("summary", True)):
         s = _scalar(grid_name, args.sample, with_time)
         results["scalar"][columns] = s
-        ratio = results["sweep"][columns]["configs_per_s"] / s["configs_per_s"]
+        ratio = results["sweep"][columns]["configs_per_s"] / s["configs_per_s"] if not args.no_sweeps else None
         s["sweep_speedup"] = ratio
         print(f"scalar  [{columns:7}] {s['sample']:>11,} configurations in {s['seconds']:6.2f} s = "
-              f"{s['configs_per_s']:,.0f} configurations/s -> sweep is {ratio:,.0f}x faster", flush=True)
+              f"{s['configs_per_s']:,.0f} configurations/s" + (f" -> sweep is {ratio:,.0f}x faster" if ratio else ""),
+              flush=True)
+    q = _queries(grid_name, args.queries)
+    results["queries"] = {"memory": q}
+    print(f"queries [memory ] {q['sample']:>11,} configurations in {q['seconds']:6.2f} s = "
+          f"{q['configs_per_s']:,.0f} configurations/s (shared evaluator, one row per query)", flush=True)
     if args.json:
         from shardplan.support.atomic_write import write_text_atomic
 

@@ -12,8 +12,10 @@ _moved.install()
 # (``sweep`` needs pandas).
 _LAZY = {
     "sweep": ("shardplan.planning.grid_sweep", "sweep"),
-    "pareto": ("shardplan.planning.grid_sweep", "pareto"),
-    "minimum_gpus": ("shardplan.planning.grid_sweep", "minimum_gpus"),
+    "pareto": ("shardplan.planning.sweep_analysis", "pareto"),
+    "fewest_gpus_per_group": ("shardplan.planning.sweep_analysis", "fewest_gpus_per_group"),
+    "minimum_gpus": ("shardplan.planning.sweep_analysis", "minimum_gpus"),  # deprecated: fewest_gpus_per_group
+    "evaluate_queries": ("shardplan.planning.evaluate", "evaluate_queries"),
 }
 
 

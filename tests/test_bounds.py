@@ -147,7 +147,7 @@ def test_sweep_cluster_table_is_bounded(tmp_path):
 def test_sweep_dedupe_is_linear(tmp_path):
     """99,998 distinct values: the list-membership dedupe was 5·10^9 comparisons; hashing is linear.
     Order and first occurrences are kept (the rows follow the order given)."""
-    from shardplan.planning.grid_sweep import _dedupe
+    from shardplan.planning.sweep_axes import dedupe as _dedupe
 
     assert _dedupe([3, 1, 3, 2, 1, True, 1.0]) == [3, 1, 2]
     with _deadline(60):

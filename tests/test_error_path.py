@@ -44,12 +44,12 @@ def test_calibrate_value_errors_write_nothing(tmp_path):
 
 
 def test_a_bug_is_one_line_with_exit_3(monkeypatch):
-    import shardplan.cli.app as cli
+    import shardplan.cli.fit_command as fit_command
 
     def broken(*args, **kwargs):
         raise KeyError("an unexpected failure")
 
-    monkeypatch.setattr(cli, "parse_query", broken)
+    monkeypatch.setattr(fit_command, "parse_query", broken)
     res = run_cli("fit", "8B on 8xh100-sxm")
     assert res.exit_code == 3 and "Traceback" not in res.output
     lines = res.stderr.strip().splitlines()
@@ -58,8 +58,9 @@ def test_a_bug_is_one_line_with_exit_3(monkeypatch):
 
 def test_a_bug_shows_its_traceback_when_asked(monkeypatch):
     import shardplan.cli.app as cli
+    import shardplan.cli.fit_command as fit_command
 
-    monkeypatch.setattr(cli, "parse_query", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(fit_command, "parse_query", lambda *a, **k: 1 / 0)
     monkeypatch.setenv("SHARDPLAN_TRACEBACK", "1")
     with pytest.raises(ZeroDivisionError):
         cli.main(["fit", "8B on 8xh100-sxm"])

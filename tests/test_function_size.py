@@ -16,16 +16,7 @@ CHECKED = ("shardplan", "tools", "benchmarks")
 MAX_FUNCTION_LINES = 60
 
 # "file:qualified name" -> who is splitting it (issue 13, item 4); emptied once their work is merged.
-BEING_SPLIT = {
-    "shardplan/formulas/memory.py:estimate_memory": "MEMORY",
-    "shardplan/formulas/memory.py:_block_backward": "MEMORY",
-    "shardplan/planning/grid_sweep.py:sweep": "PLANNING",
-    "shardplan/planning/grid_sweep.py:_plan": "PLANNING",
-    "shardplan/planning/planner.py:plan": "PLANNING",
-    "shardplan/cli/app.py:fit": "PLANNING",
-    "shardplan/cli/app.py:plan_command": "PLANNING",
-    "shardplan/cli/app.py:sweep_command": "PLANNING",
-}
+BEING_SPLIT: dict[str, str] = {}
 
 
 def _functions(tree: ast.AST, prefix: str = ""):

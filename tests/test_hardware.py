@@ -335,7 +335,7 @@ def test_renamed_gpu_profile_predicts_exactly_the_same(tmp_path, monkeypatch):
 
     from shardplan.inputs.config import TrainingConfig, columns_for
     from shardplan.inputs.models import resolve_model
-    from shardplan.planning.planner import evaluate_grid
+    from shardplan.planning.evaluate import evaluate_grid
     from shardplan.inputs.profiles import DATA_DIR
 
     data = json.loads((DATA_DIR / "hardware_profiles/gpus/h100-sxm.json").read_text())

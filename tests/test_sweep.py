@@ -15,7 +15,8 @@ from shardplan.planning.fit import evaluate
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.formulas.memory import BREAKDOWN_TERMS
 from shardplan.inputs.models import get_model
-from shardplan.planning.grid_sweep import minimum_gpus, pareto, sweep
+from shardplan.planning.grid_sweep import sweep
+from shardplan.planning.sweep_analysis import fewest_gpus_per_group as minimum_gpus, pareto
 
 GRID = dict(
     models=["gpt2", "llama-3.1-8b", "mixtral-8x7b", "llama-3.1-70b", "deepseek-v2-lite"],
@@ -198,7 +199,7 @@ def test_pareto_front():
 
 
 def test_minimum_gpus_matches_fit_minimum_gpus():
-    from shardplan.planning.fit import minimum_gpus as fit_minimum
+    from shardplan.planning.fit import fewest_gpus_that_fit as fit_minimum
 
     counts = [1, 2, 4, 8, 16, 32, 64, 128]
     df = sweep(models=["llama-3.1-8b", "llama-3.1-70b"], gpus="a100-80gb", gpu_counts=counts,

@@ -80,6 +80,8 @@ def runs_as(strategy, engine):
 def code(vocabulary: tuple[str, ...], value: str, field: str) -> int:
     """Name -> index, with a one-line error listing the accepted names. A knob of the one
     vocabulary (shardplan/inputs/vocabulary.py) also takes its aliases ("zero3", "offload all")."""
+    if isinstance(value, str) and value in vocabulary:  # already a name (every query, many times)
+        return vocabulary.index(value)
     from shardplan.inputs.vocabulary import KNOBS, canonical
 
     if field in KNOBS and KNOBS[field].names == vocabulary:

@@ -246,10 +246,14 @@ def spelled(field_name: str, word: Any) -> str:
 
 def also_sets(field_name: str, word: Any) -> dict[str, Any]:
     """Knobs an alias sets besides its own (``paged_adamw_8bit`` -> paged_optimizer)."""
-    for a in KNOBS[field_name].aliases:
-        if normalize(a.word) == normalize(word):
-            return dict(a.also)
-    return {}
+    if field_name not in _ALSO:  # normalized once per knob: every TrainingConfig asks for each word
+        _ALSO[field_name] = {}
+        for a in KNOBS[field_name].aliases:
+            _ALSO[field_name].setdefault(normalize(a.word), a.also)
+    return dict(_ALSO[field_name].get(normalize(word), ()))
+
+
+_ALSO: dict[str, dict[str, Any]] = {}
 
 
 # Resolved first: the knobs other words depend on.

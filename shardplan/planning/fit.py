@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
+from types import SimpleNamespace
+from typing import Any, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -14,15 +16,17 @@ from pydantic import BaseModel, ConfigDict
 from shardplan.inputs import contradictions
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
+from shardplan.inputs.config import Columns, TrainingConfig, knob_values
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
-from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS, estimate_memory
+from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.model import ModelSpec
-from shardplan.support.overflow import bad_results, check_one, quiet_numpy
-from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, judge, throughput_band
+from shardplan.support.overflow import check_one
+from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values, row_of,
+                                         stack_queries, take_row)
+from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, throughput_band
 
 
 class Alternative(BaseModel):
@@ -96,8 +100,7 @@ class FitResult(BaseModel):
 
 
 def _columns(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Columns:
-    return Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
-                         **knob_values(config, cluster))
+    return Columns.build(**query_values(spec, cluster, config))
 
 
 def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> None:
@@ -125,18 +128,38 @@ def _check_arguments(spec, cluster, config) -> None:
 
 def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: list[str] | None = None,
              allocator=None, bands: AccuracyBands | None = None) -> FitResult:
-    from shardplan.inputs.stacks import resolve_stack, stack_label
+    """One configuration's capacity verdict, term by term (a one-row ``evaluate_many``)."""
+    return evaluate_many(spec, [(cluster, config, notes)], allocator=allocator, bands=bands)[0]
 
-    _check_arguments(spec, cluster, config)
-    config = resolve_stack(config, cluster.world_size)
-    c = _columns(spec, cluster, config)
-    with quiet_numpy():
-        m = estimate_memory(c, allocator=allocator)
-        judged = judge(m, c, bands)
-    check_one(c, m, config)  # an overflowed result is an error, never a verdict
-    scalar = {k: v.item() if isinstance(v, np.ndarray) else v for k, v in m.items()}
-    verdict = {k: x.item() for k, x in judged.items()}
-    notes = list(notes or [])
+
+def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConfig, list[str] | None]],
+                  allocator=None, bands: AccuracyBands | None = None) -> list[FitResult]:
+    """``evaluate`` of several configurations of one model, (cluster, config, notes) each, in one
+    vectorized pass (``planning/evaluate.py``); the same results as one call each."""
+    from shardplan.inputs.stacks import resolve_stack
+
+    resolved = []
+    for cluster, config, _ in queries:
+        _check_arguments(spec, cluster, config)
+        resolved.append(resolve_stack(config, cluster.world_size))
+    c = stack_queries([query_values(spec, q[0], config) for q, config in zip(queries, resolved)])
+    m, judged, overflow = memory_verdict(c, allocator, bands)
+    overflow = np.broadcast_to(overflow, c.shape)
+    results = []
+    for i, ((cluster, _, notes), config) in enumerate(zip(queries, resolved)):
+        row = row_of(m, i, c.shape)
+        if overflow[i]:
+            check_one(take_row(c, i), row, config)  # an overflowed result is an error, never a verdict
+        results.append(_fit_result(spec, cluster, config, row, row_of(judged, i, c.shape), list(notes or [])))
+    return results
+
+
+def _fit_result(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, scalar: dict[str, Any],
+                verdict: dict[str, Any], notes: list[str]) -> FitResult:
+    """One row of the memory model and its verdict as the ``FitResult`` record."""
+    from shardplan.inputs.stacks import stack_label
+
+    model = cached_model_values(spec, config.lora_rank, config.lora_targets)  # spec.total_params walks every block
     if not scalar["valid"]:
         notes.append(f"{config.strategy} with engine {config.engine}, offload {config.offload}, "
                      f"method {config.method} is not a combination the framework offers")
@@ -149,8 +172,10 @@ def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: l
         valid=bool(scalar["valid"]), strategy=config.strategy, engine=config.engine,
         stack=stack_label(config.stack), fits_load=bool(scalar["fits_load"]),
         config=config.model_dump(),
-        model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
-               "trainable_params": int(trainable_params(c))},
+        model={"name": spec.name, "display_name": spec.display_name, "params": model["total_params"],
+               "trainable_params": int(trainable_params(SimpleNamespace(
+                   method=st.METHODS.index(config.method), total_params=model["total_params"],
+                   lora_params=model["lora_params"])))},
         gpu={"name": cluster.gpu.name, "memory_bytes": cluster.gpu.memory_bytes, "capacity_only": cluster.capacity_only},
         cluster={"label": cluster.label, "world_size": cluster.world_size, "gpus_per_node": cluster.gpus_per_node,
                  "nodes": cluster.nodes, "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name},
@@ -188,8 +213,6 @@ def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calib
                 bands: AccuracyBands | None = None) -> dict[str, float]:
     """Step time, tokens/s and MFU of one configuration (the planner's vectorized path, one row),
     with tokens/s's band (``tokens_per_s_low/high``, ``tokens_per_s_per_gpu_low/high``)."""
-    from shardplan.planning.planner import evaluate_grid  # the time model is only needed when a batch is given
-
     c = _columns(spec, cluster, config)
     r = evaluate_grid(c, True, cluster, calibration, bands)
     check_one(c, r, config)
@@ -210,31 +233,71 @@ def _with(config: TrainingConfig, **changes: Any) -> TrainingConfig:
     return config.model_copy(update=changes)
 
 
-def minimum_gpus(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limit: int = 4096,
-                 allocator=None, bands: AccuracyBands | None = None) -> int | None:
-    """Smallest GPU count (same GPU, same node size, whole nodes beyond one) at which it fits
-    (the verdict's rule: peak + band under capacity)."""
+def fewest_gpus_that_fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limit: int = 4096,
+                         allocator=None, bands: AccuracyBands | None = None) -> int | None:
+    """Smallest GPU count (same GPU, same node size, whole nodes beyond one) at which one
+    configuration fits (the verdict's rule: peak + band under capacity); None up to ``limit``."""
+    return _fewest_gpus_of(spec, cluster, [config], limit, allocator, bands)[0]
+
+
+def _gpu_counts(cluster: Cluster, limit: int) -> np.ndarray:
+    """The GPU counts tried: 1, 2, 4, 8 within a node, then whole nodes up to ``limit``."""
     counts = [n for n in (1, 2, 4, 8) if n <= cluster.gpus_per_node] if cluster.gpus_per_node < 8 else [1, 2, 4, 8]
     counts += [cluster.gpus_per_node * k for k in range(1, limit // cluster.gpus_per_node + 1)]
-    counts = sorted(set(c for c in counts if c <= limit))
-    world = np.array(counts)
-    per_node = np.minimum(world, cluster.gpus_per_node)
-    knobs = knob_values(config, cluster)
-    knobs["shard_group_size"] = np.minimum(knobs["shard_group_size"], world)
-    values = {**cluster_values(cluster), "world_size": world, "gpus_per_node": per_node}
-    c = Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **values, **knobs)
-    with quiet_numpy():
-        m = estimate_memory(c, allocator=allocator)
-        fits = (judge(m, c, bands, per_class=False)["verdict"] == 0) & ~bad_results(c, m)
-    fitting = world[fits]
-    return int(fitting[0]) if fitting.size else None
+    return np.array(sorted(set(c for c in counts if c <= limit)))
 
 
-def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
-                 bands: AccuracyBands | None = None) -> list[Alternative]:
-    """Cheapest changes first: ones that keep the training identical (checkpointing, a smaller
-    micro-batch with more accumulation, sharding, offload), then more GPUs, then LoRA/QLoRA.
-    Each is judged by the verdict's rule (``fits`` only when peak + band is under capacity)."""
+# GPU counts are searched in stages up to these bounds: the first fitting count of a stage is the
+# answer, so a configuration that fits on a few nodes is not evaluated at a thousand counts.
+COUNT_STAGES = (64, 512)
+
+
+def _fewest_gpus_of(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], limit: int = 4096,
+                    allocator=None, bands: AccuracyBands | None = None) -> list[int | None]:
+    """``fewest_gpus_that_fit`` of several configurations: per stage of counts (``COUNT_STAGES``),
+    one evaluation of the configurations still without an answer at every count of the stage."""
+    world = _gpu_counts(cluster, limit)
+    rows = [Columns.build(**query_values(spec, cluster, config)) for config in configs]
+    found: list[int | None] = [None] * len(configs)
+    pending, low = list(range(len(configs))), 0
+    for high in (*COUNT_STAGES, max(limit, 1)):
+        counts = world[(world > low) & (world <= high)]
+        low = high
+        if not pending or not counts.size:
+            continue
+        fits = _fits_at([rows[i] for i in pending], cluster, counts, allocator, bands)
+        for i, row in zip(pending, fits):
+            found[i] = int(counts[row][0]) if row.any() else None
+        pending = [i for i in pending if found[i] is None]
+    return found
+
+
+def _fits_at(rows: list[Columns], cluster: Cluster, counts: np.ndarray, allocator=None,
+             bands: AccuracyBands | None = None) -> np.ndarray:
+    """Whether each configuration (0-d ``Columns``) fits at each GPU count: [configuration, count].
+    The configurations are a column axis and the counts a row axis, each field shaped only along
+    the axis it varies with (as the sweep lays its product out), so numpy works at the size each needs."""
+    c = {f.name: np.array([getattr(r, f.name) for r in rows]).reshape(-1, 1) for f in fields(Columns)}
+    c["world_size"] = counts.reshape(1, -1)
+    c["gpus_per_node"] = np.minimum(counts, cluster.gpus_per_node).reshape(1, -1)
+    c["shard_group_size"] = np.minimum(c["shard_group_size"], c["world_size"])
+    _, judged, overflow = memory_verdict(Columns(**c), allocator, bands, per_class=False)
+    return np.broadcast_to((judged["verdict"] == 0) & ~overflow, (len(rows), counts.size))
+
+
+def minimum_gpus(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limit: int = 4096,
+                 allocator=None, bands: AccuracyBands | None = None) -> int | None:
+    """Deprecated name of ``fewest_gpus_that_fit`` (``shardplan.minimum_gpus`` is the sweep's
+    per-group table, ``sweep_analysis.fewest_gpus_per_group``)."""
+    import warnings
+
+    warnings.warn("shardplan.planning.fit.minimum_gpus is now fewest_gpus_that_fit", DeprecationWarning, stacklevel=2)
+    return fewest_gpus_that_fit(spec, cluster, config, limit, allocator, bands)
+
+
+def _same_training_changes(config: TrainingConfig) -> list[tuple[str, TrainingConfig]]:
+    """Changes that keep the training identical: checkpointing, a smaller micro-batch with more
+    accumulation, sharding, offload (with checkpointing)."""
     candidates: list[tuple[str, TrainingConfig]] = []
     if config.ac != "full":
         candidates.append(("activation checkpointing (--ac full)", _with(config, ac="full")))
@@ -244,52 +307,98 @@ def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allo
     if config.strategy != "full_shard":
         candidates.append(("full sharding (--strategy full_shard)", _with(config, strategy="full_shard",
                                                                           engine="fsdp2" if config.strategy in ("zero1", "zero2") else config.engine)))
-    sharded = "full_shard" if config.strategy in ("ddp", "no_shard", "zero1", "zero2", "single") else config.strategy
+    sharded = _sharded(config)
     if config.offload == "none":
         candidates.append((f"CPU offload (--offload {default_offload(config.engine)}, --strategy {sharded})",
                            _with(config, strategy=sharded, offload=default_offload(config.engine))))
         candidates.append(("CPU offload + activation checkpointing",
                            _with(config, strategy=sharded, offload=default_offload(config.engine), ac="full")))
-    method_changes: list[tuple[str, TrainingConfig]] = []
-    if config.method == "full":
-        method_changes.append(("LoRA (--method lora) + activation checkpointing",
-                               _with(config, method="lora", ac="full", strategy=sharded)))
-    if config.method != "qlora":
-        method_changes.append(("QLoRA (--method qlora) + activation checkpointing",
-                               _with(config, method="qlora", ac="full", strategy=sharded)))
+    return candidates
 
-    def tried(change: str, cluster_: Cluster, candidate: TrainingConfig) -> Alternative | None:
-        r = evaluate(spec, cluster_, candidate, allocator=allocator, bands=bands)
-        if not r.valid:
-            return None
-        return Alternative(change=change, fits=r.fits, verdict=r.verdict, band_bytes=r.band_bytes,
-                           margin_bytes=r.margin_bytes, peak_allocated_bytes=r.per_gpu.peak_allocated_bytes,
-                           device_total_bytes=r.per_gpu.device_total_bytes, world_size=cluster_.world_size,
-                           limit=limiting_resource(r), config=candidate.model_dump())
 
-    results = [tried(change, cluster, candidate) for change, candidate in candidates]
-    gpu_changes = [("same settings", config)]
-    if config.ac != "full":
-        gpu_changes.append(("with activation checkpointing", _with(config, ac="full")))
-    for label, candidate in gpu_changes:
-        need = minimum_gpus(spec, cluster, candidate, allocator=allocator, bands=bands)
-        if need is not None and need != cluster.world_size:
-            bigger = cluster.model_copy(update={"gpus_per_node": min(need, cluster.gpus_per_node),
-                                                "nodes": max(1, need // cluster.gpus_per_node)})
-            results.append(tried(f"{need} GPUs instead of {cluster.world_size} ({label})", bigger, candidate))
-            break
-    # the stack's FSDP checkpointing wraps each block in torch's checkpoint_wrapper, whose per-block
-    # leftovers (memory.wrapper_leftover_bytes) HF's own gradient checkpointing does not leave
+def _sharded(config: TrainingConfig) -> str:
+    """The config's strategy, or full_shard where it shards nothing at rest."""
+    return "full_shard" if config.strategy in ("ddp", "no_shard", "zero1", "zero2", "single") else config.strategy
+
+
+def _method_changes(config: TrainingConfig, cluster: Cluster) -> list[tuple[str, TrainingConfig]]:
+    """LoRA / QLoRA (with checkpointing); where the stack checkpoints with torch's checkpoint_wrapper,
+    also each with HF's own gradient checkpointing, whose per-block leftovers
+    (memory.wrapper_leftover_bytes) the wrapper leaves and HF's does not."""
     from shardplan.inputs.stacks import resolve_stack
 
+    sharded = _sharded(config)
+    changes: list[tuple[str, TrainingConfig]] = []
+    if config.method == "full":
+        changes.append(("LoRA (--method lora) + activation checkpointing",
+                        _with(config, method="lora", ac="full", strategy=sharded)))
+    if config.method != "qlora":
+        changes.append(("QLoRA (--method qlora) + activation checkpointing",
+                        _with(config, method="qlora", ac="full", strategy=sharded)))
     if config.checkpoint_wrapper is None and resolve_stack(_with(config, ac="full"), cluster.world_size).checkpoint_wrapper:
         hf_ac = "HF gradient checkpointing (--no-checkpoint-wrapper)"
-        method_changes += [(change.replace(" + activation checkpointing", "") + " + " + hf_ac,
-                            _with(candidate, checkpoint_wrapper=False)) for change, candidate in method_changes]
+        changes += [(change.replace(" + activation checkpointing", "") + " + " + hf_ac,
+                     _with(candidate, checkpoint_wrapper=False)) for change, candidate in changes]
         if config.ac != "full":
-            method_changes.insert(0, (f"activation checkpointing by {hf_ac}", _with(config, ac="full", checkpoint_wrapper=False)))
-    results += [tried(change, cluster, candidate) for change, candidate in method_changes]
-    return [r for r in results if r is not None]
+            changes.insert(0, (f"activation checkpointing by {hf_ac}", _with(config, ac="full", checkpoint_wrapper=False)))
+    return changes
+
+
+def _tried(spec: ModelSpec, changes: list[tuple[str, Cluster, TrainingConfig]], allocator=None,
+           bands: AccuracyBands | None = None) -> list[Alternative | None]:
+    """Each change evaluated (one pass for all), as an ``Alternative``; None for a combination
+    the framework does not offer."""
+    if not changes:
+        return []
+    evaluated = evaluate_many(spec, [(cluster, candidate, None) for _, cluster, candidate in changes],
+                              allocator=allocator, bands=bands)
+    return [Alternative(change=change, fits=r.fits, verdict=r.verdict, band_bytes=r.band_bytes,
+                        margin_bytes=r.margin_bytes, peak_allocated_bytes=r.per_gpu.peak_allocated_bytes,
+                        device_total_bytes=r.per_gpu.device_total_bytes, world_size=cluster.world_size,
+                        limit=limiting_resource(r), config=candidate.model_dump()) if r.valid else None
+            for (change, cluster, candidate), r in zip(changes, evaluated)]
+
+
+def _more_gpus_of(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], allocator=None,
+                  bands: AccuracyBands | None = None) -> list[list[tuple[str, Cluster, TrainingConfig]]]:
+    """Per configuration, the fewest GPUs at which the same settings (else the same with
+    checkpointing) fit, as a change (none when that is the cluster's own count); one evaluation."""
+    tries = [[("same settings", config)] + ([("with activation checkpointing", _with(config, ac="full"))]
+                                            if config.ac != "full" else []) for config in configs]
+    needs = iter(_fewest_gpus_of(spec, cluster, [candidate for t in tries for _, candidate in t],
+                                 allocator=allocator, bands=bands))
+    out = []
+    for t in tries:
+        found = [(label, candidate, next(needs)) for label, candidate in t]
+        changes = []
+        for label, candidate, need in found:
+            if need is not None and need != cluster.world_size:
+                bigger = cluster.model_copy(update={"gpus_per_node": min(need, cluster.gpus_per_node),
+                                                    "nodes": max(1, need // cluster.gpus_per_node)})
+                changes = [(f"{need} GPUs instead of {cluster.world_size} ({label})", bigger, candidate)]
+                break
+        out.append(changes)
+    return out
+
+
+def alternatives(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
+                 bands: AccuracyBands | None = None) -> list[Alternative]:
+    """Cheapest changes first: ones that keep the training identical (checkpointing, a smaller
+    micro-batch with more accumulation, sharding, offload), then more GPUs, then LoRA/QLoRA.
+    Each is judged by the verdict's rule (``fits`` only when peak + band is under capacity)."""
+    return _alternatives_of(spec, cluster, [config], allocator, bands)[0]
+
+
+def _alternatives_of(spec: ModelSpec, cluster: Cluster, configs: list[TrainingConfig], allocator=None,
+                     bands: AccuracyBands | None = None) -> list[list[Alternative]]:
+    """``alternatives`` of several configurations: every change of all of them is a row of one
+    evaluation (the GPU-count search one more)."""
+    more = _more_gpus_of(spec, cluster, configs, allocator, bands)
+    per_config = [[(label, cluster, candidate) for label, candidate in _same_training_changes(config)] + gpus
+                  + [(label, cluster, candidate) for label, candidate in _method_changes(config, cluster)]
+                  for config, gpus in zip(configs, more)]
+    tried = iter(_tried(spec, [change for changes in per_config for change in changes], allocator, bands))
+    return [[a for a in (next(tried) for _ in changes) if a is not None] for changes in per_config]
 
 
 def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: list[str] | None = None,
@@ -308,16 +417,17 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
         engine = st.code(st.ENGINES, config.engine, "engine")
         strategies = [name for i, name in enumerate(st.STRATEGIES)
                       if bool(st.is_valid(i, engine)) and bool(st.valid_world_size(i, cluster.world_size))]
-    results = []
     from shardplan.inputs.vocabulary import canonical
 
+    queries = []
     for name in strategies:
         cfg = _with(config, strategy=canonical("strategy", name))  # model_copy does not validate: resolve aliases here
         check_config(spec, cluster, cfg)
         rule_notes = contradictions.check(cfg, cluster, spec, searched=searched)  # errors raise here
-        result = evaluate(spec, cluster, cfg, [*(notes or []), *rule_notes], allocator=allocator, bands=bands)
-        if not result.fits:
-            result = result.model_copy(update={"alternatives": alternatives(spec, cluster, cfg, allocator=allocator,
-                                                                            bands=bands)})
-        results.append(result)
+        queries.append((cluster, cfg, [*(notes or []), *rule_notes]))
+    results = evaluate_many(spec, queries, allocator=allocator, bands=bands)
+    missing = [i for i, r in enumerate(results) if not r.fits]
+    found = _alternatives_of(spec, cluster, [queries[i][1] for i in missing], allocator, bands)
+    for i, alts in zip(missing, found):
+        results[i] = results[i].model_copy(update={"alternatives": alts})
     return results

@@ -18,33 +18,24 @@ from pydantic import BaseModel, ConfigDict
 
 from shardplan.inputs import strategy as st
 from shardplan.inputs.engines import tables as engine_tables
-from shardplan.formulas.comm import COLLECTIVES, comm_volume, link_rates
+from shardplan.formulas.comm import COLLECTIVES
 from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.support.errors import ShardplanError
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.support.limits import INT64_SAFE, MAX_DIVISOR_TRIALS, MAX_PLAN_CONFIGURATIONS, approx_bytes, bounded_int
-from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.formulas.memory import BREAKDOWN_TERMS
 from shardplan.inputs.model import ModelSpec
-from shardplan.support.overflow import OVERFLOW_NOTE, bad_results, check_one, quiet_numpy
+from shardplan.support.overflow import OVERFLOW_NOTE, check_one
 from shardplan.inputs.stacks import stack_label
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
-from shardplan.formulas.throughput import compute_rates, step_time, training_cost
-from shardplan.formulas.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge, throughput_band
+from shardplan.formulas.throughput import training_cost
+from shardplan.formulas.verdict import ADVICE, TIGHT, VERDICTS
+from shardplan.planning.evaluate import evaluate_grid
+from shardplan.planning.workload import Workload, resolve_workload  # noqa: F401  (planner.resolve_workload, as before)
 
 PLAN_AC = ("none", "selective", "full")
 PLAN_OFFLOADS = ("none", "optimizer", "optimizer+params")
 PLAN_ROW_BYTES = 1_900  # peak memory one candidate row takes while the grid is evaluated (measured; limits.py)
-
-
-class Workload(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    seq_len: int
-    global_batch_tokens: int
-    global_batch_sequences: int
-    sequences_per_gpu: int
-    requested_tokens: int
-    notes: list[str] = []
 
 
 class Plan(BaseModel):
@@ -121,52 +112,6 @@ class PlanResult(BaseModel):
     notes: list[str] = []
     stack: str = ""               # the training stack the numbers assume (stacks.stack_label)
     methods: list[str] = []       # the fine-tuning methods searched
-
-
-def resolve_workload(seq_len: int, world_size: int, global_batch_tokens: int | None = None,
-                     global_batch_sequences: int | None = None, context: int | None = None) -> Workload:
-    """Global batch = micro-batch × grad accumulation × data-parallel degree × seq_len. A batch that
-    is not a whole number of sequences per GPU is rounded to the nearest one (at least one), and
-    the adjustment is explained; non-positive inputs are one-line errors."""
-    from shardplan.support.limits import MAX_GPUS, MAX_POSITIONS, bounded_int, checked_int
-
-    world_size = bounded_int(world_size, "gpus", 1, MAX_GPUS)
-    seq_len = checked_int("seq_len", seq_len)
-    global_batch_tokens = None if global_batch_tokens is None else checked_int("global_batch_tokens", global_batch_tokens)
-    global_batch_sequences = (None if global_batch_sequences is None
-                              else checked_int("global_batch", global_batch_sequences))
-    context = None if context is None else bounded_int(context, "context", 1, MAX_POSITIONS)
-    notes: list[str] = []
-    if context is not None and seq_len > context:
-        notes.append(f"seq_len {seq_len} exceeds the model's context of {context}: planned as asked "
-                     f"(needs RoPE scaling or continued pre-training at that length)")
-    if global_batch_tokens is None and global_batch_sequences is None:
-        global_batch_sequences = world_size
-        notes.append(f"no global batch given: one sequence per GPU ({world_size} × {seq_len} tokens)")
-    if global_batch_sequences is not None:
-        if global_batch_sequences < 1:
-            raise ShardplanError("global_batch", global_batch_sequences, "must be at least 1 sequence")
-        requested = global_batch_sequences * seq_len
-    else:
-        if global_batch_tokens < 1:
-            raise ShardplanError("global_batch_tokens", global_batch_tokens, "must be positive")
-        requested = global_batch_tokens
-    per_gpu_exact = requested / (seq_len * world_size)
-    per_gpu = max(1, int(round(per_gpu_exact)))
-    from shardplan.support.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH
-    if per_gpu > MAX_MICRO_BATCH * MAX_GRAD_ACCUM:  # no micro-batch x accumulation within their ranges makes it
-        field = "global_batch" if global_batch_sequences is not None else "global_batch_tokens"
-        raise ShardplanError(field, global_batch_sequences if global_batch_sequences is not None else requested,
-                             f"{per_gpu:,} sequences per GPU of {seq_len:,} tokens; at most "
-                             f"{MAX_MICRO_BATCH * MAX_GRAD_ACCUM:,} (micro-batch {MAX_MICRO_BATCH:,} x "
-                             f"{MAX_GRAD_ACCUM:,} accumulation steps)")
-    tokens = per_gpu * world_size * seq_len
-    if tokens != requested:
-        notes.append(f"global batch adjusted from {requested:,} to {tokens:,} tokens = {per_gpu} sequence(s) per GPU "
-                     f"× {world_size} GPUs × {seq_len} tokens ({requested:,} / ({world_size} × {seq_len}) = "
-                     f"{per_gpu_exact:.3g} is not a whole number; micro-batch × grad accumulation must equal it)")
-    return Workload(seq_len=seq_len, global_batch_tokens=tokens, global_batch_sequences=per_gpu * world_size,
-                    sequences_per_gpu=per_gpu, requested_tokens=requested, notes=notes)
 
 
 def divisors(n: int, up_to: int | None = None) -> list[int]:
@@ -293,29 +238,6 @@ def build_grid(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload
     c = parts[0] if len(parts) == 1 else Columns(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
                                                     for f in fields(Columns)})
     return c, {"sync_every_micro_batch": np.tile(arr[:, 7].astype(bool), len(parts))}
-
-
-def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
-                  bands: AccuracyBands | None = None) -> dict[str, np.ndarray]:
-    """Memory, communication and time for every row, each computed once over the whole grid.
-    ``fits`` is the verdict's (peak + band under capacity; shardplan/formulas/verdict.py), the no_sync
-    gradients counted in the peak by ``estimate_memory``; tokens/s carries its band (``*_low`` / ``*_high``)."""
-    links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
-    with quiet_numpy():  # overflowed rows are judged by the guard, never shown as warnings
-        m = estimate_memory(c)
-        v = comm_volume(c, sync)
-        t = step_time(c, links, rates, sync, volume=v)
-        verdict = judge(m, c, bands)
-    out = {**m, **v, **t, **verdict, "fits": verdict["verdict"] == FITS,
-           "calibrated": np.asarray(links.calibrated or rates.calibrated)}
-    overflow = bad_results(c, out)  # an overflowed row is not a candidate (overflow.py)
-    out["overflow"] = overflow
-    out["valid"] = out["valid"] & ~overflow
-    out["fits"] = out["fits"] & ~overflow
-    out["verdict"] = np.where(overflow, DOES_NOT_FIT, out["verdict"]).astype(np.asarray(out["verdict"]).dtype)
-    for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
-        out[f"{name}_low"], out[f"{name}_high"] = throughput_band(t[name], bands)
-    return out
 
 
 def _why(i: int, r: dict, c: Columns, order: np.ndarray, pos: int) -> list[str]:
@@ -450,22 +372,7 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     tight_order = tight_rows[np.lexsort((-r["margin_bytes"][tight_rows], -r["tokens_per_s"][tight_rows]))]
     tight = [_plan_entry(i, 0, r, c, sync, cluster, _tight_why(i, r, c), train_tokens, price_per_gpu_hour, bases)
              for i in _best_per_family(tight_order, c, top)]
-    rejected = rejected_families(c, r)
-    explanation = ""
-    if not plans:
-        smallest = int(np.argmin(np.where(r["valid"], r["device_total_bytes"], np.iinfo(np.int64).max)))
-        term = max(BREAKDOWN_TERMS, key=lambda t: int(r[t][smallest]))
-        band = (f" ± {int(r['band_bytes'][smallest]) / 2**30:,.1f} GiB band" if tight else "")
-        explanation = (f"nothing fits{' once its error band is counted' if tight else ''}: of {c.shape[0]:,} candidates "
-                       f"the smallest footprint "
-                       f"({_name(c.strategy, st.STRATEGIES, smallest)}/{_name(c.engine, st.ENGINES, smallest)}, AC "
-                       f"{_name(c.ac, st.AC_MODES, smallest)}, offload {_name(c.offload, st.OFFLOADS, smallest)}, "
-                       f"micro-batch {int(c.micro_batch[smallest])}) needs {int(r['device_total_bytes'][smallest]) / 2**30:,.1f} GiB"
-                       f"{band} per GPU of {cluster.gpu.memory_bytes / 2**30:,.1f} GiB"
-                       + ("" if bool(r["fits_host"][smallest]) else
-                          f" and {int(r['host_bytes_per_node'][smallest]) / 2**30:,.0f} GiB host RAM per node")
-                       + f"; its largest term is {term} ({int(r[term][smallest]) / 2**30:,.1f} GiB). "
-                       f"Try more GPUs, LoRA/QLoRA, or a shorter sequence (`shardplan fit` lists alternatives).")
+    explanation = "" if plans else _nothing_fits(c, r, cluster, bool(tight))
     return PlanResult(
         model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
                "block_class": spec.block_class, "hf_id": next((a for a in spec.aliases if "/" in a), None)},
@@ -473,10 +380,27 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
                  "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name, "nodes": cluster.nodes,
                  "gpus_per_node": cluster.gpus_per_node},
         workload=workload, candidates=int(c.shape[0]), fitting=int(fitting.size), plans=plans,
-        tight_count=int(tight_rows.size), tight=tight, rejected=rejected,
+        tight_count=int(tight_rows.size), tight=tight, rejected=rejected_families(c, r),
         calibrated=bool(r["calibrated"]), explanation=explanation, notes=list(notes or []) + workload.notes,
         stack=stack_label(base.stack), methods=[st.METHODS[m] for m in sorted(bases)],
     )
+
+
+def _nothing_fits(c: Columns, r: dict, cluster: Cluster, tight: bool) -> str:
+    """Why no candidate fits: the smallest footprint, its largest term, and what to try."""
+    smallest = int(np.argmin(np.where(r["valid"], r["device_total_bytes"], np.iinfo(np.int64).max)))
+    term = max(BREAKDOWN_TERMS, key=lambda t: int(r[t][smallest]))
+    band = (f" ± {int(r['band_bytes'][smallest]) / 2**30:,.1f} GiB band" if tight else "")
+    return (f"nothing fits{' once its error band is counted' if tight else ''}: of {c.shape[0]:,} candidates "
+            f"the smallest footprint "
+            f"({_name(c.strategy, st.STRATEGIES, smallest)}/{_name(c.engine, st.ENGINES, smallest)}, AC "
+            f"{_name(c.ac, st.AC_MODES, smallest)}, offload {_name(c.offload, st.OFFLOADS, smallest)}, "
+            f"micro-batch {int(c.micro_batch[smallest])}) needs {int(r['device_total_bytes'][smallest]) / 2**30:,.1f} GiB"
+            f"{band} per GPU of {cluster.gpu.memory_bytes / 2**30:,.1f} GiB"
+            + ("" if bool(r["fits_host"][smallest]) else
+               f" and {int(r['host_bytes_per_node'][smallest]) / 2**30:,.0f} GiB host RAM per node")
+            + f"; its largest term is {term} ({int(r[term][smallest]) / 2**30:,.1f} GiB). "
+            f"Try more GPUs, LoRA/QLoRA, or a shorter sequence (`shardplan fit` lists alternatives).")
 
 
 def rejected_families(c: Columns, r: dict) -> list[Rejected]:

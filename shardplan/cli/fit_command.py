@@ -1,0 +1,170 @@
+"""``shardplan fit``: will one configuration fit, strategy by strategy, and what would make it fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from shardplan.cli.options import STACK_KNOBS, WIDE_HELP, cluster_of, stated
+from shardplan.inputs.query import parse_query
+from shardplan.inputs.vocabulary import help_text as vocab_help
+from shardplan.support.errors import ShardplanError
+
+# The knobs fit takes from its options or the query's words (the rest are TrainingConfig's / the stack's)
+FIT_KNOBS = ("engine", "method", "lora_rank", "lora_targets", "precision", "optimizer", "ac", "ac_every_k", "offload",
+             "seq_len", "micro_batch", "grad_accum", "shard_group_size", "attention", "reduce_dtype", "stack",
+             "ce_chunks", "optimizer_in_backward", "activation_offload", "paged_optimizer", "fp32_master",
+             "quant_format", "expandable_segments", "checkpoint_wrapper", "load_mode")
+
+
+def fit(
+    query: Optional[str] = typer.Argument(None, help="free text, e.g. '70B on 4x24GB' or 'llama-3.1-8b on 8xh100-sxm seq 8192 batch 2'"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="profile name, HF config.json path, or a size like '70B'"),
+    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="'4x24GB', '8xh100-sxm', '2x8xa100-80gb'"),
+    strategy: Optional[str] = typer.Option(None, help=vocab_help("strategy", None, "all when omitted")),
+    engine: Optional[str] = typer.Option(None, help=vocab_help("engine", "fsdp2")),
+    method: Optional[str] = typer.Option(None, help=vocab_help("method", "full")),
+    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank (default 16)"),
+    lora_targets: Optional[str] = typer.Option(None, help=vocab_help("lora_targets", "all-linear, or the stack's")),
+    precision: Optional[str] = typer.Option(None, help=vocab_help("precision", "bf16-mixed, or the stack's")),
+    optimizer: Optional[str] = typer.Option(None, help=vocab_help("optimizer", "adamw, or the stack's")),
+    ac: Optional[str] = typer.Option(None, help=vocab_help("ac", "none, or the stack's")),
+    ac_every_k: Optional[int] = typer.Option(None, help="with --ac every-k: checkpoint every k-th block"),
+    offload: Optional[str] = typer.Option(None, help=vocab_help("offload", "none")),
+    seq_len: Optional[int] = typer.Option(None, help="sequence length (default 1024)"),
+    micro_batch: Optional[int] = typer.Option(None, help="micro-batch per GPU (default 1)"),
+    grad_accum: Optional[int] = typer.Option(None, help="gradient accumulation steps (default 1)"),
+    shard_group_size: Optional[int] = typer.Option(None, help="HSDP shard group size (default GPUs per node)"),
+    attention: Optional[str] = STACK_KNOBS["attention"],
+    reduce_dtype: Optional[str] = STACK_KNOBS["reduce_dtype"],
+    stack: Optional[str] = STACK_KNOBS["stack"],
+    ce_chunks: Optional[int] = STACK_KNOBS["ce_chunks"],
+    optimizer_in_backward: Optional[bool] = STACK_KNOBS["optimizer_in_backward"],
+    activation_offload: Optional[bool] = STACK_KNOBS["activation_offload"],
+    paged_optimizer: Optional[bool] = STACK_KNOBS["paged_optimizer"],
+    checkpoint_wrapper: Optional[bool] = STACK_KNOBS["checkpoint_wrapper"],
+    expandable_segments: Optional[bool] = STACK_KNOBS["expandable_segments"],
+    fp32_master: Optional[bool] = STACK_KNOBS["fp32_master"],
+    quant_format: Optional[str] = STACK_KNOBS["quant_format"],
+    load_mode: Optional[str] = STACK_KNOBS["load_mode"],
+    host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
+    intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
+    inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
+    global_batch_tokens: Optional[str] = typer.Option(None, help="global batch in tokens ('1M'): adds step time, tokens/s, MFU"),
+    calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON (a list when no --strategy)"),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
+    export_to: Optional[str] = typer.Option(None, "--export", help="also export the first fitting result: "
+                                            "FORMAT[=PATH], FORMAT one of fsdp2, fsdp1, accelerate, deepspeed, trainer, torchrun"),
+    check: bool = typer.Option(False, "--check", help="for scripts: exit 1 unless some strategy's verdict is 'fits' "
+                                                      "('tight' does not count: its error band crosses capacity); "
+                                                      "output unchanged"),
+):
+    """Will it fit? Per-GPU memory, term by term, for one strategy or all of them."""
+    run_fit(dict(locals()))  # the options as typer parsed them, by name
+
+
+def run_fit(args: dict) -> None:
+    """``fit``'s work: resolve the query, evaluate every strategy, render (and export)."""
+    from shardplan.formulas.accuracy_bands import load_bands
+    from shardplan.inputs.config import TrainingConfig
+    from shardplan.inputs.hardware import adapt_precision, cluster_notes
+    from shardplan.planning.fit import fit as fit_strategies
+
+    if args["export_to"]:  # FORMAT[=PATH] checked before any evaluation, not after the report
+        from shardplan.export import export_option
+        export_option(args["export_to"])
+    parsed = parse_query(args["query"]) if args["query"] else None
+    q = parsed.options if parsed else {}
+    resolved, cluster = _model_and_cluster(args, parsed)
+    # an option beats the query's word; what neither gives takes TrainingConfig's default
+    config, precision_notes = adapt_precision(TrainingConfig(**stated({k: args[k] for k in FIT_KNOBS}, q)), cluster)
+    strategy_name = args["strategy"] or q.get("strategy")
+    notes = [f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes]
+    if config.seq_len > resolved.spec.max_position_embeddings:
+        notes.append(f"seq_len {config.seq_len} exceeds the model's context of {resolved.spec.max_position_embeddings}")
+    timed = args["global_batch_tokens"] is not None
+    if timed:
+        config = _with_global_batch(config, cluster, args["global_batch_tokens"], notes)
+    overlay = _calibration(args["calibration"], timed, notes)
+    allocator = overlay.allocator_model() if overlay is not None else None
+    bands = load_bands().with_overlay(overlay.accuracy if overlay else None)
+    results = fit_strategies(resolved.spec, cluster, config, [strategy_name] if strategy_name else None, notes,
+                             allocator=allocator, bands=bands)
+    results = [r.model_copy(update={"model": resolved.record(r.model)}) for r in results]
+    if timed:
+        results = _with_time(results, resolved.spec, cluster, overlay, bands)
+    _show(results, args, strategy_name)
+
+
+def _model_and_cluster(args: dict, parsed):
+    """The model and cluster an option or the query names (a one-line error when neither does)."""
+    from shardplan.inputs.models import resolve_model
+
+    model_text = args["model"] or (parsed.model if parsed else None)
+    gpus_text = args["gpus"] or (parsed.gpus if parsed else None)
+    if not model_text:
+        raise ShardplanError("model", None, "give a query like '70B on 4x24GB' or --model")
+    if not gpus_text:
+        raise ShardplanError("gpus", None, "give a query like '70B on 4x24GB' or --gpus")
+    resolved = resolve_model(model_text)
+    return resolved, cluster_of(gpus_text, args)
+
+
+def _with_global_batch(config, cluster, global_batch_tokens: str, notes: list[str]):
+    """The config with the accumulation a global batch implies (--global-batch-tokens asks for time)."""
+    from shardplan.inputs.units import parse_count
+    from shardplan.planning.workload import resolve_workload
+    from shardplan.support.limits import INT_RANGES
+
+    # (the context check is noted already)
+    workload = resolve_workload(config.seq_len, cluster.world_size, parse_count(global_batch_tokens, "global_batch_tokens"))
+    if workload.sequences_per_gpu % config.micro_batch:
+        raise ShardplanError("micro_batch", config.micro_batch,
+                             f"must divide the {workload.sequences_per_gpu} sequences per GPU of the global batch")
+    accum, most = workload.sequences_per_gpu // config.micro_batch, INT_RANGES["grad_accum"][1]
+    if accum > most:  # the accumulation the batch implies is in grad_accum's range, or the batch is refused
+        raise ShardplanError("global_batch_tokens", global_batch_tokens,
+                             f"needs {accum:,} accumulation steps at micro-batch {config.micro_batch}; "
+                             f"at most {most:,} (raise --micro-batch)")
+    notes += workload.notes
+    return config.model_copy(update={"grad_accum": accum})
+
+
+def _calibration(path: Optional[Path], timed: bool, notes: list[str]):
+    """The calibration overlay --calibration names (None without one), noted."""
+    if path is None:
+        return None
+    from shardplan.calibrate.overlay import load_calibration
+
+    overlay = load_calibration(path)
+    notes.append(f"calibration: {path} (allocator: {'calibrated' if overlay.allocator else 'measured defaults'}; "
+                 f"time: {'calibrated links/compute' if timed else 'not asked (--global-batch-tokens)'})")
+    return overlay
+
+
+def _with_time(results: list, spec, cluster, overlay, bands) -> list:
+    """Each result with its step time, tokens/s and MFU (``fit.step_timing``)."""
+    from shardplan.inputs.config import TrainingConfig
+    from shardplan.planning.fit import step_timing
+
+    return [r.model_copy(update={"time": step_timing(spec, cluster, TrainingConfig(**r.config), overlay, bands)})
+            for r in results]
+
+
+def _show(results: list, args: dict, strategy_name: Optional[str]) -> None:
+    """Print the results (JSON or the report), export the first fitting one, apply --check."""
+    from shardplan.cli import report
+    from shardplan.cli.layout import output_width
+
+    if args["as_json"]:
+        typer.echo(report.to_json(results[0] if strategy_name else results))
+    else:
+        typer.echo(report.render_fit(results, None if args["wide"] else output_width()))
+    if args["export_to"]:
+        from shardplan.cli.export_command import export_results
+        export_results([r.model_dump(mode="json") for r in results], args["export_to"], None)
+    if args["check"] and not any(r.fits for r in results):
+        raise typer.Exit(1)

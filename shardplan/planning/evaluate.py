@@ -1,0 +1,120 @@
+"""The evaluator the capacity query (``planning/fit.py``) and the search (``planning/planner.py``)
+share: ``Columns`` in, memory + communication + time + verdict arrays out.
+
+Single configurations go through the same vectorized formulas as the planner's grid and the
+sweep's chunks: ``query_values`` turns one (model, cluster, config) into the numbers formulas read
+(the per-model and per-cluster parts cached, as they are the same for every query about one model
+or cluster), ``stack_queries`` lays any number of such queries out as one ``Columns`` (one row
+each), and ``memory_verdict`` / ``evaluate_queries`` evaluate them in one pass. A query about one
+configuration is a one-row batch; many unrelated queries (``fit``'s alternatives, a notebook loop)
+cost one formula evaluation, not one each.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import fields
+from typing import Any, Sequence
+
+import numpy as np
+
+from shardplan.formulas.accuracy_bands import AccuracyBands
+from shardplan.formulas.comm import comm_volume, link_rates
+from shardplan.formulas.memory import estimate_memory
+from shardplan.formulas.throughput import compute_rates, step_time
+from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_band
+from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
+from shardplan.inputs.hardware import Cluster
+from shardplan.inputs.model import ModelSpec
+from shardplan.support.overflow import bad_results, quiet_numpy
+
+
+def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
+                  bands: AccuracyBands | None = None) -> dict[str, np.ndarray]:
+    """Memory, communication and time for every row, each computed once over the whole grid.
+    ``fits`` is the verdict's (peak + band under capacity; shardplan/formulas/verdict.py), the no_sync
+    gradients counted in the peak by ``estimate_memory``; tokens/s carries its band (``*_low`` / ``*_high``)."""
+    links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
+    with quiet_numpy():  # overflowed rows are judged by the guard, never shown as warnings
+        m = estimate_memory(c)
+        v = comm_volume(c, sync)
+        t = step_time(c, links, rates, sync, volume=v)
+        verdict = judge(m, c, bands)
+    out = {**m, **v, **t, **verdict, "fits": verdict["verdict"] == FITS,
+           "calibrated": np.asarray(links.calibrated or rates.calibrated)}
+    overflow = bad_results(c, out)  # an overflowed row is not a candidate (overflow.py)
+    out["overflow"] = overflow
+    out["valid"] = out["valid"] & ~overflow
+    out["fits"] = out["fits"] & ~overflow
+    out["verdict"] = np.where(overflow, DOES_NOT_FIT, out["verdict"]).astype(np.asarray(out["verdict"]).dtype)
+    for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
+        out[f"{name}_low"], out[f"{name}_high"] = throughput_band(t[name], bands)
+    return out
+
+
+# --- single configurations, as rows of one vectorized evaluation ---------------------------------
+_MODEL_CACHE_SIZE = 64
+_model_cache: OrderedDict[tuple, tuple[ModelSpec, dict[str, Any]]] = OrderedDict()
+
+
+def cached_model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-linear") -> dict[str, Any]:
+    """``config.model_values`` of one model, computed once per (spec, rank, targets): it walks
+    every parameter tensor (padding groups, NF4 quant_state sizes), the same for every query about
+    that model. Keyed by the spec object (a frozen model; the cache holds it, so its id is not reused)."""
+    key = (id(spec), lora_rank, lora_targets)
+    hit = _model_cache.get(key)
+    if hit is not None and hit[0] is spec:
+        _model_cache.move_to_end(key)
+        return hit[1]
+    values = model_values(spec, lora_rank, lora_targets)
+    _model_cache[key] = (spec, values)
+    if len(_model_cache) > _MODEL_CACHE_SIZE:
+        _model_cache.popitem(last=False)
+    return values
+
+
+def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> dict[str, Any]:
+    """The numbers the formulas read for one configuration (knobs it leaves unstated from its
+    stack, ``stacks.resolve_stack``): ``config.columns_for``'s values, model part cached."""
+    from shardplan.inputs.stacks import resolve_stack
+
+    config = resolve_stack(config, cluster.world_size)
+    return {**cached_model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
+            **knob_values(config, cluster)}
+
+
+def stack_queries(rows: Sequence[dict[str, Any]]) -> Columns:
+    """``query_values`` rows as one ``Columns`` of shape (len(rows),): row i is query i."""
+    names = rows[0].keys()
+    return Columns.build(**{name: np.array([row[name] for row in rows]) for name in names})
+
+
+def take_row(c: Columns, i: int) -> Columns:
+    """Row ``i`` of a one-dimensional ``Columns`` as 0-d columns (a single query's own columns)."""
+    return Columns(**{f.name: getattr(c, f.name)[i] for f in fields(Columns)})
+
+
+def row_of(columns: dict[str, Any], i: int, shape: tuple[int, ...]) -> dict[str, Any]:
+    """Element ``i`` of every column of a result over rows of ``shape`` (a column that does not
+    vary, e.g. a term that is 0 for every row, broadcast first), as Python scalars."""
+    return {k: np.broadcast_to(np.asarray(v), shape)[i].item() for k, v in columns.items()}
+
+
+def memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = None,
+                   per_class: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray], np.ndarray]:
+    """``estimate_memory``, the verdict (``verdict.judge``: peak + band under capacity) and the
+    overflow mask (``overflow.bad_results``: rows whose results passed int64) of every row of ``c``."""
+    with quiet_numpy():  # overflowed rows are marked by the mask, never shown as warnings
+        m = estimate_memory(c, allocator=allocator)
+        verdict = judge(m, c, bands, per_class=per_class)
+    return m, verdict, bad_results(c, m)
+
+
+def evaluate_queries(queries: Sequence[tuple[ModelSpec, Cluster, TrainingConfig]], allocator=None,
+                     bands: AccuracyBands | None = None) -> dict[str, np.ndarray]:
+    """Memory and verdict of any number of single configurations (each its own model, cluster and
+    knobs) in one vectorized pass: one array per column, element i for query i; ``overflow`` marks
+    rows whose results are not answers. The same columns ``fit.evaluate`` reports one at a time."""
+    c = stack_queries([query_values(spec, cluster, config) for spec, cluster, config in queries])
+    m, verdict, overflow = memory_verdict(c, allocator, bands)
+    return {**m, **verdict, "overflow": overflow}
