@@ -130,3 +130,15 @@ def test_progress_true_draws_the_command_lines_bar(capsys):
     shardplan.sweep(models="llama-3.1-8b", gpu_counts=[1, 8], progress=True)
     err = capsys.readouterr().err
     assert err.startswith("\rsweep [") and "100.0%" in err and err.endswith("\n")
+
+
+@pytest.mark.parametrize("queries", [[], [1], [("a", "b", "c")], 5, "abc", [(get_model("opt-1.3b"), "8xh100", None)]])
+def test_bad_queries_are_one_error(queries):
+    from shardplan.support.errors import ShardplanError
+
+    with pytest.raises(ShardplanError):
+        evaluate_queries(queries)
+
+
+def test_fit_of_no_strategies_is_no_result():
+    assert fit_module.fit(get_model("opt-1.3b"), parse_gpus("1xh100-sxm"), TrainingConfig(), []) == []

@@ -26,6 +26,7 @@ from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_ban
 from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import ModelSpec
+from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.support.overflow import bad_results, quiet_numpy
 
 
@@ -85,6 +86,8 @@ def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> d
 
 def stack_queries(rows: Sequence[dict[str, Any]]) -> Columns:
     """``query_values`` rows as one ``Columns`` of shape (len(rows),): row i is query i."""
+    if not rows:
+        raise ShardplanError("queries", "[]", "no configurations: give at least one (spec, cluster, config)")
     names = rows[0].keys()
     return Columns.build(**{name: np.array([row[name] for row in rows]) for name in names})
 
@@ -115,6 +118,19 @@ def evaluate_queries(queries: Sequence[tuple[ModelSpec, Cluster, TrainingConfig]
     """Memory and verdict of any number of single configurations (each its own model, cluster and
     knobs) in one vectorized pass: one array per column, element i for query i; ``overflow`` marks
     rows whose results are not answers. The same columns ``fit.evaluate`` reports one at a time."""
-    c = stack_queries([query_values(spec, cluster, config) for spec, cluster, config in queries])
+    if isinstance(queries, (str, bytes)) or not hasattr(queries, "__iter__"):
+        raise ShardplanError("queries", safe_repr(queries)[:60], "expected a list of (spec, cluster, config) tuples")
+    c = stack_queries([query_values(*_checked_query(q)) for q in queries])
     m, verdict, overflow = memory_verdict(c, allocator, bands)
     return {**m, **verdict, "overflow": overflow}
+
+
+def _checked_query(query: Any) -> tuple[ModelSpec, Cluster, TrainingConfig]:
+    """One (spec, cluster, config) query, by type: the one error type, not a TypeError in a formula."""
+    if not isinstance(query, (tuple, list)) or len(query) != 3:
+        raise ShardplanError("queries", safe_repr(query)[:60], "expected (ModelSpec, Cluster, TrainingConfig) tuples")
+    spec, cluster, config = query
+    require_type(spec, ModelSpec, "spec", "shardplan.inputs.models.resolve_model(NAME).spec")
+    require_type(cluster, Cluster, "cluster", "shardplan.inputs.hardware.parse_gpus('8xh100-sxm')")
+    require_type(config, TrainingConfig, "config", "shardplan.inputs.config.TrainingConfig(...)")
+    return spec, cluster, config

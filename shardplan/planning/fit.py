@@ -138,6 +138,8 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConf
     vectorized pass (``planning/evaluate.py``); the same results as one call each."""
     from shardplan.inputs.stacks import resolve_stack
 
+    if not queries:  # fit(..., strategies=[]) asks for nothing
+        return []
     resolved = []
     for cluster, config, _ in queries:
         _check_arguments(spec, cluster, config)
