@@ -102,7 +102,7 @@ def trainable_fraction(c):
     """Trainable share of all parameters (1.0 for a full fine-tune): scales the per-unit gradient
     terms, whose units hold trainable and frozen parameters alike. ASSUMPTION: adapters spread over
     the blocks as the base parameters do."""
-    return trainable_params(c) / np.asarray(c.total_params, dtype=np.float64)
+    return trainable_params(c) / c.total_params
 
 
 def quant_replicated(c):
@@ -206,11 +206,14 @@ def fsdp1_shard_elements(c, n, unit="model"):
     "block" (the largest block), "blocks" (every block) or "model" (root + blocks).
     ASSUMPTION for "blocks": every block holds the mean block size (exact for uniform blocks)."""
     n = np.maximum(np.asarray(n), 1)
+    if unit == "block":
+        return np.asarray(-(-c.unit_params // n)).astype(np.int64)
     root = -(-c.root_params // n)
+    if unit == "root":
+        return np.asarray(root).astype(np.int64)
     per_block = -(-(c.total_params - c.root_params) // np.maximum(c.num_layers, 1))
     blocks = c.num_layers * -(-per_block // n)
-    out = {"root": root, "block": -(-c.unit_params // n), "blocks": blocks, "model": root + blocks}[unit]
-    return np.asarray(out).astype(np.int64)
+    return np.asarray({"blocks": blocks, "model": root + blocks}[unit]).astype(np.int64)
 
 
 def fsdp1_unit_elements(c, n, unit):
