@@ -82,13 +82,17 @@ def quantized_base_bytes(c):
     return np.where(np.asarray(c.method) == st.QLORA, q, 0).astype(np.int64)
 
 
-def qlora_block_bytes_per_param(c):
+def qlora_block_bytes_per_param(c, norm_bytes=2):
     """Mean bytes per block parameter of a QLoRA base as stored, gathered or loaded: 4-bit Linear
-    weights (``quant_bytes_per_param``) and 16-bit norms and biases (bitsandbytes keeps them in the
-    compute dtype). What one unit all-gathers or broadcasts is this × its parameters."""
+    weights (``quant_bytes_per_param``), the norms in ``norm_bytes`` (16-bit as loaded; the compute
+    dtype once training, fp32 under fp32 precision after PEFT's ``prepare_model_for_kbit_training``,
+    as ``model_states`` holds them) and the Linears' biases in 16-bit (bitsandbytes
+    ``Linear4bit.forward`` casts them to the compute dtype, bf16). What one unit all-gathers or
+    broadcasts is this × its parameters."""
     blocks = np.maximum(c.total_params - c.root_params, 1)
     quant = c.quantizable_params * quant_bytes_per_param(c.quant_format)
-    return (quant + 2 * (blocks - c.quantizable_params)) / blocks
+    norms = blocks - c.quantizable_params - c.quantized_bias_params
+    return (quant + norm_bytes * norms + 2 * c.quantized_bias_params) / blocks
 
 
 def trainable_params(c):
