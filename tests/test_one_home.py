@@ -153,3 +153,29 @@ def test_deepseek_v2_lite_matmul_params_by_hand():
     dense = attn + 3 * h * 10944 + norms
     moe = attn + 3 * h * 1408 * (6 + 2) + 64 * h + norms
     assert get_model("deepseek-v2-lite").matmul_params_per_token == dense + (L - 1) * moe + 102400 * h
+
+
+# --- the frozen base's float dtype -------------------------------------------------------------------
+@pytest.mark.parametrize("precision,a", [(st.FP32, 4), (st.BF16_MIXED, 2)])
+def test_frozen_base_is_gathered_in_the_dtype_it_is_stored_in(precision, a):
+    # model_states stores a LoRA base sharded in the compute dtype (fp32 under fp32 precision);
+    # FSDP gathers a parameter in its own dtype when no mixed-precision policy casts it, so the
+    # unsharded root and block are a bytes per element too (they were 2 under fp32 before)
+    from shardplan.formulas.buffers import fsdp_units
+
+    spec = get_model("llama-2-7b")
+    c = columns("llama-2-7b", method=st.LORA, precision=precision, lora_params=model_values(spec)["lora_params"])
+    u = fsdp_units(c, 8)
+    assert int(u["root_unsharded"]) == a * int(ms.padded_unit_elements(c, 8, "root"))
+    assert int(u["block_unsharded"]) == a * int(ms.padded_unit_elements(c, 8, "block"))
+    assert int(ms.model_states(c)["params"]) == pytest.approx(
+        (a * spec.total_params + 4 * model_values(spec)["lora_params"]) / 8, rel=1e-6)
+
+
+def test_qlora_block_norms_take_the_stated_dtype():
+    spec = get_model("qwen2.5-7b")  # q/k/v biases: bitsandbytes keeps them 16-bit either way
+    c = columns("qwen2.5-7b", method=st.QLORA)
+    blocks = spec.total_params - spec.root_params
+    norms = spec.num_layers * spec.block_norm_params
+    diff = float(ms.qlora_block_bytes_per_param(c, 4) - ms.qlora_block_bytes_per_param(c, 2))
+    assert diff == pytest.approx(2 * norms / blocks, rel=1e-12)

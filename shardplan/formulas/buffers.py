@@ -66,10 +66,12 @@ def reduce_dtype_bytes(precision, reduce_dtype):
 
 
 def unsharded_block_bytes_per_param(c):
-    """Bytes of one block parameter once gathered: the compute dtype, or the frozen base's storage
-    (16-bit for LoRA; NF4 Linears with 16-bit norms for QLoRA)."""
+    """Bytes of one block parameter once gathered: the compute dtype, which is also the frozen base's
+    (LoRA: 16-bit, fp32 under fp32 precision, as ``model_states`` stores it sharded: FSDP gathers a
+    parameter in its own dtype when no mixed-precision policy casts it), or for QLoRA the 4-bit
+    Linears with norms in that dtype (``qlora_block_bytes_per_param``)."""
     a = compute_dtype_bytes(c.precision)
-    return np.select([c.method == st.LORA, c.method == st.QLORA], [2.0, qlora_block_bytes_per_param(c)], a)
+    return np.where(c.method == st.QLORA, qlora_block_bytes_per_param(c, a), a)
 
 
 def fsdp_units(c, n_p):
@@ -86,7 +88,7 @@ def fsdp_units(c, n_p):
     block_elems = np.where(fsdp2, padded_unit_elements(c, n, "block"), fsdp1_unit_elements(c, n, "block"))
     sharded = fsdp & (n > 1)
     keep = fsdp & ((c.strategy == st.SHARD_GRAD_OP) | (c.strategy == st.HYBRID_SHARD_ZERO2))
-    root_w = np.where(full, a, 2)
+    root_w = a  # trainable or frozen, the root is held in the compute dtype (unsharded_block_bytes_per_param)
     # FSDP1 NO_SHARD computes on the flat parameter itself: no unsharded copy, except the 16-bit
     # ``_mp_shard`` under MixedPrecision, which lives like a sharded unit's ``_full_param_padded``
     # (measured: tiny NO_SHARD fp32 W=4, the backward peak holds no unsharded bytes; bf16-mixed:

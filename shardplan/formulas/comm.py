@@ -274,12 +274,12 @@ def gather_bytes_scale(c, gathered_bytes_per_element):
 
 def gathered_param_bytes(c):
     """(block bytes, root bytes) one all-gather round produces: blocks in the compute dtype (or the
-    frozen base's storage for LoRA/QLoRA) + adapters; the root in the compute dtype (16-bit when frozen)."""
+    frozen base's storage for LoRA/QLoRA) + adapters; the root in the compute dtype, frozen or not."""
     from shardplan.formulas.activations import compute_dtype_bytes
     a = compute_dtype_bytes(c.precision)
     blocks = (c.total_params - c.root_params) * unsharded_block_bytes_per_param(c)
     adapters = np.where(c.method == st.FULL, 0, c.lora_params * a)
-    root = c.root_params * np.where(c.method == st.FULL, a, 2)
+    root = c.root_params * a  # frozen or not, in the compute dtype (buffers.unsharded_block_bytes_per_param)
     return blocks + adapters, root
 
 

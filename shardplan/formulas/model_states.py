@@ -84,13 +84,17 @@ def quantized_base_bytes(c):
     return np.where(np.asarray(c.method) == st.QLORA, q, 0).astype(np.int64)
 
 
-def qlora_block_bytes_per_param(c):
+def qlora_block_bytes_per_param(c, norm_bytes=2):
     """Mean bytes per block parameter of a QLoRA base as stored, gathered or loaded: 4-bit Linear
-    weights (``quant_bytes_per_param``) and 16-bit norms and biases (bitsandbytes keeps them in the
-    compute dtype). What one unit all-gathers or broadcasts is this × its parameters."""
+    weights (``quant_bytes_per_param``), the norms in ``norm_bytes`` (16-bit as loaded; the compute
+    dtype once training, fp32 under fp32 precision after PEFT's ``prepare_model_for_kbit_training``,
+    as ``model_states`` holds them) and the Linears' biases in 16-bit (bitsandbytes
+    ``Linear4bit.forward`` casts them to the compute dtype, bf16). What one unit all-gathers or
+    broadcasts is this × its parameters."""
     blocks = np.maximum(c.total_params - c.root_params, 1)
     quant = c.quantizable_params * quant_bytes_per_param(c.quant_format)
-    return (quant + 2 * (blocks - c.quantizable_params)) / blocks
+    norms = blocks - c.quantizable_params - c.quantized_bias_params
+    return (quant + norm_bytes * norms + 2 * c.quantized_bias_params) / blocks
 
 
 def trainable_params(c):
@@ -104,7 +108,7 @@ def trainable_fraction(c):
     """Trainable share of all parameters (1.0 for a full fine-tune): scales the per-unit gradient
     terms, whose units hold trainable and frozen parameters alike. ASSUMPTION: adapters spread over
     the blocks as the base parameters do."""
-    return trainable_params(c) / np.asarray(c.total_params, dtype=np.float64)
+    return trainable_params(c) / c.total_params
 
 
 def quant_replicated(c):
@@ -220,11 +224,14 @@ def fsdp1_shard_elements(c, n, unit="model"):
     "block" (the largest block), "blocks" (every block) or "model" (root + blocks).
     ASSUMPTION for "blocks": every block holds the mean block size (exact for uniform blocks)."""
     n = np.maximum(np.asarray(n), 1)
+    if unit == "block":
+        return np.asarray(-(-c.unit_params // n)).astype(np.int64)
     root = -(-c.root_params // n)
+    if unit == "root":
+        return np.asarray(root).astype(np.int64)
     per_block = -(-(c.total_params - c.root_params) // np.maximum(c.num_layers, 1))
     blocks = c.num_layers * -(-per_block // n)
-    out = {"root": root, "block": -(-c.unit_params // n), "blocks": blocks, "model": root + blocks}[unit]
-    return np.asarray(out).astype(np.int64)
+    return np.asarray({"blocks": blocks, "model": root + blocks}[unit]).astype(np.int64)
 
 
 def fsdp1_unit_elements(c, n, unit):
