@@ -108,3 +108,19 @@ def test_reduce_dtype_is_resolved_in_one_place():
     assert st.resolve_reduce_dtype(None, p, e).tolist() == [st.REDUCE_FP32, st.REDUCE_PARAM, st.REDUCE_PARAM, st.REDUCE_FP32]
     stated = np.array([-1, st.REDUCE_BF16, -1, st.REDUCE_FP16])
     assert st.resolve_reduce_dtype(stated, p, e).tolist() == [st.REDUCE_FP32, st.REDUCE_BF16, st.REDUCE_PARAM, st.REDUCE_FP16]
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda d: d.update(name="fsdp9"), "name"),
+    (lambda d: d["bytes_per_element"]["params"]["value"].pop("fp32"), "params"),
+    (lambda d: d["default_reduce_dtype"]["value"].update({"fp32": "fp64"}), "fp64"),
+    (lambda d: d["strategies"].update(zero9=d["strategies"]["ddp"]), "zero9"),
+    (lambda d: d["layout"].update(value="diagonal"), "diagonal"),
+])
+def test_a_bad_declaration_is_named_in_one_line(tmp_path, change, named):
+    data = json.loads((engines.ENGINE_DIR / "fsdp2.json").read_text())
+    change(data)
+    path = tmp_path / "fsdp2.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ShardplanError, match=named):
+        engines._read(path)

@@ -140,7 +140,7 @@ def test_vectorized_equals_scalar_loop_on_1000_random_configurations():
 @given(model_dims(), hs.sampled_from([0, 1, 2]), hs.sampled_from([st.BF16_MIXED, st.FP16_MIXED, st.BF16_PURE, st.FP32]),
        hs.sampled_from([2, 8, 64]))
 def test_deepspeed_ddp_and_no_shard_are_one_engine_stage_0(dims, method, precision, world):
-    # the deepspeed declaration: DeepSpeed runs both as stage 0, so every byte and every collective agree
+    # data/engine_profiles/deepspeed.json framework names: DeepSpeed runs both as stage 0, so every byte and every collective agree
     # (they did not: PEFT's fp32 input casts and no reduce bucket were charged to 'ddp' as if torch DDP)
     from shardplan.formulas.comm import comm_volume
 

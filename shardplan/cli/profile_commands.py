@@ -91,6 +91,9 @@ def _validate_one(path: Path) -> str:
         from shardplan.inputs.stacks import StackProfile, _check
         profile = _check(load_profile(path, StackProfile), Path(path))
         return f"{path}: ok (StackProfile {profile.name})"
+    if "bytes_per_element" in data and "strategies" in data:  # an engine declaration (inputs/engines.py)
+        from shardplan.inputs.engines import EngineProfile
+        return f"{path}: ok (EngineProfile {load_profile(path, EngineProfile).name})"
     if "fragmentation_per_transient" in data:  # the caching-allocator model (allocator.py)
         from shardplan.formulas.allocator import AllocatorModel
         load_profile(path, AllocatorModel)

@@ -1,7 +1,7 @@
 """DeepSpeed config JSON (keys as ``deepspeed.runtime.config.DeepSpeedConfig`` and
 ``deepspeed.runtime.zero.config.DeepSpeedZeroConfig`` accept them).
 
-Stage per strategy as docs/vocabulary.md maps it; ``hybrid_shard`` is ZeRO-3 with ZeRO++ hpZ
+Stage per strategy from the engine's declaration (``zero_stage``, docs/engines.md); ``hybrid_shard`` is ZeRO-3 with ZeRO++ hpZ
 (``zero_hpz_partition_size``: a secondary copy of the parameters sharded within the group, so the
 forward/backward all-gathers stay inside it). MiCS (``mics_shard_size``), the closer match to HSDP,
 was removed in DeepSpeed 0.19 (deepspeedai/DeepSpeed#8489). ASSUMPTION noted for the memory

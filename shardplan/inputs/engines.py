@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shardplan.support.errors import ShardplanError
 
-ENGINE_DIR = __import__("pathlib").Path(__file__).parents[1] / "data" / "engine_profiles"
+ENGINE_DIR = Path(__file__).parents[1] / "data" / "engine_profiles"
 
 # The classes that do an engine's work for one strategy: no wrapper, torch DDP, FSDP, DeepSpeed's
 # ZeRO engine. A new engine reuses one of these mechanisms (its numbers are data); a new
@@ -143,10 +144,35 @@ class EngineProfile(_Frozen):
     strategies: dict[str, StrategyRun]
 
 
+def _check(profile: EngineProfile, path: Path) -> EngineProfile:
+    """What the schema cannot say: the file is named after the engine, every per-precision value
+    names each precision once, names are known words (one-line errors naming file and field)."""
+    from shardplan.inputs import strategy as st
+
+    if profile.name != path.stem:
+        raise ShardplanError(f"{path.name}: name", profile.name, f"must be the file's name ({path.stem})")
+    states = profile.bytes_per_element
+    for field, per in (("params", states.params), ("grads", states.grads), ("fp32_master", states.fp32_master),
+                       ("fp32_grad_partition", states.fp32_grad_partition),
+                       ("default_reduce_dtype", profile.default_reduce_dtype)):
+        if sorted(per.value) != sorted(st.PRECISIONS):
+            raise ShardplanError(f"{path.name}: {field}", ", ".join(per.value), f"must name each of {', '.join(st.PRECISIONS)}")
+    for precision, name in profile.default_reduce_dtype.value.items():
+        if name not in st.REDUCE_DTYPES:
+            raise ShardplanError(f"{path.name}: default_reduce_dtype.{precision}", name, f"not one of {', '.join(st.REDUCE_DTYPES)}")
+    checks = [("layout", profile.layout.value, LAYOUTS), ("optimizer_step_tensors", profile.optimizer_step_tensors.value, STEP_TENSORS),
+              ("default_offload", profile.default_offload.value, st.OFFLOADS)]
+    checks += [(f"strategies.{s}", s, st.STRATEGIES) for s in profile.strategies]
+    for field, value, names in checks:
+        if value not in names:
+            raise ShardplanError(f"{path.name}: {field}", value, f"not one of {', '.join(names)}")
+    return profile
+
+
 def _read(path) -> EngineProfile:
     from shardplan.inputs.profiles import load_profile
 
-    return load_profile(path, EngineProfile)
+    return _check(load_profile(path, EngineProfile), Path(path))
 
 
 @lru_cache(maxsize=1)
@@ -162,8 +188,8 @@ def engine_profiles() -> tuple[EngineProfile, ...]:
 def engine_names() -> tuple[str, ...]:
     """The engine names in code order, read from the declarations' ``name`` and ``code`` only
     (``strategy.ENGINES``; imported before the other vocabularies exist)."""
-    pairs = sorted((json.loads(p.read_text())["code"], json.loads(p.read_text())["name"]) for p in ENGINE_DIR.glob("*.json"))
-    return tuple(name for _, name in pairs)
+    heads = [json.loads(p.read_text()) for p in ENGINE_DIR.glob("*.json")]
+    return tuple(h["name"] for h in sorted(heads, key=lambda h: h["code"]))
 
 
 def get_engine(name: str) -> EngineProfile:

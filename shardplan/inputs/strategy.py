@@ -1,7 +1,8 @@
-"""The strategy vocabulary (docs/vocabulary.md), its knobs, and which combinations are valid.
+"""The strategy vocabulary, its knobs, and which combinations are valid (with each engine's
+declaration, ``shardplan/inputs/engines.py``; docs/engines.md).
 
 Every categorical knob is an index into a tuple of names, so formulas can take numpy integer
-arrays and branch with ``np.where`` (docs/architecture.md, principle 2). ``*_names`` tuples are the only
+arrays and branch with ``np.where`` (docs/formulas.md: every formula broadcasts). ``*_names`` tuples are the only
 place the spelling lives.
 """
 
