@@ -17,7 +17,12 @@ docs/calibration.md, data/calibration/predicted_vs_measured.md):
   in k apart from the buffers at the ends, so its maximum is at k ∈ {0, 1, L-2, L-1};
 * LoRA/QLoRA under checkpointing, block k being recomputed at the start of its backward (PEFT's
   transients, ``activations.lora_recompute_bytes_per_token``; no dequantized 4-bit weight then);
+* FSDP1 at the end of block k's backward (``_fsdp1_gradient_moments``): the flat gradient
+  concatenated from its views' gradients, then the post-backward hook's upcast gradient and
+  reduce-scatter buffers (``buffers.fsdp1_unit_buffers``);
 * unwrapped runs (``single``) take the block moments too, with gradients landing in ``.grad``;
+* gradient accumulation without sync: the whole model's unsharded gradients in every forward and
+  backward moment (``_with_accumulated_grads``);
 * optimizer step — persistent states + full gradients + the optimizer's temporaries.
 
 The breakdown reported is the one of the moment that is the peak, so its terms add up to
