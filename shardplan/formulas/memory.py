@@ -17,7 +17,12 @@ docs/calibration.md, data/calibration/predicted_vs_measured.md):
   in k apart from the buffers at the ends, so its maximum is at k ∈ {0, 1, L-2, L-1};
 * LoRA/QLoRA under checkpointing, block k being recomputed at the start of its backward (PEFT's
   transients, ``activations.lora_recompute_bytes_per_token``; no dequantized 4-bit weight then);
+* FSDP1 at the end of block k's backward (``_fsdp1_gradient_moments``): the flat gradient
+  concatenated from its views' gradients, then the post-backward hook's upcast gradient and
+  reduce-scatter buffers (``buffers.fsdp1_unit_buffers``);
 * unwrapped runs (``single``) take the block moments too, with gradients landing in ``.grad``;
+* gradient accumulation without sync: the whole model's unsharded gradients in every forward and
+  backward moment (``_with_accumulated_grads``);
 * optimizer step — persistent states + full gradients + the optimizer's temporaries.
 
 The breakdown reported is the one of the moment that is the peak, so its terms add up to
@@ -425,13 +430,20 @@ def _peak(moments, first_bw, step, persistent, zero):
     return dict(forward=fw_total + zero, backward=bw_total + zero, step=step_total + zero, moment=moment, which=which)
 
 
-def _term_at_peak(name, moments, step, peak, zero):
-    """One breakdown term at the peak moment."""
-    value = np.where(peak["moment"] == OPTIMIZER_STEP, step.get(name, 0), 0)
-    for i, m in enumerate(moments):
-        if name in m:
-            value = np.where(peak["which"] == i, m[name], value)
-    return np.asarray(value, dtype=np.int64) + zero
+def _terms_at_peak(names, moments, step, peak, zero):
+    """The breakdown terms at the peak moment: each row takes its winning moment's value (the
+    optimizer step's where that is the peak). Each moment's rows are found once, and a moment that
+    is no row's peak is skipped (sweeps evaluate many moments, few of which win)."""
+    winners = [(step, peak["moment"] == OPTIMIZER_STEP)]
+    winners += [(m, mask) for i, m in enumerate(moments) for mask in (peak["which"] == i,) if mask.any()]
+    out = {}
+    for name in names:
+        value = zero.copy()
+        for m, rows in winners:
+            if name in m:
+                np.copyto(value, m[name], casting="unsafe", where=rows)
+        out[name] = value
+    return out
 
 
 def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):
@@ -487,8 +499,8 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
     peak = _peak(moments, len(forward), step, persistent, zero)
 
     out = {name: states[name] for name in ("params", "grad_buckets", "master_params", "optimizer_states")}
-    at_peak = {name: _term_at_peak(name, moments, step, peak, zero) for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS
-               if breakdown or name in ("grads", "all_gather_buffers")}
+    at_peak = _terms_at_peak([name for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS
+                              if breakdown or name in ("grads", "all_gather_buffers")], moments, step, peak, zero)
     if breakdown:
         out.update(at_peak)
     peak_allocated = np.maximum(np.maximum(peak["forward"], peak["backward"]), peak["step"])
