@@ -3,8 +3,8 @@ share: ``Columns`` in, memory + communication + time + verdict arrays out.
 
 Single configurations go through the same vectorized formulas as the planner's grid and the
 sweep's chunks: ``query_values`` turns one (model, cluster, config) into the numbers formulas read
-(the per-model and per-cluster parts cached, as they are the same for every query about one model
-or cluster), ``stack_queries`` lays any number of such queries out as one ``Columns`` (one row
+(the per-model part, which walks every parameter tensor, cached: it is the same for every query
+about one model), ``stack_queries`` lays any number of such queries out as one ``Columns`` (one row
 each), and ``memory_verdict`` / ``evaluate_queries`` evaluate them in one pass. A query about one
 configuration is a one-row batch; many unrelated queries (``fit``'s alternatives, a notebook loop)
 cost one formula evaluation, not one each.
