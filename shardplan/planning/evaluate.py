@@ -99,10 +99,11 @@ def take_row(c: Columns, i: int) -> Columns:
     return Columns(**{f.name: getattr(c, f.name)[i] for f in fields(Columns)})
 
 
-def row_of(columns: dict[str, Any], i: int, shape: tuple[int, ...]) -> dict[str, Any]:
-    """Element ``i`` of every column of a result over rows of ``shape`` (a column that does not
-    vary, e.g. a term that is 0 for every row, broadcast first), as Python scalars."""
-    return {k: np.broadcast_to(np.asarray(v), shape)[i].item() for k, v in columns.items()}
+def rows_of(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """A result over ``n`` rows as one dict per row, of Python scalars (a column that does not
+    vary, e.g. a term that is 0 for every row, broadcast first); each column converted once."""
+    lists = {k: np.broadcast_to(np.asarray(v), (n,)).tolist() for k, v in columns.items()}
+    return [{k: values[i] for k, values in lists.items()} for i in range(n)]
 
 
 def memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = None,
