@@ -247,10 +247,12 @@ def spelled(field_name: str, word: Any) -> str:
 def also_sets(field_name: str, word: Any) -> dict[str, Any]:
     """Knobs an alias sets besides its own (``paged_adamw_8bit`` -> paged_optimizer)."""
     if field_name not in _ALSO:  # normalized once per knob: every TrainingConfig asks for each word
-        _ALSO[field_name] = {}
+        first: dict[str, Any] = {}
         for a in KNOBS[field_name].aliases:
-            _ALSO[field_name].setdefault(normalize(a.word), a.also)
-    return dict(_ALSO[field_name].get(normalize(word), ()))
+            first.setdefault(normalize(a.word), a.also)
+        _ALSO[field_name] = {w: also for w, also in first.items() if also}  # most knobs: none
+    table = _ALSO[field_name]
+    return dict(table.get(normalize(word), ())) if table else {}
 
 
 _ALSO: dict[str, dict[str, Any]] = {}

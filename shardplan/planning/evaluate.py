@@ -3,8 +3,8 @@ share: ``Columns`` in, memory + communication + time + verdict arrays out.
 
 Single configurations go through the same vectorized formulas as the planner's grid and the
 sweep's chunks: ``query_values`` turns one (model, cluster, config) into the numbers formulas read
-(the per-model and per-cluster parts cached, as they are the same for every query about one model
-or cluster), ``stack_queries`` lays any number of such queries out as one ``Columns`` (one row
+(the per-model part, which walks every parameter tensor, cached: it is the same for every query
+about one model), ``stack_queries`` lays any number of such queries out as one ``Columns`` (one row
 each), and ``memory_verdict`` / ``evaluate_queries`` evaluate them in one pass. A query about one
 configuration is a one-row batch; many unrelated queries (``fit``'s alternatives, a notebook loop)
 cost one formula evaluation, not one each.
@@ -97,10 +97,11 @@ def take_row(c: Columns, i: int) -> Columns:
     return Columns(**{f.name: getattr(c, f.name)[i] for f in fields(Columns)})
 
 
-def row_of(columns: dict[str, Any], i: int, shape: tuple[int, ...]) -> dict[str, Any]:
-    """Element ``i`` of every column of a result over rows of ``shape`` (a column that does not
-    vary, e.g. a term that is 0 for every row, broadcast first), as Python scalars."""
-    return {k: np.broadcast_to(np.asarray(v), shape)[i].item() for k, v in columns.items()}
+def rows_of(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """A result over ``n`` rows as one dict per row, of Python scalars (a column that does not
+    vary, e.g. a term that is 0 for every row, broadcast first); each column converted once."""
+    lists = {k: np.broadcast_to(np.asarray(v), (n,)).tolist() for k, v in columns.items()}
+    return [{k: values[i] for k, values in lists.items()} for i in range(n)]
 
 
 def memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = None,

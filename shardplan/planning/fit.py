@@ -24,7 +24,7 @@ from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
-from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values, row_of,
+from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values, rows_of,
                                          stack_queries, take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, throughput_band
 
@@ -148,11 +148,11 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConf
     m, judged, overflow = memory_verdict(c, allocator, bands)
     overflow = np.broadcast_to(overflow, c.shape)
     results = []
+    rows, verdicts = rows_of(m, len(queries)), rows_of(judged, len(queries))
     for i, ((cluster, _, notes), config) in enumerate(zip(queries, resolved)):
-        row = row_of(m, i, c.shape)
         if overflow[i]:
-            check_one(take_row(c, i), row, config)  # an overflowed result is an error, never a verdict
-        results.append(_fit_result(spec, cluster, config, row, row_of(judged, i, c.shape), list(notes or [])))
+            check_one(take_row(c, i), rows[i], config)  # an overflowed result is an error, never a verdict
+        results.append(_fit_result(spec, cluster, config, rows[i], verdicts[i], list(notes or [])))
     return results
 
 
