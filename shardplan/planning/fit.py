@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from types import SimpleNamespace
 from typing import Any, Sequence
 
 import numpy as np
@@ -149,15 +148,16 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConf
     overflow = np.broadcast_to(overflow, c.shape)
     results = []
     rows, verdicts = rows_of(m, len(queries)), rows_of(judged, len(queries))
+    trainable = np.broadcast_to(trainable_params(c), c.shape)
     for i, ((cluster, _, notes), config) in enumerate(zip(queries, resolved)):
         if overflow[i]:
             check_one(take_row(c, i), rows[i], config)  # an overflowed result is an error, never a verdict
-        results.append(_fit_result(spec, cluster, config, rows[i], verdicts[i], list(notes or [])))
+        results.append(_fit_result(spec, cluster, config, rows[i], verdicts[i], list(notes or []), int(trainable[i])))
     return results
 
 
 def _fit_result(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, scalar: dict[str, Any],
-                verdict: dict[str, Any], notes: list[str]) -> FitResult:
+                verdict: dict[str, Any], notes: list[str], trainable: int) -> FitResult:
     """One row of the memory model and its verdict as the ``FitResult`` record."""
     from shardplan.inputs.stacks import stack_label
 
@@ -175,9 +175,7 @@ def _fit_result(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, scala
         stack=stack_label(config.stack), fits_load=bool(scalar["fits_load"]),
         config=config.model_dump(),
         model={"name": spec.name, "display_name": spec.display_name, "params": model["total_params"],
-               "trainable_params": int(trainable_params(SimpleNamespace(
-                   method=st.METHODS.index(config.method), total_params=model["total_params"],
-                   lora_params=model["lora_params"])))},
+               "trainable_params": trainable},
         gpu={"name": cluster.gpu.name, "memory_bytes": cluster.gpu.memory_bytes, "capacity_only": cluster.capacity_only},
         cluster={"label": cluster.label, "world_size": cluster.world_size, "gpus_per_node": cluster.gpus_per_node,
                  "nodes": cluster.nodes, "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name},
