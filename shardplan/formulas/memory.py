@@ -195,7 +195,7 @@ def _per_block_grad_bytes(c, states, n_g, grads_held):
     offloaded gradients (none on the device)."""
     L = np.maximum(c.num_layers, 1)
     fsdp1 = eng.layout_is(eng.FLAT_UNIT, c.engine)
-    block_shard = np.where(fsdp1, (fsdp1_shard_elements(c, n_g) - -(-c.root_params // np.maximum(n_g, 1))) // L,
+    block_shard = np.where(fsdp1, fsdp1_shard_elements(c, n_g, "blocks") // L,
                            padded_shard_elements(c, n_g, "block"))
     per_block = np.where(c.method == st.FULL, block_shard * np.where(c.precision == st.BF16_PURE, 2, 4),
                          states["grads"] // L) * np.where(states["grads"] > 0, 1, 0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.formulas.activations import compute_dtype_bytes
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 from shardplan.inputs.engines import per_engine, per_precision, per_strategy
@@ -293,7 +294,7 @@ def frozen_base(c):
     peft = c.method != st.FULL
     frozen = np.where(peft, c.total_params, 0)
     qlora = c.method == st.QLORA
-    w_frozen = np.where(np.asarray(c.precision) == st.FP32, 4, 2)
+    w_frozen = compute_dtype_bytes(c.precision)
     quant_part = quantized_base_bytes(c)
     unquantized = c.total_params - c.quantizable_params - c.quantized_bias_params
     frozen_bytes = np.where(
