@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from shardplan.cli.options import STACK_KNOBS, WIDE_HELP, cluster_of, stated
+from shardplan.cli.options import WIDE_HELP, cluster_of, stated, with_stack_knobs
 from shardplan.inputs.query import parse_query
 from shardplan.inputs.vocabulary import help_text as vocab_help
 from shardplan.support.errors import ShardplanError
@@ -19,6 +19,7 @@ FIT_KNOBS = ("engine", "method", "lora_rank", "lora_targets", "precision", "opti
              "quant_format", "expandable_segments", "checkpoint_wrapper", "load_mode")
 
 
+@with_stack_knobs(after="shard_group_size")
 def fit(
     query: Optional[str] = typer.Argument(None, help="free text, e.g. '70B on 4x24GB' or 'llama-3.1-8b on 8xh100-sxm seq 8192 batch 2'"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="profile name, HF config.json path, or a size like '70B'"),
@@ -37,18 +38,6 @@ def fit(
     micro_batch: Optional[int] = typer.Option(None, help="micro-batch per GPU (default 1)"),
     grad_accum: Optional[int] = typer.Option(None, help="gradient accumulation steps (default 1)"),
     shard_group_size: Optional[int] = typer.Option(None, help="HSDP shard group size (default GPUs per node)"),
-    attention: Optional[str] = STACK_KNOBS["attention"],
-    reduce_dtype: Optional[str] = STACK_KNOBS["reduce_dtype"],
-    stack: Optional[str] = STACK_KNOBS["stack"],
-    ce_chunks: Optional[int] = STACK_KNOBS["ce_chunks"],
-    optimizer_in_backward: Optional[bool] = STACK_KNOBS["optimizer_in_backward"],
-    activation_offload: Optional[bool] = STACK_KNOBS["activation_offload"],
-    paged_optimizer: Optional[bool] = STACK_KNOBS["paged_optimizer"],
-    checkpoint_wrapper: Optional[bool] = STACK_KNOBS["checkpoint_wrapper"],
-    expandable_segments: Optional[bool] = STACK_KNOBS["expandable_segments"],
-    fp32_master: Optional[bool] = STACK_KNOBS["fp32_master"],
-    quant_format: Optional[str] = STACK_KNOBS["quant_format"],
-    load_mode: Optional[str] = STACK_KNOBS["load_mode"],
     host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
     intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
@@ -61,9 +50,11 @@ def fit(
     check: bool = typer.Option(False, "--check", help="for scripts: exit 1 unless some strategy's verdict is 'fits' "
                                                       "('tight' does not count: its error band crosses capacity); "
                                                       "output unchanged"),
+    **stack_knobs,
 ):
     """Will it fit? Per-GPU memory, term by term, for one strategy or all of them."""
-    run_fit(dict(locals()))  # the options as typer parsed them, by name
+    args = dict(locals())
+    run_fit({**args.pop("stack_knobs"), **args})  # the options as typer parsed them, by name
 
 
 def run_fit(args: dict) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from typing import Callable, Optional
+
 import typer
 
 from shardplan.inputs.vocabulary import help_text as vocab_help
@@ -13,6 +17,10 @@ REDUCE_HELP = vocab_help("reduce_dtype", "fp32 under FSDP/DDP mixed precision, 1
 WIDE_HELP = "print every line whole, however wide (default: fit $COLUMNS, else the terminal, else 100 columns)"
 
 # Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)
+STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chunks": int,
+                    "optimizer_in_backward": bool, "activation_offload": bool, "paged_optimizer": bool,
+                    "checkpoint_wrapper": bool, "expandable_segments": bool, "fp32_master": bool,
+                    "quant_format": str, "load_mode": str}
 STACK_KNOBS = {
     "attention": typer.Option(None, help=vocab_help("attention", "sdpa")),
     "reduce_dtype": typer.Option(None, help=REDUCE_HELP),
@@ -36,6 +44,27 @@ STACK_KNOBS = {
     "quant_format": typer.Option(None, help=vocab_help("quant_format", "nf4")),
     "load_mode": typer.Option(None, help=vocab_help("load_mode", "the stack's")),
 }
+
+
+def with_stack_knobs(after: str) -> Callable[[Callable], Callable]:
+    """Give a command the shared stack-knob options (``STACK_KNOBS``), listed right after its
+    option ``after``: the command declares ``**stack_knobs`` and receives them there. typer reads
+    the signature this sets, so ``--help`` shows them as if written out in the command."""
+    def decorate(command: Callable) -> Callable:
+        own = [p for p in inspect.signature(command).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        at = next(i for i, p in enumerate(own) if p.name == after) + 1
+        knobs = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option,
+                                   annotation=Optional[STACK_KNOB_TYPES[name]]) for name, option in STACK_KNOBS.items()]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            return command(**kwargs)
+
+        wrapper.__signature__ = inspect.Signature(own[:at] + knobs + own[at:])
+        wrapper.__annotations__ = {**command.__annotations__, **{p.name: p.annotation for p in knobs}}
+        wrapper.__annotations__.pop("stack_knobs", None)
+        return wrapper
+    return decorate
 
 
 def stated(options: dict, query_words: dict) -> dict:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from shardplan.cli.options import STACK_KNOBS, WIDE_HELP, cluster_of, stated
+from shardplan.cli.options import WIDE_HELP, cluster_of, stated, with_stack_knobs
 from shardplan.inputs.query import parse_query
 from shardplan.inputs.vocabulary import help_text as vocab_help
 from shardplan.support.errors import ShardplanError
@@ -21,6 +21,7 @@ PLAN_KNOBS = ("method", "strategy", "engine", "ac", "offload", "micro_batch", "s
               "expandable_segments", "fp32_master", "quant_format", "load_mode")
 
 
+@with_stack_knobs(after="optimizer")
 def plan_command(
     query: str = typer.Argument(..., help="'MODEL on GPUS [words]' as fit takes it (e.g. '70B on 4x24GB qlora'), "
                                           "or a model name with --gpus"),
@@ -39,18 +40,6 @@ def plan_command(
     lora_targets: Optional[str] = typer.Option(None, help=vocab_help("lora_targets", "all-linear, or the stack's")),
     precision: Optional[str] = typer.Option(None, help=vocab_help("precision", "bf16-mixed, or the stack's")),
     optimizer: Optional[str] = typer.Option(None, help=vocab_help("optimizer", "adamw, or the stack's")),
-    attention: Optional[str] = STACK_KNOBS["attention"],
-    reduce_dtype: Optional[str] = STACK_KNOBS["reduce_dtype"],
-    stack: Optional[str] = STACK_KNOBS["stack"],
-    ce_chunks: Optional[int] = STACK_KNOBS["ce_chunks"],
-    optimizer_in_backward: Optional[bool] = STACK_KNOBS["optimizer_in_backward"],
-    activation_offload: Optional[bool] = STACK_KNOBS["activation_offload"],
-    paged_optimizer: Optional[bool] = STACK_KNOBS["paged_optimizer"],
-    checkpoint_wrapper: Optional[bool] = STACK_KNOBS["checkpoint_wrapper"],
-    expandable_segments: Optional[bool] = STACK_KNOBS["expandable_segments"],
-    fp32_master: Optional[bool] = STACK_KNOBS["fp32_master"],
-    quant_format: Optional[str] = STACK_KNOBS["quant_format"],
-    load_mode: Optional[str] = STACK_KNOBS["load_mode"],
     train_tokens: Optional[str] = typer.Option(None, help="tokens to train, e.g. '15T', for time and cost"),
     price_per_gpu_hour: Optional[float] = typer.Option(None, help="$ per GPU-hour, for cost"),
     calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
@@ -62,9 +51,11 @@ def plan_command(
                                            "(one array, ~1.9 kB each); a larger search is refused with its count"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
+    **stack_knobs,
 ):
     """Fastest configuration that fits: search method × strategy × engine × AC × micro-batch × offload × HSDP group."""
-    run_plan(dict(locals()))  # the options as typer parsed them, by name
+    args = dict(locals())
+    run_plan({**args.pop("stack_knobs"), **args})  # the options as typer parsed them, by name
 
 
 def run_plan(args: dict) -> None:
