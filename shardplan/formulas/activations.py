@@ -107,7 +107,7 @@ def fused_qkv_output_copy_bytes(c, a):
     in bf16 on CPU (tests/test_hf_families.py), +512 B/token at heads·d = 256; a frozen o_proj saves
     nothing (LoRA/QLoRA: 0). ASSUMPTION: CUDA's flash / memory-efficient kernels return the same
     layout for strided inputs as the CPU flash kernel."""
-    return np.where(c.fused_qkv & (c.attention == st.SDPA) & ~sdpa_math_fallback(c, a), a * c.attn_out_width, 0)
+    return np.where(c.fused_qkv & (c.attention == st.SDPA) & np.logical_not(sdpa_math_fallback(c, a)), a * c.attn_out_width, 0)
 
 
 def attention_quadratic_bytes_per_token(c, a):
@@ -259,7 +259,7 @@ def block_activation_bytes(c):
     # activation offloading keeps ~2 layers' worth on the GPU (OFFLOAD_LAYERS_ON_DEVICE, below)
     L = np.maximum(c.num_layers, 1)
     on_device = np.where(c.activation_offload, layers_on_device(c, L) / L, 1.0)
-    return np.floor(tokens * per_token * on_device).astype(np.int64)
+    return np.asarray(np.floor(tokens * per_token * on_device), dtype=np.int64)
 
 
 def rope_bytes(c):
@@ -270,7 +270,7 @@ def rope_bytes(c):
     saved-tensor hooks, (1, 1, s, head_dim) bf16, hf_stack_cpu)."""
     a = compute_dtype_bytes(c.precision)
     rows = np.where(c.rope_shared_batch, 1, c.micro_batch)
-    return (2 * a * rows * c.seq_len * c.rope_dim).astype(np.int64)
+    return np.asarray(2 * a * rows * c.seq_len * c.rope_dim, dtype=np.int64)
 
 
 def head_activation_bytes(c):
@@ -280,7 +280,7 @@ def head_activation_bytes(c):
     per_token = np.where(c.method == st.FULL, norm_saved_bytes_per_token(c, a) + a * c.hidden_size,
                          frozen_norm_bytes_per_token(c, a))
     norm = c.micro_batch * c.seq_len * per_token
-    return (norm + rope_bytes(c)).astype(np.int64)
+    return np.asarray(norm + rope_bytes(c), dtype=np.int64)
 
 
 def logits_forward_bytes(c):
@@ -298,7 +298,7 @@ def logits_forward_bytes(c):
     # (transformers ``LlamaForCausalLM.forward``: ``hidden_states = outputs.last_hidden_state``);
     # a trainable lm_head saves it anyway (``head_activation_bytes``), a frozen one does not
     held = np.where(c.method != st.FULL, tokens * a * c.hidden_size, 0)
-    return (tokens * c.vocab_size * per_entry + labels + held).astype(np.int64)
+    return np.asarray(tokens * c.vocab_size * per_entry + labels + held, dtype=np.int64)
 
 
 def logits_backward_bytes(c):
@@ -307,7 +307,7 @@ def logits_backward_bytes(c):
     (4 + 4)·bsV = 12·bsV. The 16-bit logits are gone by then: the model's forward (or the HF
     Trainer's ``compute_loss``) drops them; a loop that keeps ``outputs.logits`` adds a·bsV.
     Measured: 7B runs, backward peak Temp = 8·bsV, Activation = saved + 4·bsV."""
-    return (12 * c.micro_batch * c.seq_len * c.vocab_size).astype(np.int64)
+    return np.asarray(12 * c.micro_batch * c.seq_len * c.vocab_size, dtype=np.int64)
 
 
 def logits_and_loss_bytes(c):
@@ -415,7 +415,7 @@ def chunked_logits_forward_bytes(c):
     labels = 8 * c.micro_batch * (2 * c.seq_len + 1) + 8 * c.seq_len
     # the model's forward still holds the last hidden state (see ``logits_forward_bytes``)
     held = np.where(c.method != st.FULL, tokens * a * c.hidden_size, 0)
-    return (np.ceil(tokens * c.vocab_size * per_entry) + labels + held).astype(np.int64)
+    return np.asarray(np.ceil(tokens * c.vocab_size * per_entry) + labels + held, dtype=np.int64)
 
 
 def chunked_logits_backward_bytes(c):
@@ -427,7 +427,7 @@ def chunked_logits_backward_bytes(c):
     tokens = c.micro_batch * c.seq_len
     chunks = np.maximum(c.ce_chunks, 1)
     per_entry = 4 + (8 + np.where(a < 4, a, 0)) / chunks
-    return np.ceil(tokens * c.vocab_size * per_entry).astype(np.int64)
+    return np.asarray(np.ceil(tokens * c.vocab_size * per_entry), dtype=np.int64)
 
 
 # Activation offloading (torchtune ``training/_activation_offloading.py`` ``OffloadActivations``,
@@ -456,4 +456,4 @@ def offloaded_activation_bytes(c):
                  - first_block_untracked_bytes_per_token(c, a))  # as block_activation_bytes counts them
     L = np.maximum(c.num_layers, 1)
     host = tokens * per_token * (L - layers_on_device(c, L)) / L
-    return np.where(c.activation_offload, np.floor(host), 0).astype(np.int64)
+    return np.asarray(np.where(c.activation_offload, np.floor(host), 0), dtype=np.int64)

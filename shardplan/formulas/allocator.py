@@ -74,7 +74,7 @@ def default_allocator() -> AllocatorModel:
 
 def allocator_class(c, expandable_segments=False):
     """Index into ``CLASSES`` per configuration."""
-    fsdp = ~eng.wrapper_is(eng.W_DEEPSPEED, c.engine, c.strategy) & (c.strategy != st.DDP) & (c.world_size > 1)
+    fsdp = np.logical_not(eng.wrapper_is(eng.W_DEEPSPEED, c.engine, c.strategy)) & (c.strategy != st.DDP) & (c.world_size > 1)
     cls = np.where(fsdp & eng.layout_is(eng.PER_TENSOR, c.engine), 1,
                    np.where(fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine), 2, 0))
     return np.where(np.asarray(expandable_segments, dtype=bool), 3, cls)
@@ -113,7 +113,7 @@ def fragmentation_bytes(c, model: AllocatorModel, expandable_segments=False):
         return np.asarray(np.ceil(coeff * transient), dtype=np.int64)
 
     frag, high, low = at("median"), at("high"), at("low")
-    return frag, np.maximum(high - frag, frag - low).astype(np.int64)
+    return frag, np.asarray(np.maximum(high - frag, frag - low), dtype=np.int64)
 
 
 def reserved_terms(c, peak_allocated, units, sharded_grad_bytes, live_at_peak=None,

@@ -94,7 +94,7 @@ def fsdp_units(c, n_p):
     # (measured: tiny NO_SHARD fp32 W=4, the backward peak holds no unsharded bytes; bf16-mixed:
     # root + current + prefetched block of 16-bit copies, 139,648 B at the start of backward).
     mixed = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
-    copies = fsdp & ~(eng.layout_is(eng.FLAT_UNIT, c.engine) & (n <= 1) & ~(mixed | ~full))
+    copies = fsdp & np.logical_not(eng.layout_is(eng.FLAT_UNIT, c.engine) & (n <= 1) & np.logical_not(mixed | np.logical_not(full)))
     out = dict(
         root_unsharded=np.where(copies, root_elems * root_w, 0),
         block_unsharded=np.where(copies, block_elems * w, 0),
@@ -230,4 +230,4 @@ def optimizer_step_temporaries(c, optimizer_shard_degree):
     single = master * np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & (c.method == st.FULL), flat, 2 * np.ceil(largest / n))
     temps = np.where(c.foreach_optimizer, foreach, single)
     one = np.ceil(foreach * np.minimum(c.largest_module_params / np.maximum(c.total_params, 1), 1.0))
-    return np.where(has_temp & on_gpu, np.where(c.optimizer_in_backward, np.minimum(one, temps), temps), 0).astype(np.int64)
+    return np.asarray(np.where(has_temp & on_gpu, np.where(c.optimizer_in_backward, np.minimum(one, temps), temps), 0), dtype=np.int64)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from shardplan.inputs import strategy as st
+from shardplan.formulas.activations import compute_dtype_bytes
 from shardplan.formulas.buffers import bucket_bytes, reduce_dtype_bytes, unsharded_block_bytes_per_param
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs import engines as eng
@@ -261,7 +262,7 @@ def reduce_collective_bytes_per_element(c, group):
     ``all_to_all_quant_reduce`` being used for multi-node groups only)."""
     quant = per_engine("gradient_comm_bytes", c.engine)
     spans = np.asarray(group) > np.asarray(c.gpus_per_node)
-    applies = (quant > 0) & (spans | ~per_engine("gradient_quant_across_nodes_only", c.engine))
+    applies = (quant > 0) & (spans | np.logical_not(per_engine("gradient_quant_across_nodes_only", c.engine)))
     return np.where(applies, quant, grad_comm_bytes_per_element(c))
 
 
@@ -275,7 +276,6 @@ def gather_bytes_scale(c, gathered_bytes_per_element):
 def gathered_param_bytes(c):
     """(block bytes, root bytes) one all-gather round produces: blocks in the compute dtype (or the
     frozen base's storage for LoRA/QLoRA) + adapters; the root in the compute dtype, frozen or not."""
-    from shardplan.formulas.activations import compute_dtype_bytes
     a = compute_dtype_bytes(c.precision)
     blocks = (c.total_params - c.root_params) * unsharded_block_bytes_per_param(c)
     adapters = np.where(c.method == st.FULL, 0, c.lora_params * a)
@@ -291,7 +291,7 @@ def _sync_mode(c, sync_every_micro_batch):
 def sync_count(c, sync_every_micro_batch=None):
     """Gradient synchronisations per step: every micro-batch, or once (no_sync). DeepSpeed ZeRO-1
     reduces only at the accumulation boundary (its gradients are unsharded anyway)."""
-    once = ~_sync_mode(c, sync_every_micro_batch) | (c.strategy == st.ZERO1)
+    once = np.logical_not(_sync_mode(c, sync_every_micro_batch)) | (c.strategy == st.ZERO1)
     return np.where(once, 1, c.grad_accum)
 
 
@@ -303,8 +303,8 @@ def no_sync_grad_bytes(c, sync_every_micro_batch=None):
     it in every forward and backward moment."""
     _, n_g, _ = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
     sharded_grads = (n_g > 1) & (c.strategy != st.ZERO1)
-    held = ~_sync_mode(c, sync_every_micro_batch) & (c.grad_accum > 1) & sharded_grads
-    return np.where(held, trainable_params(c) * grad_comm_bytes_per_element(c), 0).astype(np.int64)
+    held = np.logical_not(_sync_mode(c, sync_every_micro_batch)) & (c.grad_accum > 1) & sharded_grads
+    return np.asarray(np.where(held, trainable_params(c) * grad_comm_bytes_per_element(c), 0), dtype=np.int64)
 
 
 def _gather_collectives(c, n_p, k, units):
@@ -314,13 +314,12 @@ def _gather_collectives(c, n_p, k, units):
     ASSUMPTION: the backward gather too). Where the engine keeps a secondary partition within the
     shard group (ZeRO++ hpZ, Wang et al. 2023 §3.2: "eliminates inter-node backward parameter
     all-gather"), the backward all-gather runs inside that group."""
-    from shardplan.formulas.activations import compute_dtype_bytes
 
     s = c.strategy
     blocks_b, root_b = gathered_param_bytes(c)
     scale = gather_bytes_scale(c, compute_dtype_bytes(c.precision))
     blocks_b, root_b = blocks_b * scale, root_b * scale
-    regathers_root = ~per_engine("keeps_root_unsharded", c.engine)
+    regathers_root = np.logical_not(per_engine("keeps_root_unsharded", c.engine))
     gather = n_p > 1
     reshard = gather & ((s == st.FULL_SHARD) | (s == st.HYBRID_SHARD))
     ag_fwd_S = np.where(gather, (blocks_b + root_b) * k, 0)
@@ -343,13 +342,13 @@ def _gradient_collectives(c, n_g, g, replicas, syncs, units):
     gradients (``reduce_scatters_grads``)."""
     s, n = c.strategy, c.world_size
     hybrid = (s == st.HYBRID_SHARD) | (s == st.HYBRID_SHARD_ZERO2)
-    bucketed = ~eng.wrapper_is(eng.W_FSDP, c.engine, s)
+    bucketed = np.logical_not(eng.wrapper_is(eng.W_FSDP, c.engine, s))
     rs = (n_g > 1) | per_strategy("reduce_scatters_grads", c.engine, s)
     rs_group = np.where(rs, np.where(hybrid, g, n), 1)
     gb = reduce_collective_bytes_per_element(c, rs_group)
     grads_S = trainable_params(c) * gb
     rs_S = np.where(rs, grads_S * syncs, 0)
-    ar = ~rs & (n > 1)
+    ar = np.logical_not(rs) & (n > 1)
     plain_S = trainable_params(c) * grad_comm_bytes_per_element(c)
     ar_S = np.where(ar, plain_S * syncs, 0)
     ar_rep_S = np.where(hybrid & (replicas > 1), plain_S / np.maximum(g, 1) * syncs, 0)
@@ -384,13 +383,13 @@ def comm_volume(c, sync_every_micro_batch=None):
     for name, (op, S, calls, group) in table.items():
         S = np.asarray(S, dtype=np.float64)
         moved = ring_factor(op, group) * S
-        out[f"{name}_message_bytes"] = np.round(S).astype(np.int64)
-        out[f"{name}_bytes"] = np.round(moved).astype(np.int64)
-        out[f"{name}_calls"] = np.asarray(calls).astype(np.int64)
-        out[f"{name}_group"] = np.asarray(group).astype(np.int64)
+        out[f"{name}_message_bytes"] = np.asarray(np.round(S), dtype=np.int64)
+        out[f"{name}_bytes"] = np.asarray(np.round(moved), dtype=np.int64)
+        out[f"{name}_calls"] = np.asarray(calls, dtype=np.int64)
+        out[f"{name}_group"] = np.asarray(group, dtype=np.int64)
         total = total + out[f"{name}_bytes"]
     out["comm_bytes_per_step"] = total
-    out["replicas"] = np.asarray(replicas).astype(np.int64)
+    out["replicas"] = np.asarray(replicas, dtype=np.int64)
     out["no_sync_grad_bytes"] = no_sync_grad_bytes(c, sync_every_micro_batch)
     return out
 

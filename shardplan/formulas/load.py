@@ -42,15 +42,15 @@ def model_load_bytes(c):
     block Linears quantized (``quant_format``) and the rest 16-bit. Adapters are created after
     loading and are not counted."""
     b = np.where(c.precision == st.FP32, 4, 2)
-    return np.where(c.method == st.QLORA, quantized_base_bytes(c) + 2 * (c.total_params - c.quantizable_params),
-                    b * c.total_params).astype(np.int64)
+    return np.asarray(np.where(c.method == st.QLORA, quantized_base_bytes(c) + 2 * (c.total_params - c.quantizable_params),
+                    b * c.total_params), dtype=np.int64)
 
 
 def load_unit_bytes(c):
     """The largest unit (root or block) in its load dtype: what one broadcast / flatten holds."""
     b = np.where(c.precision == st.FP32, 4, 2)
     block_bpp = np.where(c.method == st.QLORA, qlora_block_bytes_per_param(c), b)
-    return np.ceil(np.maximum(c.root_params * b, c.unit_params * block_bpp)).astype(np.int64)
+    return np.asarray(np.ceil(np.maximum(c.root_params * b, c.unit_params * block_bpp)), dtype=np.int64)
 
 
 def load_peak_allocated_bytes(c, param_shard_degree):
@@ -58,8 +58,8 @@ def load_peak_allocated_bytes(c, param_shard_degree):
     n = np.maximum(np.asarray(param_shard_degree), 1)
     whole = model_load_bytes(c)
     quant = np.where(quant_replicated(c), quantized_base_bytes(c), 0)
-    shard = np.where(params_offloaded(c), 0, np.ceil((whole - quant) / n) + quant).astype(np.int64)
+    shard = np.asarray(np.where(params_offloaded(c), 0, np.ceil((whole - quant) / n) + quant), dtype=np.int64)
     unit = np.where(n > 1, load_unit_bytes(c), 0)
     mode = np.asarray(c.load_mode)
-    return np.where(mode == st.LOAD_FULL_PER_GPU, whole + unit,
-                    np.where(mode == st.LOAD_RANK0_BROADCAST, shard + unit, shard)).astype(np.int64)
+    return np.asarray(np.where(mode == st.LOAD_FULL_PER_GPU, whole + unit,
+                    np.where(mode == st.LOAD_RANK0_BROADCAST, shard + unit, shard)), dtype=np.int64)

@@ -87,7 +87,7 @@ def deepspeed_estimator_host_bytes(total_params, largest_module_params, gpus_per
                        [p * np.maximum(4 * g, 18 * per_node) * buffer_factor,
                         p * np.maximum(4 * g, 16 * per_node) * buffer_factor],
                        p * 4 * g * buffer_factor)
-    return np.floor(np.where(stage3, z3, z2)).astype(np.int64)
+    return np.asarray(np.floor(np.where(stage3, z3, z2)), dtype=np.int64)
 
 
 def host_bytes_per_node(c, host_offloaded):
@@ -109,7 +109,7 @@ def host_bytes_per_node(c, host_offloaded):
     nodes = np.maximum(c.world_size // np.maximum(c.gpus_per_node, 1), 1)
     ds = deepspeed_estimator_host_bytes(c.total_params, c.largest_module_params, c.gpus_per_node, nodes,
                                         c.strategy, c.offload)
-    return np.where(is_ds, ds, ours).astype(np.int64)
+    return np.asarray(np.where(is_ds, ds, ours), dtype=np.int64)
 
 
 def _block_forward(c, k, units, grads_held, pre):
@@ -143,7 +143,7 @@ def _block_forward(c, k, units, grads_held, pre):
         on = (fsdp & eng.layout_is(eng.PER_TENSOR, c.engine) & (units["all_gather_block"] > 0)) | fsdp1
         per_token = layers_on_device(c, k) * kept_avg + a * c.hidden_size
         prior = np.where(k == 0, units["all_gather_root"], units["all_gather_block"])
-        acts = np.ceil(tokens * per_token).astype(np.int64) + small
+        acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + small
         return {
             "grads": grads_held,
             "activations": np.where(on, acts, 0),
@@ -152,7 +152,7 @@ def _block_forward(c, k, units, grads_held, pre):
             "root_unsharded": np.where(on, units["root_unsharded"], 0),
         }
     per_token = layers_on_device(c, k) * kept_avg + block_forward_working_bytes_per_token(c, a)
-    acts = np.ceil(tokens * per_token).astype(np.int64) + small
+    acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + small
     return {
         "grads": grads_held,
         "activations": np.where(fsdp | (c.strategy == st.SINGLE), acts, 0),
@@ -175,8 +175,8 @@ def wrapper_leftover_bytes(c, a, blocks_done, n_ckpt):
     nothing (hf_stack_cpu.jsonl, exact). ASSUMPTION: RMSNorm models (LayerNorm unmeasured: 0)."""
     h = c.hidden_size
     per_token = np.where(a < 4, 8 * h + 4 + 2 * a * h, 8 * h + 4)
-    on = np.asarray(c.checkpoint_wrapper, dtype=bool) & (n_ckpt > 0) & ~np.asarray(c.layernorm, dtype=bool)
-    return np.where(on, np.maximum(blocks_done, 0) * c.micro_batch * c.seq_len * per_token, 0).astype(np.int64)
+    on = np.asarray(c.checkpoint_wrapper, dtype=bool) & (n_ckpt > 0) & np.logical_not(np.asarray(c.layernorm, dtype=bool))
+    return np.asarray(np.where(on, np.maximum(blocks_done, 0) * c.micro_batch * c.seq_len * per_token, 0), dtype=np.int64)
 
 
 def _kept_average_bytes_per_token(c, a, n_ckpt=None, full_layer=None):
@@ -212,7 +212,7 @@ def _unwrapped_grads(c, states):
     g_elem = np.where(c.precision == st.BF16_PURE, 2, 4) * np.where(states["grads"] > 0, 1, 0)
     root = np.where(single & (c.method == st.FULL), (c.vocab_size * c.hidden_size + c.hidden_size) * g_elem, 0)
     first = np.where(single, np.ceil(c.hidden_size * c.mlp_width * g_elem * trainable_fraction(c)), 0)
-    return root, first.astype(np.int64)
+    return root, np.asarray(first, dtype=np.int64)
 
 
 def _backward_context(c, states, n_g, grads_held):
@@ -247,10 +247,10 @@ def _backward_activation_bytes(c, k, ctx, recompute):
     leftover = wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, n_ckpt)
     if recompute:
         lora = (np.ceil(tokens * (k * kept_avg + ctx["extra"] + ctx["reentrant"] + lora_recompute_bytes_per_token(c, a)))
-                + leftover.astype(np.int64) + rope_bytes(c))
+                + np.asarray(leftover, dtype=np.int64) + rope_bytes(c))
         return np.where((c.method != st.FULL) & (n_ckpt > 0), lora, 0)
     per_token = layers_on_device(c, k) * kept_avg + ctx["full_layer"] + ctx["extra"]
-    acts = np.ceil(tokens * per_token).astype(np.int64) + rope_bytes(c)
+    acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + rope_bytes(c)
     return acts + tokens * (backward_working_bytes_per_token(c, a) + ctx["reentrant"]) + leftover
 
 
@@ -268,13 +268,13 @@ def _block_backward(c, k, ctx, units, grads_held, recompute=False):
         "activations": np.where(tracked, _backward_activation_bytes(c, k, ctx, recompute), 0),
         "unsharded_params": units["block_unsharded"] * np.where(keep, k + 1, 1),
         # the next block's prefetched all-gather (FSDP1: straight into its unsharded flat parameter)
-        "all_gather_buffers": np.where((k >= 1) & ~keep, np.where(fsdp1 & (units["all_gather_block"] == 0) & fsdp,
+        "all_gather_buffers": np.where((k >= 1) & np.logical_not(keep), np.where(fsdp1 & (units["all_gather_block"] == 0) & fsdp,
                                                                   units["block_unsharded"], units["all_gather_block"]), 0),
         "unsharded_grads": units["first_block_grad"],
         # FSDP2 keeps the previous block's reduce-scatter input until the next reduce-scatter
         # (``reduce_scatter_state``); FSDP1 frees it inside the post-backward hook (measured: no
         # "Reduce Scatter" bytes inside block 0's backward, tiny bf16 full AC W=4: +12.8 % before)
-        "reduce_scatter_buffers": np.where((k < c.num_layers - 1) & ~fsdp1, units["reduce_scatter_block"], 0),
+        "reduce_scatter_buffers": np.where((k < c.num_layers - 1) & np.logical_not(fsdp1), units["reduce_scatter_block"], 0),
         "root_unsharded": units["root_unsharded"],
         "root_grads": units["root_grads"] + ctx["single_root"],
     }
@@ -298,11 +298,11 @@ def _fsdp1_gradient_moments(c, k, ctx, units, one, grads_held):
     a = ctx["a"]
     on = units["fsdp"] & eng.layout_is(eng.FLAT_UNIT, c.engine)
     keep = units["keep_unsharded"]
-    acts = (np.ceil(ctx["tokens"] * (layers_on_device(c, k) * ctx["kept_avg"] + a * c.hidden_size)).astype(np.int64)
+    acts = (np.asarray(np.ceil(ctx["tokens"] * (layers_on_device(c, k) * ctx["kept_avg"] + a * c.hidden_size)), dtype=np.int64)
             + rope_bytes(c) + wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, ctx["n_ckpt"]))
     shared = {
         "grads": grads_held + (c.num_layers - 1 - k) * ctx["per_block_grad"], "activations": acts,
-        "all_gather_buffers": np.where((k >= 1) & ~keep, units["block_unsharded"], 0),  # block k-1, prefetched
+        "all_gather_buffers": np.where((k >= 1) & np.logical_not(keep), units["block_unsharded"], 0),  # block k-1, prefetched
         "root_unsharded": units["root_unsharded"], "root_grads": units["root_grads"],
     }
     concat = dict(shared, unsharded_params=units["block_unsharded"] * np.where(keep, k + 1, 1),
@@ -365,7 +365,7 @@ def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block):
     # FSDP1 prefetches the last block (BACKWARD_PRE) in the root's pre-backward hook, before the
     # loss's backward runs (measured: tiny bf16 W=4/64 no AC, root + one block unsharded at the
     # logits' backward; −6.5 % / −9.2 % before)
-    fsdp1_prefetch = np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & fsdp & ~keep & (L > 0), units["block_unsharded"], 0)
+    fsdp1_prefetch = np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & fsdp & np.logical_not(keep) & (L > 0), units["block_unsharded"], 0)
     start = dict(common, grads=grads_held, activations=saved, logits_and_loss=_logits_bytes(c)[1],
                  unsharded_params=blocks_held + fsdp1_prefetch,
                  all_gather_buffers=np.where(keep, 0, units["all_gather_block"]), root_unsharded=units["root_unsharded"])
@@ -392,7 +392,7 @@ def _optimizer_step_moment(c, states, n_o):
     ``register_optim_in_bwd_hooks``), so the step moment holds one parameter's gradient (the
     largest module's share) and its temporaries."""
     one_grad = np.ceil(states["grads"] * np.minimum(c.largest_module_params / np.maximum(c.total_params, 1), 1.0))
-    return dict(grads=np.where(c.optimizer_in_backward, one_grad, states["grads"]).astype(np.int64),
+    return dict(grads=np.asarray(np.where(c.optimizer_in_backward, one_grad, states["grads"]), dtype=np.int64),
                 optimizer_step_temporaries=optimizer_step_temporaries(c, n_o))
 
 
@@ -425,7 +425,7 @@ def _peak(moments, first_bw, step, persistent, zero):
         bw_total = np.maximum(bw_total, totals[i])
     step_total = total(step)
     moment = np.where(fw_total > bw_total, FORWARD, BACKWARD)
-    moment = np.where(step_total > np.maximum(fw_total, bw_total), OPTIMIZER_STEP, moment).astype(np.int8)
+    moment = np.asarray(np.where(step_total > np.maximum(fw_total, bw_total), OPTIMIZER_STEP, moment), dtype=np.int8)
     which = np.where(moment == FORWARD, best_fw, np.where(moment == BACKWARD, best_bw, -1))
     return dict(forward=fw_total + zero, backward=bw_total + zero, step=step_total + zero, moment=moment, which=which)
 
@@ -435,14 +435,14 @@ def _terms_at_peak(names, moments, step, peak, zero):
     optimizer step's where that is the peak). Each moment's rows are found once, and a moment that
     is no row's peak is skipped (sweeps evaluate many moments, few of which win)."""
     winners = [(step, peak["moment"] == OPTIMIZER_STEP)]
-    winners += [(m, mask) for i, m in enumerate(moments) for mask in (peak["which"] == i,) if mask.any()]
+    winners += [(m, mask) for i, m in enumerate(moments) for mask in (peak["which"] == i,) if np.any(mask)]
     out = {}
     for name in names:
-        value = zero.copy()
+        value = zero
         for m, rows in winners:
             if name in m:
-                np.copyto(value, m[name], casting="unsafe", where=rows)
-        out[name] = value
+                value = np.where(rows, m[name], value)
+        out[name] = np.asarray(value, dtype=np.int64)
     return out
 
 
@@ -458,7 +458,7 @@ def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):
     return dict(
         peak_reserved_bytes=reserved["peak_reserved_bytes"], stream_pool_bytes=reserved["stream_pool_bytes"],
         fragmentation_bytes=reserved["fragmentation_bytes"], allocator_band_bytes=reserved["allocator_band_bytes"],
-        non_torch_bytes=np.broadcast_to(non_torch, peak_allocated.shape).astype(np.int64),
+        non_torch_bytes=np.asarray(np.broadcast_to(non_torch, np.shape(peak_allocated)), dtype=np.int64),
         device_total_bytes=device_total,
         load_peak_bytes=np.asarray(load_peak, dtype=np.int64) + np.zeros_like(peak_allocated),
         gpu_memory_bytes=c.gpu_memory_bytes, headroom_bytes=c.gpu_memory_bytes - device_total,
@@ -524,7 +524,7 @@ def valid_stack_knobs(c):
     accumulate gradients (torchtune raises "Gradient accumulation is not supported with optimizer
     in bwd") and keeps no gradients to offload."""
     single_ok = (c.strategy != st.SINGLE) | (c.world_size == 1)
-    oib_ok = ~np.asarray(c.optimizer_in_backward, dtype=bool) | ((c.grad_accum == 1) & (c.offload == st.OFFLOAD_NONE))
+    oib_ok = np.logical_not(np.asarray(c.optimizer_in_backward, dtype=bool)) | ((c.grad_accum == 1) & (c.offload == st.OFFLOAD_NONE))
     return single_ok & oib_ok
 
 

@@ -55,7 +55,7 @@ def nf4_quant_state_bytes(elements, tensors):
     blocks = np.ceil(e / NF4_BLOCK)
     nested = np.ceil(blocks / NF4_NESTED_BLOCK)
     nested = np.maximum(nested, t)  # every tensor has at least one nested block
-    return np.where(e > 0, blocks + 4 * nested + NF4_PER_TENSOR_BYTES * t, 0).astype(np.int64)
+    return np.asarray(np.where(e > 0, blocks + 4 * nested + NF4_PER_TENSOR_BYTES * t, 0), dtype=np.int64)
 # GPTQ (Frantar et al. 2022) as AutoGPTQ/GPTQModel/transformers store it at group size 128:
 # ``qweight`` int32 [in/8, out] (4 bits per weight), ``qzeros`` int32 [in/128, out/8] (4 bits per
 # group and output), ``scales`` fp16 [in/128, out]: 0.5 + 0.5/128 + 2/128 bytes per weight.
@@ -82,7 +82,7 @@ def quantized_base_bytes(c):
     parameters × ``quant_bytes_per_param``, rounded up. NF4's quant_state is not in it
     (``nf4_quant_state_bytes``); biases, norms, embeddings and lm_head stay in a float dtype."""
     q = np.ceil(np.asarray(c.quantizable_params) * quant_bytes_per_param(c.quant_format))
-    return np.where(np.asarray(c.method) == st.QLORA, q, 0).astype(np.int64)
+    return np.asarray(np.where(np.asarray(c.method) == st.QLORA, q, 0), dtype=np.int64)
 
 
 def qlora_block_bytes_per_param(c, norm_bytes=2):
@@ -175,7 +175,7 @@ def optimizer_step_bytes_per_element(optimizer, precision, hidden_size):
 
 def _floor(numerator, divisor):
     """floor(numerator / divisor) as int64; numerators stay below 2**53, so float64 is exact."""
-    return np.floor(np.asarray(numerator, dtype=np.float64) / np.asarray(divisor)).astype(np.int64)
+    return np.asarray(np.floor(np.asarray(numerator, dtype=np.float64) / np.asarray(divisor)), dtype=np.int64)
 
 
 def zero_paper_model_state_bytes(params, world_size, stage, k=12):
@@ -226,13 +226,13 @@ def fsdp1_shard_elements(c, n, unit="model"):
     ASSUMPTION for "blocks": every block holds the mean block size (exact for uniform blocks)."""
     n = np.maximum(np.asarray(n), 1)
     if unit == "block":
-        return np.asarray(-(-c.unit_params // n)).astype(np.int64)
+        return np.asarray(-(-c.unit_params // n), dtype=np.int64)
     root = -(-c.root_params // n)
     if unit == "root":
-        return np.asarray(root).astype(np.int64)
+        return np.asarray(root, dtype=np.int64)
     per_block = -(-(c.total_params - c.root_params) // np.maximum(c.num_layers, 1))
     blocks = c.num_layers * -(-per_block // n)
-    return np.asarray({"blocks": blocks, "model": root + blocks}[unit]).astype(np.int64)
+    return np.asarray({"blocks": blocks, "model": root + blocks}[unit], dtype=np.int64)
 
 
 def fsdp1_unit_elements(c, n, unit):
@@ -253,7 +253,7 @@ def optimizer_step_tensor_bytes(c, on_device=False):
     tensors = np.where(c.method == st.FULL, np.where(kind == 1, c.num_layers + 1, c.param_tensors),
                        2 * c.num_layers * c.lora_adapted_linears)
     adam = (c.optimizer == st.ADAMW) & (kind != 2)
-    return np.where(adam & np.asarray(on_device), ADAM_STEP_BYTES * tensors, 0).astype(np.int64)
+    return np.asarray(np.where(adam & np.asarray(on_device), ADAM_STEP_BYTES * tensors, 0), dtype=np.int64)
 
 
 def hpz_secondary_param_bytes(c, trainable_bytes_16bit):
@@ -297,9 +297,9 @@ def frozen_base(c):
     w_frozen = compute_dtype_bytes(c.precision)
     quant_part = quantized_base_bytes(c)
     unquantized = c.total_params - c.quantizable_params - c.quantized_bias_params
-    frozen_bytes = np.where(
+    frozen_bytes = np.asarray(np.where(
         qlora, quant_part + w_frozen * unquantized + 2 * c.quantized_bias_params, w_frozen * frozen,
-    ).astype(np.int64)
+    ), dtype=np.int64)
     quant_state = np.where(qlora & (np.asarray(c.quant_format) == st.NF4), c.quant_state_bytes, 0)
     return frozen_bytes, quant_part, quant_state
 
@@ -352,7 +352,7 @@ def _held_states(c, optimizer_step_on_device):
     params = np.where(full_fsdp, _fsdp_shard_elements(c, n_p) * p_bytes, params)
     params = params + hpz_secondary_param_bytes(c, 2 * trainable + frozen_bytes)
     grads = np.where(full_fsdp, _fsdp_shard_elements(c, n_g) * g_bytes, grads)
-    optimizer = np.where(full_fsdp, np.ceil(_fsdp_shard_elements(c, n_o) * o_bytes).astype(np.int64), optimizer)
+    optimizer = np.where(full_fsdp, np.asarray(np.ceil(_fsdp_shard_elements(c, n_o) * o_bytes), dtype=np.int64), optimizer)
     optimizer = optimizer + optimizer_step_tensor_bytes(c, optimizer_step_on_device)
     # torch DDP's gradient buckets: a second copy of the gradients (DDP docstring, gradient_as_bucket_view)
     grad_buckets = np.where(eng.wrapper_is(eng.W_DDP, c.engine, c.strategy), trainable * g_bytes, 0)
@@ -371,7 +371,7 @@ def model_states(c, optimizer_step_on_device=False):
     params, grads, master, optimizer, grad_buckets = _held_states(c, optimizer_step_on_device)
     off_opt = c.offload != st.OFFLOAD_NONE
     off_params = params_offloaded(c)
-    off_grads = off_opt & ~eng.wrapper_is(eng.W_DDP, c.engine, c.strategy) & ~eng.wrapper_is(eng.W_NONE, c.engine, c.strategy)
+    off_grads = off_opt & np.logical_not(eng.wrapper_is(eng.W_DDP, c.engine, c.strategy)) & np.logical_not(eng.wrapper_is(eng.W_NONE, c.engine, c.strategy))
     host = (np.where(off_params, params, 0) + np.where(off_grads, grads, 0)
             + np.where(off_opt, master + optimizer, 0))
     return {

@@ -99,13 +99,13 @@ def class_bands(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> dict[s
     for name in BAND_CLASSES:
         band = bands.cls(name)
         rel = stack_relative_error(c, bands) if name == "unknown_stack" else band.relative_error
-        out[name] = np.ceil(rel * bases[band.of]).astype(np.int64) if np.any(rel) else np.int64(0)
+        out[name] = np.asarray(np.ceil(rel * bases[band.of]), dtype=np.int64) if np.any(rel) else np.int64(0)
     return out
 
 
 def band_bytes(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> np.ndarray:
     """The band: ceil(Σ_k e_k · B_k) (``band_sum``, rounded up to whole bytes)."""
-    return np.ceil(band_sum(bases, c, bands)).astype(np.int64)
+    return np.asarray(np.ceil(band_sum(bases, c, bands)), dtype=np.int64)
 
 
 def band_sum(bases: dict[str, np.ndarray], c, bands: AccuracyBands):
@@ -158,9 +158,9 @@ def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
         ok = ok & (load_peak + band_bytes(load_class_bytes(m), c, bands) <= capacity)  # fits needs the load side too
         under = under & (load_peak <= capacity)
     sure = (band_high <= room) & ok
-    undecided = ~sure & (band_low <= room) & ok
+    undecided = np.logical_not(sure) & (band_low <= room) & ok
     tight_or_better = under & (np.asarray(m["fits_host"]) & np.asarray(m["valid"]))
-    verdict = (DOES_NOT_FIT - tight_or_better.astype(np.int8) - sure.astype(np.int8)).astype(np.int8)
+    verdict = np.asarray(DOES_NOT_FIT - np.asarray(tight_or_better, dtype=np.int8) - np.asarray(sure, dtype=np.int8), dtype=np.int8)
     return verdict, undecided
 
 
@@ -195,16 +195,16 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
         points_under = total <= capacity
     other_ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
     fits = (judged + band <= capacity) & other_ok
-    tight = ~fits & points_under & other_ok
-    verdict = np.where(fits, FITS, np.where(tight, TIGHT, DOES_NOT_FIT)).astype(np.int8)
+    tight = np.logical_not(fits) & points_under & other_ok
+    verdict = np.asarray(np.where(fits, FITS, np.where(tight, TIGHT, DOES_NOT_FIT)), dtype=np.int8)
     shape = np.broadcast(verdict, judged).shape
-    risk = np.argmax(np.stack([np.broadcast_to(chosen[k], shape) for k in BAND_CLASSES]), axis=0).astype(np.int8)
+    risk = np.asarray(np.argmax(np.stack([np.broadcast_to(chosen[k], shape) for k in BAND_CLASSES]), axis=0), dtype=np.int8)
     out = {
         "verdict": verdict + np.zeros(shape, dtype=np.int8),
         "band_bytes": np.asarray(band, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
         "margin_bytes": np.asarray(capacity - judged - band, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
         "judged_bytes": np.asarray(judged, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
-        "judged_peak": binding.astype(np.int8) + np.zeros(shape, dtype=np.int8),
+        "judged_peak": np.asarray(binding, dtype=np.int8) + np.zeros(shape, dtype=np.int8),
         "risk_term": risk,
     }
     if with_advice:

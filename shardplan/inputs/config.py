@@ -222,17 +222,8 @@ class Columns:
 
     @classmethod
     def build(cls, **values: Any) -> "Columns":
+        values = completed_values(values)
         names = [f.name for f in fields(cls)]
-        values = {**_shape_defaults(values), **STACK_COLUMN_DEFAULTS, **values}
-        if "precision" in values:  # 16-bit weights without an fp32 master copy are bf16-pure
-            values["precision"] = np.where(~np.asarray(values["fp32_master"], dtype=bool)
-                                           & (np.asarray(values["precision"]) == st.BF16_MIXED),
-                                           st.BF16_PURE, values["precision"])
-        if "precision" in values and "engine" in values:
-            values["reduce_dtype"] = st.resolve_reduce_dtype(values.get("reduce_dtype"), values["precision"], values["engine"])
-        missing = sorted(set(names) - set(values))
-        if missing:
-            raise TypeError(f"Columns.build missing {missing}")
         arrays = np.broadcast_arrays(*(np.asarray(values[n]) for n in names))
         return cls(**dict(zip(names, arrays)))
 
@@ -240,6 +231,26 @@ class Columns:
     def shape(self) -> tuple[int, ...]:
         return self.total_params.shape
 
+
+COLUMN_NAMES = tuple(f.name for f in fields(Columns))
+
+
+
+def completed_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Every ``Columns`` field: the shape and stack-knob defaults for what ``values`` leaves out,
+    16-bit weights without an fp32 master copy as bf16-pure, the reduce dtype resolved from the
+    engine's declaration (``strategy.resolve_reduce_dtype``)."""
+    values = {**_shape_defaults(values), **STACK_COLUMN_DEFAULTS, **values}
+    if "precision" in values:
+        values["precision"] = np.where(np.logical_not(np.asarray(values["fp32_master"], dtype=bool))
+                                       & (np.asarray(values["precision"]) == st.BF16_MIXED),
+                                       st.BF16_PURE, values["precision"])
+    if "precision" in values and "engine" in values:
+        values["reduce_dtype"] = st.resolve_reduce_dtype(values.get("reduce_dtype"), values["precision"], values["engine"])
+    missing = sorted(set(COLUMN_NAMES) - set(values))
+    if missing:
+        raise TypeError(f"Columns.build missing {missing}")
+    return values
 
 # Stack-knob columns when a caller gives none: hf, the knobs off, fp32 loss upcast, NF4, rank-0 load.
 STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(

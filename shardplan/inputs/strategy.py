@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardplan.inputs.engines import engine_names as _engine_names
+from shardplan.inputs.engines import per_precision, per_strategy
 from shardplan.support.names import choose
 
 # ``single``: one GPU, no wrapper (no DDP/FSDP/DeepSpeed): full states on the GPU, no sharding
@@ -73,7 +74,6 @@ def runs_as(strategy, engine):
     declaration runs under the same framework name (a trailing "(≈)" marks a stand-in). DeepSpeed
     has one stage 0 for ``ddp`` and ``no_shard`` (both run as ``ddp``) and no SHARD_GRAD_OP: it
     runs ``shard_grad_op`` as stage 2, i.e. as ``zero2``. Other combinations run as themselves."""
-    from shardplan.inputs.engines import per_strategy
 
     return per_strategy("runs_as", engine, strategy)
 
@@ -94,7 +94,6 @@ def default_reduce_dtype(precision, engine):
     """The reduce dtype when the user names none: each engine declares it per precision
     (``default_reduce_dtype`` in data/engine_profiles/*.json: fp32 under FSDP/DDP mixed precision,
     the 16-bit training dtype for DeepSpeed, the param dtype when nothing is mixed)."""
-    from shardplan.inputs.engines import per_precision
 
     return per_precision("default_reduce_dtype", engine, precision)
 
@@ -120,7 +119,6 @@ def is_valid(strategy, engine) -> np.ndarray:
     (zero1/zero2 only DeepSpeed's; hybrid_shard_zero2 and ``single`` not DeepSpeed's, whose engine
     always wraps the model). That ``single`` needs one GPU is checked with the world size
     (``valid_world_size``)."""
-    from shardplan.inputs.engines import per_strategy
 
     return per_strategy("valid", engine, strategy)
 
@@ -141,11 +139,10 @@ def shard_degrees(strategy, engine, world_size, shard_group_size):
     hybrid (ZeRO++ hpZ, Wang et al. 2023, §3.2) partitions every state over all ranks and adds a
     secondary 16-bit parameter copy within the group (``model_states.hpz_secondary_param_bytes``).
     """
-    from shardplan.inputs.engines import per_strategy
-
     n = np.asarray(world_size)
     g = np.minimum(np.asarray(shard_group_size), n)
     over = per_strategy("shards", engine, strategy)
-    degree = [np.where(over[..., k] == 1, n, np.where(over[..., k] == 2, g, 1)) for k in range(3)]
+    degree = [np.where(np.take(over, k, axis=-1) == 1, n, np.where(np.take(over, k, axis=-1) == 2, g, 1))
+              for k in range(3)]
     ones = np.ones_like(n) * np.ones_like(g)
     return tuple(d * ones for d in degree)

@@ -72,7 +72,7 @@ def bad_results(c, m: dict) -> np.ndarray:
     for name in GUARDED_TIMES:
         if name in m:
             value = np.asarray(m[name], dtype=np.float64)
-            bad = bad | ~np.isfinite(value) | (value < 0)
+            bad = bad | np.logical_not(np.isfinite(value)) | (value < 0)
     return bad
 
 
