@@ -246,14 +246,15 @@ def recompute_extra_bytes_per_token(c, a):
     return extra + np.where(c.ac == st.AC_SELECTIVE, a * c.hidden_size, 0)
 
 
-def block_activation_bytes(c):
+def block_activation_bytes(c, full=None, n_ckpt=None):
     """Saved activations of all blocks during forward and at the start of backward, one micro-batch:
     checkpointed blocks keep only what their policy saves (measured: the forward peak of the 7B
-    FakeTensorMode runs holds L block inputs under full AC)."""
+    FakeTensorMode runs holds L block inputs under full AC). ``full`` / ``n_ckpt``: this ``c``'s
+    ``layer_bytes_per_token`` / ``checkpointed_layers`` where the caller has them already."""
     a = compute_dtype_bytes(c.precision)
     tokens = c.micro_batch * c.seq_len
-    full = layer_bytes_per_token(c, a)
-    n_ckpt = checkpointed_layers(c)
+    full = layer_bytes_per_token(c, a) if full is None else full
+    n_ckpt = checkpointed_layers(c) if n_ckpt is None else n_ckpt
     per_token = (n_ckpt * kept_layer_bytes_per_token(c, a) + (c.num_layers - n_ckpt) * full
                  - first_block_untracked_bytes_per_token(c, a))
     # activation offloading keeps ~2 layers' worth on the GPU (OFFLOAD_LAYERS_ON_DEVICE, below)
@@ -315,7 +316,7 @@ def logits_and_loss_bytes(c):
     return np.maximum(logits_forward_bytes(c), logits_backward_bytes(c))
 
 
-def block_forward_working_bytes_per_token(c, a):
+def block_forward_working_bytes_per_token(c, a, full=None, n_ckpt=None):
     """Bytes per token alive inside the forward of the block being run (beyond the saved tensors of
     the blocks before it), at that block's largest sub-moment. Measured (torch 2.13, tiny Llama and
     GPT-2 runs, FSDPMemTracker / StorageTracker per-op traces; data/calibration/):
@@ -337,15 +338,16 @@ def block_forward_working_bytes_per_token(c, a):
 
     Every-k checkpointing takes the no-AC value (the last block may be unchecked). ASSUMPTION: the MLP
     dominates the attention sub-moment (i ≥ 2h); eager attention's s² temporaries are not modelled
-    here."""
+    here. ``full`` / ``n_ckpt`` as in ``block_activation_bytes``."""
     h, i = c.hidden_size, c.mlp_width
-    full = layer_bytes_per_token(c, a)
+    full = layer_bytes_per_token(c, a) if full is None else full
+    n_ckpt = checkpointed_layers(c) if n_ckpt is None else n_ckpt
     shared = c.layernorm | (a >= 4)
     none = full + np.where(shared, 0, 2 * a * h) + 2 * a * h
     full_ac = np.maximum(3 * a * h + np.where(c.gated_mlp, 3, 2) * a * i, 4 * a * h)
     sel = selective_layer_bytes_per_token(c, a)
     selective = np.maximum(sel + a * h + np.where(c.gated_mlp, 2, 1) * a * i, sel + 2 * a * h)
-    all_ckpt = checkpointed_layers(c) >= c.num_layers
+    all_ckpt = n_ckpt >= c.num_layers
     return np.where(all_ckpt, np.where(c.ac == st.AC_SELECTIVE, selective, full_ac), none)
 
 

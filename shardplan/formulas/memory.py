@@ -112,7 +112,7 @@ def host_bytes_per_node(c, host_offloaded):
     return np.asarray(np.where(is_ds, ds, ours), dtype=np.int64)
 
 
-def _block_forward(c, k, units, grads_held, pre):
+def _block_forward(c, k, units, grads_held, ctx, pre):
     """Terms inside block k's forward (FSDP engines; zeros elsewhere).
 
     ``pre`` — FSDP2's all-gather copy-out in block k's pre-forward: the previous unit's all-gather
@@ -132,12 +132,10 @@ def _block_forward(c, k, units, grads_held, pre):
     (−12.6 % before); selective W=8 FSDP2 1,008,724 B (−4.8 % before); GPT-2 fp32 W=4 at the last
     block's residual add (−4.4 % before).
     """
-    a = compute_dtype_bytes(c.precision)
-    tokens = c.micro_batch * c.seq_len
+    a, tokens, kept_avg = ctx["a"], ctx["tokens"], ctx["kept_avg"]
     fsdp = units["fsdp"]
     keep = units["keep_unsharded"]
-    kept_avg = _kept_average_bytes_per_token(c, a)
-    small = rope_bytes(c) + position_ids_bytes(c)
+    small = ctx["rope"] + position_ids_bytes(c)
     if pre:
         fsdp1 = fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine) & (units["mp_shard_block"] > 0)
         on = (fsdp & eng.layout_is(eng.PER_TENSOR, c.engine) & (units["all_gather_block"] > 0)) | fsdp1
@@ -151,7 +149,7 @@ def _block_forward(c, k, units, grads_held, pre):
             "all_gather_buffers": np.where(fsdp1, units["mp_shard_block"], np.where(on, prior + units["all_gather_block"], 0)),
             "root_unsharded": np.where(on, units["root_unsharded"], 0),
         }
-    per_token = layers_on_device(c, k) * kept_avg + block_forward_working_bytes_per_token(c, a)
+    per_token = layers_on_device(c, k) * kept_avg + ctx["forward_working"]
     acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + small
     return {
         "grads": grads_held,
@@ -215,22 +213,36 @@ def _unwrapped_grads(c, states):
     return root, np.asarray(first, dtype=np.int64)
 
 
-def _backward_context(c, states, n_g, grads_held):
-    """What every backward moment shares, computed once per evaluation: per-token activation
-    sizes, the reduced block gradient, the unwrapped run's gradients.
+def _activation_context(c):
+    """The activation sizes every moment reads, computed once per evaluation: the compute dtype's
+    width, tokens, checkpointed blocks, one block's saved bytes per token (whole and averaged over
+    checkpointed and kept blocks), the saved set of all blocks + the head, the logits' forward and
+    backward bytes, RoPE's cos/sin, the working set inside a block's forward."""
+    a = compute_dtype_bytes(c.precision)
+    n_ckpt = checkpointed_layers(c)
+    full_layer = layer_bytes_per_token(c, a)
+    return dict(
+        a=a, tokens=c.micro_batch * c.seq_len, n_ckpt=n_ckpt, full_layer=full_layer,
+        kept_avg=_kept_average_bytes_per_token(c, a, n_ckpt, full_layer),
+        saved=block_activation_bytes(c, full_layer, n_ckpt) + head_activation_bytes(c),
+        logits=_logits_bytes(c), rope=rope_bytes(c),
+        forward_working=block_forward_working_bytes_per_token(c, a, full_layer, n_ckpt),
+    )
+
+
+def _backward_context(c, states, n_g, grads_held, acts):
+    """What every backward moment shares, computed once per evaluation: the activation context
+    (``acts``), the reduced block gradient, the unwrapped run's gradients.
 
     ``reentrant``: HF gradient checkpointing with use_reentrant=True: ``CheckpointFunction.backward``
     re-runs the block and back-propagates through the recomputed output it holds (torch
     ``utils/checkpoint.py``), one more a·h tensor than the non-reentrant unpack hooks, through the
     recomputation and the block's backward (measured: FSDP2 W=4 full and QLoRA pairs, +32,768 B =
     256 tokens x 64 x 2)."""
-    a = compute_dtype_bytes(c.precision)
-    n_ckpt = checkpointed_layers(c)
-    full_layer = layer_bytes_per_token(c, a)
+    a, n_ckpt = acts["a"], acts["n_ckpt"]
     single_root, single_first = _unwrapped_grads(c, states)
     return dict(
-        a=a, tokens=c.micro_batch * c.seq_len, n_ckpt=n_ckpt, full_layer=full_layer,
-        kept_avg=_kept_average_bytes_per_token(c, a, n_ckpt, full_layer),
+        acts,
         extra=np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0),
         reentrant=np.where(np.asarray(c.reentrant_checkpointing, dtype=bool) & (n_ckpt > 0), a * c.hidden_size, 0),
         per_block_grad=_per_block_grad_bytes(c, states, n_g, grads_held),
@@ -246,11 +258,12 @@ def _backward_activation_bytes(c, k, ctx, recompute):
     a, tokens, n_ckpt, kept_avg = ctx["a"], ctx["tokens"], ctx["n_ckpt"], ctx["kept_avg"]
     leftover = wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, n_ckpt)
     if recompute:
-        lora = (np.ceil(tokens * (k * kept_avg + ctx["extra"] + ctx["reentrant"] + lora_recompute_bytes_per_token(c, a)))
-                + np.asarray(leftover, dtype=np.int64) + rope_bytes(c))
+        lora = (np.asarray(np.ceil(tokens * (k * kept_avg + ctx["extra"] + ctx["reentrant"] + lora_recompute_bytes_per_token(c, a))),
+                           dtype=np.int64)
+                + np.asarray(leftover, dtype=np.int64) + ctx["rope"])
         return np.where((c.method != st.FULL) & (n_ckpt > 0), lora, 0)
     per_token = layers_on_device(c, k) * kept_avg + ctx["full_layer"] + ctx["extra"]
-    acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + rope_bytes(c)
+    acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + ctx["rope"]
     return acts + tokens * (backward_working_bytes_per_token(c, a) + ctx["reentrant"]) + leftover
 
 
@@ -299,7 +312,7 @@ def _fsdp1_gradient_moments(c, k, ctx, units, one, grads_held):
     on = units["fsdp"] & eng.layout_is(eng.FLAT_UNIT, c.engine)
     keep = units["keep_unsharded"]
     acts = (np.asarray(np.ceil(ctx["tokens"] * (layers_on_device(c, k) * ctx["kept_avg"] + a * c.hidden_size)), dtype=np.int64)
-            + rope_bytes(c) + wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, ctx["n_ckpt"]))
+            + ctx["rope"] + wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, ctx["n_ckpt"]))
     shared = {
         "grads": grads_held + (c.num_layers - 1 - k) * ctx["per_block_grad"], "activations": acts,
         "all_gather_buffers": np.where((k >= 1) & np.logical_not(keep), units["block_unsharded"], 0),  # block k-1, prefetched
@@ -334,45 +347,43 @@ def _engine_terms(c):
     return other, common, dict(common, qlora_dequant=other["qlora_dequant"])
 
 
-def _forward_moments(c, units, grads_held, common, in_block):
+def _forward_moments(c, units, grads_held, common, in_block, acts):
     """The moments of the forward: inside the loss (every block's saved activations, the logits),
     and, for FSDP and unwrapped runs, block 0's / block L-1's pre-forward and block L-1's own
     forward (``_block_forward``)."""
     keep = units["keep_unsharded"]
     # blocks unsharded outside their own computation: none (full_shard) or all (SHARD_GRAD_OP)
     blocks_held = np.where(keep, c.num_layers * units["block_unsharded"], 0)
-    saved = block_activation_bytes(c) + head_activation_bytes(c)
-    forward = dict(common, grads=grads_held, activations=saved, logits_and_loss=_logits_bytes(c)[0],
+    forward = dict(common, grads=grads_held, activations=acts["saved"], logits_and_loss=acts["logits"][0],
                    unsharded_params=blocks_held, all_gather_buffers=units["all_gather_block"],
                    root_unsharded=units["root_unsharded"])
     moments = [forward]
     if np.any(units["fsdp"] | (c.strategy == st.SINGLE)):  # block moments: FSDP and unwrapped runs
         last = np.maximum(c.num_layers - 1, 0)
-        moments += [dict(common, **_block_forward(c, 0, units, grads_held, pre=True)),
-                    dict(common, **_block_forward(c, last, units, grads_held, pre=True)),
-                    dict(in_block, **_block_forward(c, last, units, grads_held, pre=False))]
+        moments += [dict(common, **_block_forward(c, 0, units, grads_held, acts, pre=True)),
+                    dict(common, **_block_forward(c, last, units, grads_held, acts, pre=True)),
+                    dict(in_block, **_block_forward(c, last, units, grads_held, acts, pre=False))]
     return moments
 
 
-def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block):
+def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, acts):
     """The moments of the backward: its start (the loss's backward), then inside block k's backward
     for k in {0, 1, L-2, L-1} (every term is linear in k apart from the buffers at the ends), with
     a checkpointed LoRA/QLoRA block's recomputation and FSDP1's gradient moments where they apply."""
     L = c.num_layers
     fsdp, keep = units["fsdp"], units["keep_unsharded"]
-    saved = block_activation_bytes(c) + head_activation_bytes(c)
     blocks_held = np.where(keep, L * units["block_unsharded"], 0)
     # FSDP1 prefetches the last block (BACKWARD_PRE) in the root's pre-backward hook, before the
     # loss's backward runs (measured: tiny bf16 W=4/64 no AC, root + one block unsharded at the
     # logits' backward; −6.5 % / −9.2 % before)
     fsdp1_prefetch = np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & fsdp & np.logical_not(keep) & (L > 0), units["block_unsharded"], 0)
-    start = dict(common, grads=grads_held, activations=saved, logits_and_loss=_logits_bytes(c)[1],
+    start = dict(common, grads=grads_held, activations=acts["saved"], logits_and_loss=acts["logits"][1],
                  unsharded_params=blocks_held + fsdp1_prefetch,
                  all_gather_buffers=np.where(keep, 0, units["all_gather_block"]), root_unsharded=units["root_unsharded"])
     moments = [start]
     if not np.any(fsdp | (c.strategy == st.SINGLE)):
         return moments
-    ctx = _backward_context(c, states, n_g, grads_held)
+    ctx = _backward_context(c, states, n_g, grads_held, acts)
     peft_recompute = bool(np.any((c.method != st.FULL) & (ctx["n_ckpt"] > 0)))
     # FSDP1's gradient moments have no buffer ending at L-2: linear in k from 1 to L-1
     one = fsdp1_unit_buffers(c, n_p) if np.any(fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine)) else None
@@ -491,8 +502,9 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
     other, common, in_block = _engine_terms(c)
     persistent = states["params"] + states["grad_buckets"] + states["master_params"] + states["optimizer_states"]
     grads_held = np.where(c.grad_accum > 1, states["grads"], 0)
-    forward = _forward_moments(c, units, grads_held, common, in_block)
-    backward = _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block)
+    acts = _activation_context(c)
+    forward = _forward_moments(c, units, grads_held, common, in_block, acts)
+    backward = _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, acts)
     moments = _with_accumulated_grads(forward + backward, no_sync_grad_bytes(c))
     step = _optimizer_step_moment(c, states, n_o)
     zero = np.zeros(np.broadcast(persistent, moments[0]["activations"]).shape, dtype=np.int64)

@@ -292,9 +292,14 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
 
 def _shape_defaults(values: dict[str, Any]) -> dict[str, Any]:
     """Columns built from counts alone (no tensor shapes): every unit is one unpadded group, and a
-    Llama-style tensor count (root: embedding, final norm, lm_head; block: 7 Linears + 2 norms)."""
-    if "total_params" not in values:
+    Llama-style tensor count (root: embedding, final norm, lm_head; block: 7 Linears + 2 norms).
+    Values from a ModelSpec (``model_values``) state every one of these: nothing to add."""
+    if "total_params" not in values or _SHAPE_DEFAULT_NAMES <= values.keys():
         return {}
+    return _counted_shapes(values)
+
+
+def _counted_shapes(values: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {f"pad_{w}_{k}": 0 for w in ("dim0", "model", "root", "block") for k in range(PAD_GROUPS)}
     out.update({k: v for k, v in dict(pad_model_0=values["total_params"], pad_root_0=values.get("root_params", 0),
                pad_block_0=values.get("unit_params", 0),
@@ -310,6 +315,9 @@ def _shape_defaults(values: dict[str, Any]) -> dict[str, Any]:
     if "pad_dim0_0" in values:
         out = {k: v for k, v in out.items() if not k.startswith("pad_")}
     return out
+
+
+_SHAPE_DEFAULT_NAMES = frozenset(_counted_shapes({"total_params": 0}))
 
 
 def padding_groups(spec: ModelSpec) -> dict[str, int]:

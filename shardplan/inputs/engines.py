@@ -316,17 +316,17 @@ def tables() -> EngineTables:
 
 def per_engine(name: str, engine):
     """``tables().<name>[engine]`` broadcast over the engine codes."""
-    return getattr(tables(), name)[np.asarray(engine)]
+    return getattr(tables(), name)[engine]
 
 
 def per_strategy(name: str, engine, strategy):
     """``tables().<name>[engine, strategy]`` broadcast over both codes."""
-    return getattr(tables(), name)[np.asarray(engine), np.asarray(strategy)]
+    return getattr(tables(), name)[engine, strategy]
 
 
 def per_precision(name: str, engine, precision):
     """``tables().<name>[engine, precision]`` broadcast over both codes."""
-    return getattr(tables(), name)[np.asarray(engine), np.asarray(precision)]
+    return getattr(tables(), name)[engine, precision]
 
 
 def wrapper_is(code: int, engine, strategy):

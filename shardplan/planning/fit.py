@@ -23,8 +23,9 @@ from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
+from shardplan.formulas import scalar_twin
 from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values, rows_of,
-                                         stack_queries, take_row)
+                                         scalar_columns, scalar_memory_verdict, stack_queries, take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, throughput_band
 
 
@@ -143,17 +144,32 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConf
     for cluster, config, _ in queries:
         _check_arguments(spec, cluster, config)
         resolved.append(resolve_stack(config, cluster.world_size))
-    c = stack_queries([query_values(spec, q[0], config) for q, config in zip(queries, resolved)])
-    m, judged, overflow = memory_verdict(c, allocator, bands)
-    overflow = np.broadcast_to(overflow, c.shape)
+    values = [query_values(spec, q[0], config) for q, config in zip(queries, resolved)]
+    rows, verdicts, overflow, trainable, row_columns = _judged_rows(values, allocator, bands)
     results = []
-    rows, verdicts = rows_of(m, len(queries)), rows_of(judged, len(queries))
-    trainable = np.broadcast_to(trainable_params(c), c.shape)
     for i, ((cluster, _, notes), config) in enumerate(zip(queries, resolved)):
         if overflow[i]:
-            check_one(take_row(c, i), rows[i], config)  # an overflowed result is an error, never a verdict
+            check_one(row_columns(i), rows[i], config)  # an overflowed result is an error, never a verdict
         results.append(_fit_result(spec, cluster, config, rows[i], verdicts[i], list(notes or []), int(trainable[i])))
     return results
+
+
+def _judged_rows(values: list[dict[str, Any]], allocator, bands):
+    """Memory rows, verdict rows, overflow flags and trainable parameters of ``query_values`` rows,
+    and a function giving row i's columns: one configuration through the formulas' scalar twin,
+    several (or one whose Python arithmetic raised) as one vectorized batch."""
+    if len(values) == 1:
+        c = scalar_columns(values[0])
+        one = scalar_memory_verdict(c, allocator, bands)
+        if one is not None:
+            m, judged, overflow = one
+            trainable = scalar_twin.module("formulas.model_states").trainable_params(c)
+            return [m], [judged], [overflow], [trainable], lambda i: c
+    c = stack_queries(values)
+    m, judged, overflow = memory_verdict(c, allocator, bands)
+    n = len(values)
+    return (rows_of(m, n), rows_of(judged, n), np.broadcast_to(overflow, c.shape).tolist(),
+            np.broadcast_to(trainable_params(c), c.shape).tolist(), lambda i: take_row(c, i))
 
 
 def _fit_result(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, scalar: dict[str, Any],

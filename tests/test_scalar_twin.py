@@ -1,0 +1,117 @@
+"""formulas/scalar_twin.py: one configuration's memory and verdict in Python numbers through the
+same formula functions as the arrays. Expected values are the vectorized batch's own (the path
+every sweep and search uses): equal exactly for integers, within 1e-12 relative for floats, and
+of the same kind (a byte count an int in both); and scalar_numpy's functions are numpy's for 0-d
+inputs."""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+from shardplan.formulas import scalar_numpy, scalar_twin
+from shardplan.inputs import strategy as st
+from shardplan.planning import evaluate as evaluator
+from shardplan.planning.evaluate import evaluate_queries, evaluate_query
+
+from test_evaluate import _random_queries
+
+KIND = {"i": int, "b": bool, "f": float}
+
+
+def _assert_row_equals_batch(one: dict, batch: dict, i: int) -> None:
+    for name, column in batch.items():
+        expected = np.broadcast_to(np.asarray(column), np.shape(batch["verdict"]))[i]
+        got = one[name]
+        assert type(got) is KIND[expected.dtype.kind], (name, type(got), expected.dtype)
+        if expected.dtype.kind == "f":
+            assert np.isclose(got, float(expected), rtol=1e-12, atol=0.0, equal_nan=True), (name, got, expected)
+        else:
+            assert got == expected.item(), (name, got, expected)
+
+
+def test_one_configuration_in_python_numbers_equals_the_batch():
+    """1,000 random configurations across every engine, strategy, method, stack and offload: each
+    through the twin equals its row of one vectorized pass, column by column."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    queries = _random_queries(1000, seed=29)
+    batch = evaluate_queries(queries)
+    seen = {"engine": set(), "stack": set(), "method": set()}
+    for i, query in enumerate(queries):
+        _assert_row_equals_batch(evaluate_query(*query), batch, i)
+        for knob in seen:
+            seen[knob].add(getattr(query[2], knob))
+    assert seen == {"engine": set(st.ENGINES), "stack": set(st.STACKS), "method": set(st.METHODS)}
+
+
+def test_the_twin_evaluates_without_numpy_arrays():
+    """Every result is a Python number (no numpy scalar or 0-d array leaks in from a table or a
+    function the twin did not rebind)."""
+    spec, cluster, config = _random_queries(1, seed=3)[0]
+    for name, value in evaluate_query(spec, cluster, config).items():
+        assert type(value) in (int, float, bool), (name, type(value))
+
+
+def test_every_function_of_a_twinned_module_runs_over_scalar_numpy():
+    twins = scalar_twin.twin()
+    for name, twin in twins.items():
+        assert twin.np is scalar_numpy, name
+        for attr, value in vars(twin).items():
+            if isinstance(value, types.FunctionType) and value.__module__ in twins:
+                assert value.__globals__["np"] is scalar_numpy, (name, attr)
+    original = __import__("shardplan.formulas.memory", fromlist=["np"])
+    assert original.np is np  # the arrays' modules are untouched
+
+
+def test_arithmetic_python_refuses_goes_through_the_arrays(monkeypatch):
+    """Python raises where numpy gives inf/nan with a warning (a division by zero): the query is
+    answered by the one-row batch, the same columns."""
+    spec, cluster, config = _random_queries(1, seed=5)[0]
+    expected = evaluate_query(spec, cluster, config)
+    memory = scalar_twin.module("formulas.memory")
+
+    def divides_by_zero(*args, **kwargs):
+        return 1 // 0
+
+    monkeypatch.setattr(memory, "estimate_memory", divides_by_zero)
+    assert evaluator.scalar_memory_verdict(evaluator.scalar_columns(evaluator.query_values(spec, cluster, config))) is None
+    assert evaluate_query(spec, cluster, config) == expected
+
+
+@pytest.mark.parametrize("x", [-2.5, -1.5, -0.5, 0.0, 0.5, 1.5, 2.5, 7.999, 1e15 + 0.5])
+def test_scalar_numpy_rounds_and_casts_as_numpy(x):
+    assert scalar_numpy.asarray(x, dtype=scalar_numpy.int64) == int(np.asarray(x, dtype=np.int64))
+    assert scalar_numpy.ceil(x) == np.ceil(x) and scalar_numpy.floor(x) == np.floor(x)
+    assert scalar_numpy.round(x) == np.round(x)
+    assert scalar_numpy.asarray(x, dtype=bool) == bool(np.asarray(x, dtype=bool))
+
+
+def test_scalar_numpy_choices_as_numpy():
+    for condition in (True, False):
+        assert scalar_numpy.where(condition, 3, 4.5) == np.where(condition, 3, 4.5)
+        assert scalar_numpy.logical_not(condition) == np.logical_not(condition)
+    for a in range(3):
+        conditions, choices = [a == 0, a == 1], [10, 20]
+        assert scalar_numpy.select(conditions, choices, 30) == np.select(conditions, choices, 30)
+        assert scalar_numpy.choose(a, [5, 6, 7]) == np.choose(a, [5, 6, 7])
+        assert scalar_numpy.isin(a, [0, 2]) == np.isin(a, [0, 2])
+    values = [3, 7, 7, 1]
+    assert scalar_numpy.argmax(values) == np.argmax(values) == 1  # the first of equal maxima
+    assert scalar_numpy.clip(-4, 0, 9) == np.clip(-4, 0, 9) and scalar_numpy.clip(12, 0, 9) == np.clip(12, 0, 9)
+    assert (scalar_numpy.maximum(2, 5.0), scalar_numpy.minimum(2, 5.0)) == (np.maximum(2, 5.0), np.minimum(2, 5.0))
+
+
+def test_engine_tables_as_python_values_index_as_numpy():
+    from shardplan.inputs import engines
+
+    tables = engines.tables()
+    scalar = scalar_twin.scalar_tables()
+    for name in ("param_bytes", "shards", "offload_ok", "layout", "grad_bucket"):
+        array = getattr(tables, name)
+        for index in np.ndindex(array.shape):
+            key = index[0] if len(index) == 1 else index
+            assert getattr(scalar, name)[key] == array[index].item(), (name, index)
+    assert scalar.shards[1, 2] == tables.shards[1, 2].tolist()
