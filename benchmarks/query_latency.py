@@ -8,8 +8,9 @@ Process: ``python -m shardplan fit QUERY`` run ``--runs`` times (output discarde
 wall time, interpreter start-up and imports included. Python writes no bytecode cache when
 PYTHONDONTWRITEBYTECODE is set (then every run compiles shardplan from source, as a first run
 after an edit does); ``--bytecode`` (default on) runs it with the cache as an installed package has it.
-Evaluator: one configuration per call through ``planning.evaluate.evaluate_queries`` and through
-``planning.fit.evaluate`` (the record fit prints), then ``--batch`` configurations in one call.
+Evaluator: one configuration per call through ``planning.evaluate.evaluate_query`` (the formulas
+over Python numbers, ``formulas/scalar_twin.py``), ``planning.evaluate.evaluate_queries`` (a one-row
+batch) and ``planning.fit.evaluate`` (the record fit prints), then ``--batch`` configurations in one call.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def evaluator_times(single: int, batch: int) -> dict:
     from shardplan.inputs.config import TrainingConfig
     from shardplan.inputs.hardware import parse_gpus
     from shardplan.inputs.models import get_model
-    from shardplan.planning.evaluate import evaluate_queries
+    from shardplan.planning.evaluate import evaluate_queries, evaluate_query
     from shardplan.planning.fit import evaluate
 
     rng = np.random.default_rng(0)
@@ -65,12 +66,16 @@ def evaluator_times(single: int, batch: int) -> dict:
     per_query = (time.perf_counter() - t0) / single
     t0 = time.perf_counter()
     for q in queries:
+        evaluate_query(*q)
+    per_scalar = (time.perf_counter() - t0) / single
+    t0 = time.perf_counter()
+    for q in queries:
         evaluate(*q)
     per_fit = (time.perf_counter() - t0) / single
     t0 = time.perf_counter()
     evaluate_queries([one() for _ in range(batch)])
     batched = batch / (time.perf_counter() - t0)
-    return {"single_query_s": per_query, "single_fit_evaluate_s": per_fit, "batched_configs_per_s": batched,
+    return {"single_query_s": per_query, "single_scalar_s": per_scalar, "single_fit_evaluate_s": per_fit, "batched_configs_per_s": batched,
             "batch": batch}
 
 
@@ -88,7 +93,8 @@ def main(argv=None) -> int:
     print(f"process  shardplan fit {args.query!r}: min {min(times):.3f} s, median {statistics.median(times):.3f} s "
           f"over {args.runs} runs ({'with' if args.bytecode else 'as set for'} the bytecode cache)", flush=True)
     e = evaluator_times(args.single, args.batch)
-    print(f"evaluate one configuration per call: {e['single_query_s'] * 1e3:.2f} ms (evaluate_queries), "
+    print(f"evaluate one configuration per call: {e['single_scalar_s'] * 1e3:.3f} ms (evaluate_query, Python numbers: "
+          f"{1 / e['single_scalar_s']:,.0f}/s), {e['single_query_s'] * 1e3:.2f} ms (evaluate_queries, a one-row batch), "
           f"{e['single_fit_evaluate_s'] * 1e3:.2f} ms (fit.evaluate, with its record)", flush=True)
     print(f"evaluate {e['batch']:,} configurations in one call: {e['batched_configs_per_s']:,.0f} configurations/s",
           flush=True)

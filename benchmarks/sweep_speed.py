@@ -17,6 +17,10 @@ per-configuration Python loop does. The query path (``queries [memory]``) answer
 of single configurations (each its own model, cluster and ``TrainingConfig``, built inside the
 timed loop) through the shared evaluator, ``shardplan.planning.evaluate.evaluate_queries``: one
 row per query, the vectorized formulas run once over all of them, memory and verdict per query.
+The one-at-a-time row (``one     [memory]``) answers the same sample one call per configuration
+through ``shardplan.planning.evaluate.evaluate_query``: the same formulas over Python numbers
+(``formulas/scalar_twin.py``), each ``TrainingConfig`` built inside the timed loop. ``fit.evaluate``
+(the ``scalar`` rows) takes that path too, and builds its ``FitResult`` record on top.
 """
 
 from __future__ import annotations
@@ -125,6 +129,24 @@ def _queries(grid_name: str, sample: int, seed: int = 0) -> dict:
             "fits": int(result["verdict"].tolist().count(0))}
 
 
+def _one_at_a_time(grid_name: str, sample: int, seed: int = 0) -> dict:
+    """The sample one configuration per call through ``evaluate_query`` (Python numbers)."""
+    from shardplan.inputs.config import TrainingConfig
+    from shardplan.planning.evaluate import evaluate_query
+
+    picks, specs, clusters = _sample(grid_name, sample, seed)
+    evaluate_query(specs[picks[0]["models"]], clusters[(picks[0]["gpus"], picks[0]["gpu_counts"])], TrainingConfig())
+    fits = 0
+    t0 = time.perf_counter()
+    for p in picks:
+        config = TrainingConfig(strategy=p["strategies"], engine=p["engines"], method=p["method"], ac=p["ac"],
+                                micro_batch=p["micro_batch"], seq_len=p["seq_len"], precision=p["precision"],
+                                offload=p["offload"], optimizer=p["optimizer"])
+        fits += evaluate_query(specs[p["models"]], clusters[(p["gpus"], p["gpu_counts"])], config)["verdict"] == 0
+    elapsed = time.perf_counter() - t0
+    return {"sample": sample, "seconds": elapsed, "configs_per_s": sample / elapsed, "fits": int(fits)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a ~10^6 grid instead of ~10^7")
@@ -157,6 +179,10 @@ def main(argv=None) -> int:
         print(f"scalar  [{columns:7}] {s['sample']:>11,} configurations in {s['seconds']:6.2f} s = "
               f"{s['configs_per_s']:,.0f} configurations/s" + (f" -> sweep is {ratio:,.0f}x faster" if ratio else ""),
               flush=True)
+    o = _one_at_a_time(grid_name, args.sample)
+    results["one_at_a_time"] = {"memory": o}
+    print(f"one     [memory ] {o['sample']:>11,} configurations in {o['seconds']:6.2f} s = "
+          f"{o['configs_per_s']:,.0f} configurations/s (one call each, Python numbers: evaluate_query)", flush=True)
     q = _queries(grid_name, args.queries)
     results["queries"] = {"memory": q}
     print(f"queries [memory ] {q['sample']:>11,} configurations in {q['seconds']:6.2f} s = "

@@ -422,8 +422,11 @@ def _peak(moments, first_bw, step, persistent, zero):
     """Totals of the forward, backward and step moments (each the largest of its moments), the
     moment that is the peak (``PEAK_MOMENTS``) and the index of the winning moment in ``moments``
     (-1: the optimizer step). Every moment's total sums the same terms."""
+    names = ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)
+    absent = (0,) * len(names)
+
     def total(m):
-        return sum((m.get(name, 0) for name in ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)), zero) + persistent
+        return sum(map(m.get, names, absent), zero) + persistent
 
     totals = [total(m) for m in moments]
     best_fw, fw_total = np.zeros_like(totals[0], dtype=np.int64), totals[0]
@@ -448,11 +451,9 @@ def _terms_at_peak(names, moments, step, peak, zero):
     winners = [(step, peak["moment"] == OPTIMIZER_STEP)]
     winners += [(m, mask) for i, m in enumerate(moments) for mask in (peak["which"] == i,) if np.any(mask)]
     out = {}
-    for name in names:
-        value = zero
-        for m, rows in winners:
-            if name in m:
-                value = np.where(rows, m[name], value)
+    for name in names:  # the winning moments are disjoint: which of them np.select tries first is moot
+        holding = [(rows, m[name]) for m, rows in winners if name in m]
+        value = np.select([r for r, _ in holding], [v for _, v in holding], zero) if holding else zero
         out[name] = np.asarray(value, dtype=np.int64)
     return out
 

@@ -78,24 +78,11 @@ def clip(x, low, high):
     return minimum(maximum(x, low), high)
 
 
-def ceil(x):
-    return math.ceil(x)
-
-
-def floor(x):
-    return math.floor(x)
-
-
-def round(x):  # noqa: A001 - numpy's name; Python's round, like numpy's, rounds half to even
-    return builtins.round(x)
-
-
-def cbrt(x):
-    return math.cbrt(x)
-
-
-def isfinite(x):
-    return math.isfinite(x)
+# Python's own functions where they are numpy's for one value (no Python frame per call):
+# ceil/floor give whole numbers, round rounds half to even, bool(x) is np.any / np.all of one value.
+ceil, floor, cbrt, isfinite = math.ceil, math.floor, math.cbrt, math.isfinite
+round = builtins.round  # noqa: A001 - numpy's name
+any = all = bool  # noqa: A001 - numpy's names
 
 
 def isin(x, values):
@@ -104,14 +91,6 @@ def isin(x, values):
 
 def take(x, index, axis=None):
     return x[index]
-
-
-def any(x):  # noqa: A001 - numpy's name
-    return bool(x)
-
-
-def all(x):  # noqa: A001 - numpy's name
-    return bool(x)
 
 
 def argmax(values, axis=None):

@@ -15,6 +15,9 @@ pydantic models) stays as it is: it reads declarations and data files, not confi
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
 import types
 from dataclasses import fields
 from functools import lru_cache
@@ -60,15 +63,69 @@ def scalar_tables():
     return types.SimpleNamespace(**{f.name: scalar_table(getattr(tables, f.name)) for f in fields(tables)})
 
 
+class _ScalarCalls(ast.NodeTransformer):
+    """Three numpy calls written as the Python they mean for one value, so the twin pays no
+    function call for them: ``np.where(c, a, b)`` -> ``a if c else b`` (evaluating only the branch
+    taken; formulas have no side effects), ``np.asarray(x)`` -> ``x`` and with an int / bool /
+    float dtype -> ``int(x)`` / ``bool(x)`` / ``float(x)`` (int() truncates toward zero, as numpy's
+    cast does), ``np.logical_not(x)`` -> ``not x``. Every other ``np.<name>`` stays a call into
+    ``scalar_numpy``."""
+
+    CASTS = {"int8": "int", "int16": "int", "int32": "int", "int64": "int", "float32": "float",
+             "float64": "float", "bool_": "bool", "bool": "bool", "int": "int", "float": "float"}
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        name = _numpy_name(node.func)
+        if name == "where" and len(node.args) == 3 and not node.keywords:
+            return ast.copy_location(ast.IfExp(test=node.args[0], body=node.args[1], orelse=node.args[2]), node)
+        if name == "logical_not" and len(node.args) == 1 and not node.keywords:
+            return ast.copy_location(ast.UnaryOp(op=ast.Not(), operand=node.args[0]), node)
+        if name == "asarray" and len(node.args) == 1:
+            if not node.keywords:
+                return node.args[0]
+            dtype = node.keywords[0].value if [k.arg for k in node.keywords] == ["dtype"] else None
+            cast = self.CASTS.get(_numpy_name(dtype) or getattr(dtype, "id", None))
+            if cast:
+                return ast.copy_location(ast.Call(func=ast.Name(id=cast, ctx=ast.Load()), args=node.args, keywords=[]), node)
+        return node
+
+
+def _numpy_name(node) -> str | None:
+    """``name`` for an ``np.name`` expression, else None."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "np":
+        return node.attr
+    return None
+
+
+def _scalar_function(function: types.FunctionType, namespace: dict) -> types.FunctionType:
+    """``function`` compiled again from its source with ``_ScalarCalls`` over ``namespace``; a
+    decorated function, or one whose source is not at hand, re-created from its code as it is."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        tree = None
+    definition = tree.body[0] if tree is not None and len(tree.body) == 1 else None
+    if not isinstance(definition, ast.FunctionDef) or definition.decorator_list or definition.name != function.__name__:
+        twin_function = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__,
+                                           function.__closure__)
+        twin_function.__kwdefaults__ = function.__kwdefaults__
+        return twin_function
+    tree = ast.fix_missing_locations(_ScalarCalls().visit(tree))
+    ast.increment_lineno(tree, function.__code__.co_firstlineno - 1)
+    scope: dict = {}
+    exec(compile(tree, function.__code__.co_filename, "exec"), namespace, scope)  # defaults read the twin's names
+    twin_function = scope[function.__name__]
+    twin_function.__doc__ = function.__doc__
+    return twin_function
+
+
 def _rebind(module, namespace: dict) -> None:
-    """Each plain function of ``module`` re-created over ``namespace`` (same code, defaults, closure)."""
+    """Each plain function of ``module`` re-created over ``namespace`` (``_scalar_function``)."""
     for name, value in list(namespace.items()):
         if isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
-            twin_function = types.FunctionType(value.__code__, namespace, value.__name__, value.__defaults__,
-                                               value.__closure__)
-            twin_function.__kwdefaults__ = value.__kwdefaults__
-            twin_function.__doc__ = value.__doc__
-            namespace[name] = twin_function
+            namespace[name] = _scalar_function(value, namespace)
 
 
 @lru_cache(maxsize=1)

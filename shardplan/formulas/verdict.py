@@ -88,8 +88,22 @@ def stack_relative_error(c, bands: AccuracyBands):
     codes = getattr(c, "stack", None) if c is not None else None
     if codes is None or not stacks:
         return np.float64(bands.classes.unknown_stack.relative_error)
-    table = np.array([bands.stack_error(name) for name in stacks], dtype=np.float64)
-    return table[np.asarray(codes, dtype=np.int64)]
+    return stack_error_table(bands, stacks)[np.asarray(codes, dtype=np.int64)]
+
+
+_stack_errors: dict[tuple, tuple] = {}
+
+
+def stack_error_table(bands: AccuracyBands, stacks):
+    """Each stack's relative error (``bands.stack_error``), in ``stacks`` order; built once per
+    bands object (a judge reads it four times; the bands are frozen data). Keyed by the array
+    module too: the scalar twin (formulas/scalar_twin.py) keeps its table as a list."""
+    key = (id(bands), np.__name__)
+    hit = _stack_errors.get(key)
+    if hit is None or hit[0] is not bands or hit[1] != stacks:
+        hit = _stack_errors[key] = (bands, stacks, np.array([bands.stack_error(name) for name in stacks],
+                                                             dtype=np.float64))
+    return hit[2]
 
 
 def class_bands(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> dict[str, np.ndarray]:

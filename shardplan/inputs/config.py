@@ -399,7 +399,11 @@ def knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
     come from its stack (``stacks.resolve_stack``)."""
     from shardplan.inputs.stacks import resolve_stack
 
-    config = resolve_stack(config, cluster.world_size)
+    return resolved_knob_values(resolve_stack(config, cluster.world_size), cluster)
+
+
+def resolved_knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
+    """``knob_values`` of a config its stack has resolved already (``stacks.resolve_stack``)."""
     codes = knob_codes(config)
     codes["stack"] = st.code(st.STACKS, config.stack, "stack")
     return dict(**codes,

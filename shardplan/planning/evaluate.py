@@ -24,7 +24,7 @@ from shardplan.formulas.comm import comm_volume, link_rates
 from shardplan.formulas.memory import estimate_memory
 from shardplan.formulas.throughput import compute_rates, step_time
 from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_band
-from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, knob_values, model_values
+from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, model_values, resolved_knob_values
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
@@ -82,7 +82,7 @@ def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> d
 
     config = resolve_stack(config, cluster.world_size)
     return {**cached_model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
-            **knob_values(config, cluster)}
+            **resolved_knob_values(config, cluster)}
 
 
 def stack_queries(rows: Sequence[dict[str, Any]]) -> Columns:
