@@ -448,8 +448,10 @@ def _terms_at_peak(names, moments, step, peak, zero):
     """The breakdown terms at the peak moment: each row takes its winning moment's value (the
     optimizer step's where that is the peak). Each moment's rows are found once, and a moment that
     is no row's peak is skipped (sweeps evaluate many moments, few of which win)."""
-    winners = [(step, peak["moment"] == OPTIMIZER_STEP)]
-    winners += [(m, mask) for i, m in enumerate(moments) for mask in (peak["which"] == i,) if np.any(mask)]
+    candidates = [(step, peak["moment"] == OPTIMIZER_STEP)] + [(m, peak["which"] == i) for i, m in enumerate(moments)]
+    winners = [(m, rows) for m, rows in candidates if np.any(rows)]
+    if len(winners) == 1:  # every row's peak is one moment (always so for one configuration)
+        return {name: np.asarray(winners[0][0].get(name, 0) + zero, dtype=np.int64) for name in names}
     out = {}
     for name in names:  # the winning moments are disjoint: which of them np.select tries first is moot
         holding = [(rows, m[name]) for m, rows in winners if name in m]

@@ -192,6 +192,9 @@ def zero_paper_model_state_bytes(params, world_size, stage, k=12):
 # Distinct dim-0 sizes a model's tensors are summarised by for FSDP2's per-tensor padding: the
 # ``pad_*`` columns of ``shardplan.inputs.config.Columns`` (described there) hold PAD_GROUPS groups.
 PAD_GROUPS = 6
+# (dim-0 column, elements column) of each padding group, per unit
+PAD_COLUMNS = {unit: tuple((f"pad_dim0_{k}", f"pad_{unit}_{k}") for k in range(PAD_GROUPS))
+               for unit in ("model", "root", "block")}
 ADAM_STEP_BYTES = 4  # torch.optim.Adam/AdamW ``state["step"]``: one fp32 scalar tensor per parameter tensor
 
 
@@ -204,9 +207,8 @@ def padded_shard_elements(c, n, unit="model"):
     reports it. The ``pad_*`` columns are described in ``shardplan.inputs.config`` (beside ``Columns``)."""
     n = np.maximum(np.asarray(n), 1)
     total = 0
-    for k in range(PAD_GROUPS):
-        dim0 = getattr(c, f"pad_dim0_{k}")
-        cols = getattr(c, f"pad_{unit}_{k}")
+    for dim0_name, unit_name in PAD_COLUMNS[unit]:
+        dim0, cols = getattr(c, dim0_name), getattr(c, unit_name)
         rows = -(-dim0 // n)
         total = total + np.where(dim0 > 0, rows * cols, -(-cols // n))
     return np.asarray(total, dtype=np.int64)

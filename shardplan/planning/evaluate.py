@@ -123,9 +123,10 @@ SCALAR_ARITHMETIC_ERRORS = (ArithmeticError, ValueError)
 def scalar_columns(values: dict[str, Any]) -> Columns:
     """``query_values`` of one configuration as a ``Columns`` of Python numbers (``Columns.build``'s
     completion, twinned: formulas/scalar_twin.py)."""
-    config = scalar_twin.module("inputs.config")
-    done = config.completed_values(dict(values))
-    return Columns(**{name: done[name] for name in config.COLUMN_NAMES})
+    done = scalar_twin.module("inputs.config").completed_values(dict(values))
+    c = object.__new__(Columns)  # completed_values checked every field is there; its extra keys are unread
+    c.__dict__.update(done)
+    return c
 
 
 def scalar_memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = None,
