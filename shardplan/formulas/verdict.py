@@ -110,11 +110,23 @@ def class_bands(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> dict[s
     """Band bytes per class, ceil(relative error × its base): what each class contributes (the
     report's breakdown and ``risk_term``); they add up to ``band_bytes`` within a byte per class."""
     out = {}
-    for name in BAND_CLASSES:
-        band = bands.cls(name)
-        rel = stack_relative_error(c, bands) if name == "unknown_stack" else band.relative_error
-        out[name] = np.asarray(np.ceil(rel * bases[band.of]), dtype=np.int64) if np.any(rel) else np.int64(0)
+    for name, of, rel in class_errors(bands):
+        rel = stack_relative_error(c, bands) if name == "unknown_stack" else rel
+        out[name] = np.asarray(np.ceil(rel * bases[of]), dtype=np.int64) if np.any(rel) else np.int64(0)
     return out
+
+
+_class_errors: dict[int, tuple] = {}
+
+
+def class_errors(bands: AccuracyBands) -> tuple[tuple[str, str, float], ...]:
+    """(class, the base it applies to, relative error) for each of ``BAND_CLASSES``, read once per
+    bands object (a judge walks them four times)."""
+    hit = _class_errors.get(id(bands))
+    if hit is None or hit[0] is not bands:
+        hit = _class_errors[id(bands)] = (bands, tuple((name, bands.cls(name).of, bands.cls(name).relative_error)
+                                                       for name in BAND_CLASSES))
+    return hit[1]
 
 
 def band_bytes(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> np.ndarray:
@@ -128,10 +140,9 @@ def band_sum(bases: dict[str, np.ndarray], c, bands: AccuracyBands):
     monotone in every base (errors ≥ 0), which ``bounded_verdict`` relies on.
     ASSUMPTION: every base is ≥ 0 (sums of byte terms; allocated ≥ model states + activations)."""
     coef: dict[str, Any] = {}
-    for name in BAND_CLASSES:
-        band = bands.cls(name)
-        rel = stack_relative_error(c, bands) if name == "unknown_stack" else band.relative_error
-        coef[band.of] = coef.get(band.of, 0.0) + rel
+    for name, of, rel in class_errors(bands):
+        rel = stack_relative_error(c, bands) if name == "unknown_stack" else rel
+        coef[of] = coef.get(of, 0.0) + rel
     total = np.float64(0.0)
     for base in BASES:
         if base in coef and np.any(coef[base]):
