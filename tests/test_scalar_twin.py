@@ -115,3 +115,30 @@ def test_engine_tables_as_python_values_index_as_numpy():
             key = index[0] if len(index) == 1 else index
             assert getattr(scalar, name)[key] == array[index].item(), (name, index)
     assert scalar.shards[1, 2] == tables.shards[1, 2].tolist()
+
+
+def test_rewritten_code_is_kept_beside_the_bytecode_and_follows_the_source(tmp_path, monkeypatch):
+    """The compiled twin of a module is written once (when Python writes bytecode) and read back
+    by the next process; an edit to the module's source compiles it again."""
+    import importlib.util
+    import sys as system
+
+    source = tmp_path / "tiny_formula.py"
+    source.write_text("import numpy as np\n\n\ndef pick(c):\n    return np.where(c > 1, 10, 20)\n")
+    spec = importlib.util.spec_from_file_location("tiny_formula", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(system, "dont_write_bytecode", False)
+    scalar_twin.scalar_definitions(module)
+    cached = list((tmp_path / "__pycache__").glob("tiny_formula.*.scalar-twin.pyc"))
+    assert len(cached) == 1
+    parse = scalar_twin.ast.parse
+    monkeypatch.setattr(scalar_twin.ast, "parse", lambda *a, **k: pytest.fail("parsed again with a valid cache"))
+    namespace = {"np": scalar_numpy}
+    compiled: dict = {}
+    exec(scalar_twin.scalar_definitions(module), namespace, compiled)
+    assert compiled["pick"](2) == 10 and compiled["pick"](0) == 20
+    monkeypatch.setattr(scalar_twin.ast, "parse", parse)
+    source.write_text("import numpy as np\n\n\ndef pick(c):\n    return np.where(c > 1, 11, 21)\n")
+    exec(scalar_twin.scalar_definitions(module), namespace, compiled)
+    assert compiled["pick"](2) == 11
