@@ -5,7 +5,10 @@ shared evaluator on single configurations.
     python benchmarks/query_latency.py --runs 5 --json out.json
 
 Process: ``python -m shardplan fit QUERY`` run ``--runs`` times (output discarded); min and median
-wall time, interpreter start-up and imports included. Python writes no bytecode cache when
+wall time, interpreter start-up and imports included. Beside it, the dependency floor: a process
+that only imports what fit's output needs (``python -c "import numpy, pydantic, typer, tabulate"``),
+run alternately with it so both see the same machine load; the difference is shardplan's own share
+(its imports and the work fit does). Python writes no bytecode cache when
 PYTHONDONTWRITEBYTECODE is set (then every run compiles shardplan from source, as a first run
 after an edit does); ``--bytecode`` (default on) runs it with the cache as an installed package has it.
 Evaluator: one configuration per call through ``planning.evaluate.evaluate_queries`` and through
@@ -25,18 +28,24 @@ import time
 QUERY = "70B on 4x24GB"
 
 
-def process_times(query: str, runs: int, bytecode: bool) -> list[float]:
-    """Wall seconds of ``runs`` whole ``shardplan fit`` processes."""
+FLOOR = "import numpy, pydantic, typer, tabulate"
+
+
+def process_times(query: str, runs: int, bytecode: bool) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``runs`` whole ``shardplan fit`` processes, and of as many dependency-floor
+    processes, alternately."""
     env = dict(os.environ)
     if bytecode:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-    command = [sys.executable, "-m", "shardplan", "fit", query]
-    subprocess.run(command, env=env, check=True, capture_output=True)  # warm the file cache (and bytecode)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
+    commands = ([sys.executable, "-m", "shardplan", "fit", query], [sys.executable, "-c", FLOOR])
+    for command in commands:  # warm the file cache (and bytecode)
         subprocess.run(command, env=env, check=True, capture_output=True)
-        times.append(time.perf_counter() - t0)
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(runs):
+        for command, out in zip(commands, times):
+            t0 = time.perf_counter()
+            subprocess.run(command, env=env, check=True, capture_output=True)
+            out.append(time.perf_counter() - t0)
     return times
 
 
@@ -84,9 +93,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=20000, help="configurations in the batched call")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
-    times = process_times(args.query, args.runs, args.bytecode)
+    times, floor = process_times(args.query, args.runs, args.bytecode)
     print(f"process  shardplan fit {args.query!r}: min {min(times):.3f} s, median {statistics.median(times):.3f} s "
           f"over {args.runs} runs ({'with' if args.bytecode else 'as set for'} the bytecode cache)", flush=True)
+    own = statistics.median(t - f for t, f in zip(times, floor))
+    print(f"floor    python -c {FLOOR!r}: min {min(floor):.3f} s, median {statistics.median(floor):.3f} s "
+          f"(same runs, alternating); shardplan's own share: median {own:.3f} s", flush=True)
     e = evaluator_times(args.single, args.batch)
     print(f"evaluate one configuration per call: {e['single_query_s'] * 1e3:.2f} ms (evaluate_queries), "
           f"{e['single_fit_evaluate_s'] * 1e3:.2f} ms (fit.evaluate, with its record)", flush=True)
@@ -95,7 +107,7 @@ def main(argv=None) -> int:
     if args.json:
         from shardplan.support.atomic_write import write_text_atomic
 
-        write_text_atomic(args.json, json.dumps({"process_s": times, "bytecode": args.bytecode, **e}, indent=2))
+        write_text_atomic(args.json, json.dumps({"process_s": times, "floor_s": floor, "bytecode": args.bytecode, **e}, indent=2))
     return 0
 
 
