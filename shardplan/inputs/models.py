@@ -23,7 +23,7 @@ from shardplan.support.errors import ShardplanError
 from shardplan.inputs.hf_config import how_read, spec_from_hf_config_file
 from shardplan.support.input_files import path_kind, read_text
 from shardplan.inputs.model import ModelSpec
-from shardplan.inputs.model_index import Entry, spec_of, entries as catalogue
+from shardplan.inputs.profile_index import Entry, entries, profile_of
 from shardplan.inputs.model_names import base_name, name_forms
 from shardplan.support.limits import MAX_DIGITS, MAX_PARAMS, _shown
 from shardplan.support.names import did_you_mean, normalize
@@ -52,6 +52,7 @@ SIZE_REFERENCES = (
 )
 
 
+KIND = "model_profiles"  # their folder (profiles.search_dirs) and catalogue (profile_index.KINDS)
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # "org/name", as the Hugging Face hub spells repository ids
 
 
@@ -67,9 +68,18 @@ class ResolvedModel:
         return {**model, "hf_id": self.hf_id} if self.hf_id else model
 
 
+def catalogue() -> tuple[Entry, ...]:
+    """Every model profile's name, aliases and size (``profile_index``), in ``model_profiles()`` order."""
+    return entries(KIND)
+
+
+def spec_of(entry: Entry) -> ModelSpec:
+    return profile_of(KIND, entry)
+
+
 def model_profiles() -> tuple[ModelSpec, ...]:
     """Every model profile, validated (user folders first)."""
-    return load_all("model_profiles", ModelSpec)
+    return load_all(KIND, ModelSpec)
 
 
 def get_model(name: str) -> ModelSpec:
