@@ -88,7 +88,12 @@ def _without_index(monkeypatch):
     from shardplan.inputs import profile_index
 
     monkeypatch.setattr(profile_index, "_read_index", lambda kind: None)
+    _forget(profile_index)
+
+
+def _forget(profile_index) -> None:
     profile_index._entries.cache_clear()
+    profile_index._by_name.cache_clear()
 
 
 def _lookups() -> dict:
@@ -118,14 +123,14 @@ def _lookups() -> dict:
 def test_the_index_finds_what_reading_every_profile_finds(monkeypatch):
     from shardplan.inputs import profile_index
 
-    profile_index._entries.cache_clear()
+    _forget(profile_index)
     assert all(profile_index._read_index(kind) is not None for kind in profile_index.KINDS)  # the index is used
     indexed = _lookups()
     _without_index(monkeypatch)
     try:
         assert _lookups() == indexed
     finally:
-        profile_index._entries.cache_clear()
+        _forget(profile_index)
 
 
 def test_an_index_of_other_files_is_not_used(tmp_path, monkeypatch):

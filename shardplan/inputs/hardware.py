@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import MAX_GPUS, bounded_int, checked_int
 from shardplan.support.names import did_you_mean, normalize
-from shardplan.inputs.profile_index import entries, profile_of
-from shardplan.inputs.profiles import find_by_name, load_all
+from shardplan.inputs.profile_index import entries, find_entry, profile_of
+from shardplan.inputs.profiles import load_all
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
@@ -161,11 +161,11 @@ def link_profiles() -> tuple[LinkProfile, ...]:
 
 def get_gpu(name: str) -> GPUProfile:
     """The GPU profile of a name or alias (validated alone: the catalogue's index finds it)."""
-    return profile_of(GPU_KIND, find_by_name(entries(GPU_KIND), name, "gpu"))
+    return profile_of(GPU_KIND, find_entry(GPU_KIND, name, "gpu"))
 
 
 def get_link(name: str, field: str = "link") -> LinkProfile:
-    return profile_of(LINK_KIND, find_by_name(entries(LINK_KIND), name, field))
+    return profile_of(LINK_KIND, find_entry(LINK_KIND, name, field))
 
 
 def gpu_for_capacity(nominal_gb: float) -> GPUProfile:

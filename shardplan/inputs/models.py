@@ -23,11 +23,11 @@ from shardplan.support.errors import ShardplanError
 from shardplan.inputs.hf_config import how_read, spec_from_hf_config_file
 from shardplan.support.input_files import path_kind, read_text
 from shardplan.inputs.model import ModelSpec
-from shardplan.inputs.profile_index import Entry, entries, profile_of
+from shardplan.inputs.profile_index import Entry, entries, find_entry, lookup, profile_of
 from shardplan.inputs.model_names import base_name, name_forms
 from shardplan.support.limits import MAX_DIGITS, MAX_PARAMS, _shown
-from shardplan.support.names import did_you_mean, normalize
-from shardplan.inputs.profiles import find_by_name, load_all, load_profile, read_json
+from shardplan.support.names import did_you_mean
+from shardplan.inputs.profiles import load_all, load_profile, read_json
 
 _BARE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mbt])\s*$", re.IGNORECASE)
 _SCALE = {"m": 1e6, "b": 1e9, "t": 1e12}
@@ -84,7 +84,7 @@ def model_profiles() -> tuple[ModelSpec, ...]:
 
 def get_model(name: str) -> ModelSpec:
     """The profile of a name or alias (validated alone: the catalogue's index finds it)."""
-    return spec_of(find_by_name(catalogue(), name, "model"))
+    return spec_of(find_entry(KIND, name, "model"))
 
 
 def _size_distance(entry: Entry, target: float) -> float:
@@ -113,7 +113,7 @@ def nearest_for_size(target: float) -> ModelSpec | None:
     equal counts -- one architecture published several times -- go to the longest context, since a
     bare size states none, then to the name, so the answer never depends on file order).
     """
-    preferred = [find_by_name(catalogue(), n, "model") for n in SIZE_REFERENCES]
+    preferred = [find_entry(KIND, n, "model") for n in SIZE_REFERENCES]
     close = [e for e in preferred if _within_tolerance(e, target)]
     if close:
         return spec_of(min(close, key=lambda e: (_size_distance(e, target), preferred.index(e))))
@@ -181,20 +181,14 @@ def _config_in_folder(folder: Path, text: str) -> Path:
     raise ShardplanError("model", text, f"folder has no config.json ({folder.resolve()})")
 
 
-def _match(entries: tuple[Entry, ...], text: str) -> Entry | None:
-    key = normalize(text)
-    return next((e for e in entries if any(normalize(n) == key for n in (e.name, *e.aliases))), None)
-
-
 def _resolve_name(text: str) -> ResolvedModel:
-    entries = catalogue()
     for i, form in enumerate(name_forms(text)):
-        entry = _match(entries, form.text)
+        entry = lookup(KIND, form.text)
         if entry is not None:
             shown = entry.display_name or entry.name
             how = shown if i == 0 else f"'{text}' -> {shown}{form.note}"
             return ResolvedModel(spec_of(entry), how, hf_id=text if _HUB_ID.match(text) else None)
-    spellings = {n: e.name for e in entries for n in (e.name, e.display_name, *e.aliases) if n}
+    spellings = {n: e.name for e in catalogue() for n in (e.name, e.display_name, *e.aliases) if n}
     hint = did_you_mean(base_name(text), spellings) or did_you_mean(text, spellings)
     raise ShardplanError("model", text, f"unknown model{hint}; give a built-in name or Hugging Face id "
                                         "('shardplan models' lists them), a size like '7B', or a config.json "

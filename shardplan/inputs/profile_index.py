@@ -22,8 +22,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from shardplan.inputs.profiles import DATA_DIR, PROFILE_PATH_ENV, load_all, load_profile
+from shardplan.inputs.profiles import DATA_DIR, PROFILE_PATH_ENV, find_by_name, load_all, load_profile
 from shardplan.support.errors import ShardplanError
+from shardplan.support.names import normalize
 
 INDEX_PATH = DATA_DIR / "profile_index.json"
 PACKAGE = Path(__file__).parents[1]
@@ -148,6 +149,27 @@ def _entries(kind: str, env_value: str) -> tuple[tuple[Entry, ...], dict]:
 def entries(kind: str) -> tuple[Entry, ...]:
     """Every profile's entry of ``kind``, in ``profiles.load_all`` order (user folders first)."""
     return _entries(kind, os.environ.get(PROFILE_PATH_ENV, ""))[0]
+
+
+@lru_cache(maxsize=None)
+def _by_name(kind: str, env_value: str) -> dict[str, Entry]:
+    """Each normalized name and alias -> the first entry that has it (``profiles.find_by_name``'s match)."""
+    out: dict[str, Entry] = {}
+    for e in _entries(kind, env_value)[0]:
+        for n in (e.name, *e.aliases):
+            out.setdefault(normalize(n), e)
+    return out
+
+
+def lookup(kind: str, name: str) -> Entry | None:
+    """The entry of a name or alias; None when no profile of ``kind`` has it."""
+    return _by_name(kind, os.environ.get(PROFILE_PATH_ENV, "")).get(normalize(name))
+
+
+def find_entry(kind: str, name: str, field: str) -> Entry:
+    """The entry of a name or alias (``profiles.find_by_name``, its one-line error included)."""
+    found = lookup(kind, name)
+    return found if found is not None else find_by_name(entries(kind), name, field)
 
 
 def profile_of(kind: str, entry: Entry):
