@@ -148,6 +148,11 @@ def test_an_index_of_other_files_is_not_used(tmp_path, monkeypatch):
         stale.write_text("{not json")
         profile_index._shipped.cache_clear()
         assert all(profile_index._read_index(kind) is None for kind in profile_index.KINDS)
+        monkeypatch.setattr(profile_index, "INDEX_PATH", profile_index.DATA_DIR / "profile_index.json")
+        monkeypatch.setattr(profile_index, "PACKAGE", tmp_path)  # no model.py source to check the counts against
+        profile_index._shipped.cache_clear()
+        assert profile_index._read_index("model_profiles") is None
+        assert profile_index._read_index("hardware_profiles/links") is not None
     finally:
         profile_index._shipped.cache_clear()
 

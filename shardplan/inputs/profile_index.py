@@ -126,13 +126,12 @@ def _shipped() -> dict:
 
 
 def _read_index(kind: str) -> tuple[Entry, ...] | None:
-    """The shipped index's entries of ``kind``; None when missing, unreadable or not of the files on disk."""
+    """The shipped index's entries of ``kind``; None when missing, unreadable or not of the files on
+    disk (also where a source cannot be read, e.g. an install without ``model.py``'s source)."""
     index = _shipped()
-    if stale_kinds(index, (kind,)):
-        return None
     try:
-        return parse_index(index, INDEX_PATH)[kind]
-    except ShardplanError:
+        return None if stale_kinds(index, (kind,)) else parse_index(index, INDEX_PATH)[kind]
+    except (OSError, ShardplanError):
         return None
 
 
