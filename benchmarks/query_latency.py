@@ -5,7 +5,10 @@ shared evaluator on single configurations.
     python benchmarks/query_latency.py --runs 5 --json out.json
 
 Process: ``python -m shardplan fit QUERY`` run ``--runs`` times (output discarded); min and median
-wall time, interpreter start-up and imports included. Python writes no bytecode cache when
+wall time, interpreter start-up and imports included. Beside it, the dependency floor: a process
+that only imports what fit's output needs (``python -c "import numpy, pydantic, typer, tabulate"``),
+and the same defining one pydantic model, run alternately with it so all see the same machine load;
+the difference is shardplan's own share (its imports and the work fit does). Python writes no bytecode cache when
 PYTHONDONTWRITEBYTECODE is set (then every run compiles shardplan from source, as a first run
 after an edit does); ``--bytecode`` (default on) runs it with the cache as an installed package has it.
 Evaluator: one configuration per call through ``planning.evaluate.evaluate_query`` (the formulas
@@ -22,23 +25,53 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]  # both parts time this checkout's shardplan
+sys.path.insert(0, str(ROOT))
 QUERY = "70B on 4x24GB"
 
+# The dependency floor: what fit's output needs imported, and nothing of shardplan's. The second
+# floor also defines one pydantic model, as any code with a pydantic model pays for it on first use
+# (pydantic.main, its field types, its plugin entry points): the part of fit's share that is pydantic's.
+FLOOR = "import numpy, pydantic, typer, tabulate"
+FLOOR_MODEL = FLOOR + "\nfrom pydantic import BaseModel\nclass One(BaseModel):\n    x: int"
 
-def process_times(query: str, runs: int, bytecode: bool) -> list[float]:
-    """Wall seconds of ``runs`` whole ``shardplan fit`` processes."""
+
+def process_times(query: str, runs: int, bytecode: bool) -> dict[str, list[float]]:
+    """Wall seconds of ``runs`` whole ``shardplan fit`` processes and of as many of each floor's,
+    alternately (so that all see the same machine load), by name: fit, floor, floor_model."""
     env = dict(os.environ)
     if bytecode:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-    command = [sys.executable, "-m", "shardplan", "fit", query]
-    subprocess.run(command, env=env, check=True, capture_output=True)  # warm the file cache (and bytecode)
-    times = []
+    commands = {"fit": [sys.executable, "-m", "shardplan", "fit", query], "floor": [sys.executable, "-c", FLOOR],
+                "floor_model": [sys.executable, "-c", FLOOR_MODEL]}
+    for command in commands.values():  # warm the file cache (and bytecode)
+        subprocess.run(command, env=env, check=True, capture_output=True, cwd=ROOT)
+    times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(command, env=env, check=True, capture_output=True)
-        times.append(time.perf_counter() - t0)
+        for name, command in commands.items():
+            t0 = time.perf_counter()
+            subprocess.run(command, env=env, check=True, capture_output=True, cwd=ROOT)
+            times[name].append(time.perf_counter() - t0)
     return times
+
+
+def _spread(times: list[float]) -> str:
+    return f"min {min(times):.3f} s, median {statistics.median(times):.3f} s"
+
+
+def print_process_times(query: str, times: dict[str, list[float]], bytecode: bool) -> None:
+    """The fit process beside the floors, and shardplan's own share (median of the run-by-run differences)."""
+    fit, floor, model = times["fit"], times["floor"], times["floor_model"]
+    print(f"process  shardplan fit {query!r}: {_spread(fit)} over {len(fit)} runs "
+          f"({'with' if bytecode else 'as set for'} the bytecode cache)", flush=True)
+    print(f"floor    python -c {FLOOR!r}: {_spread(floor)} (alternating with fit's runs)", flush=True)
+    print(f"floor    the same + one pydantic model: {_spread(model)}", flush=True)
+    own = statistics.median(t - f for t, f in zip(fit, floor))
+    beyond = statistics.median(t - f for t, f in zip(fit, model))
+    print(f"shardplan's own share: median {own:.3f} s over the floor, {beyond:.3f} s over the floor with a "
+          "pydantic model", flush=True)
 
 
 def evaluator_times(single: int, batch: int) -> dict:
@@ -90,8 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     times = process_times(args.query, args.runs, args.bytecode)
-    print(f"process  shardplan fit {args.query!r}: min {min(times):.3f} s, median {statistics.median(times):.3f} s "
-          f"over {args.runs} runs ({'with' if args.bytecode else 'as set for'} the bytecode cache)", flush=True)
+    print_process_times(args.query, times, args.bytecode)
     e = evaluator_times(args.single, args.batch)
     print(f"evaluate one configuration per call: {e['single_scalar_s'] * 1e3:.3f} ms (evaluate_query, Python numbers: "
           f"{1 / e['single_scalar_s']:,.0f}/s), {e['single_query_s'] * 1e3:.2f} ms (evaluate_queries, a one-row batch), "
@@ -101,7 +133,9 @@ def main(argv=None) -> int:
     if args.json:
         from shardplan.support.atomic_write import write_text_atomic
 
-        write_text_atomic(args.json, json.dumps({"process_s": times, "bytecode": args.bytecode, **e}, indent=2))
+        write_text_atomic(args.json, json.dumps({"process_s": times["fit"], "floor_s": times["floor"],
+                                                  "floor_model_s": times["floor_model"], "bytecode": args.bytecode, **e},
+                                                 indent=2))
     return 0
 
 

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from shardplan.inputs.profile_index import write_index
 from shardplan.support.atomic_write import write_text_atomic
 from shardplan.inputs.hf_config import spec_from_hf_config
 
@@ -95,6 +96,7 @@ def main(path: str, *only: str) -> None:
         data = spec.model_dump(mode="json", exclude_none=True)
         write_text_atomic(OUT / f"{name}.json", json.dumps(data, indent=2) + "\n")
         print(f"{name}: {spec.total_params:,}")
+    write_index()  # the catalogues' index of names and sizes (shardplan/inputs/profile_index.py) follows the profiles
 
 
 if __name__ == "__main__":

@@ -1,32 +1,75 @@
 """The ``shardplan`` command: the typer app, its command families (one module each: fit_command,
 plan_command, sweep_command, export_command, profile_commands; calibrate/cli.py) and ``main``,
-which turns every user error into one line and exit code 2."""
+which turns every user error into one line and exit code 2.
+
+A command family's module is imported only when it runs (or when the whole app is asked for, as
+``--help`` does): ``main`` registers the one command the arguments name, so ``shardplan fit``
+neither imports nor builds ``plan``, ``sweep``, ``export``, the profile commands or calibrate.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 
 import typer
 from pydantic import ValidationError
 
-from shardplan.calibrate.cli import calibrate_app
-from shardplan.cli.export_command import export_command
-from shardplan.cli.fit_command import fit
-from shardplan.cli.plan_command import plan_command
-from shardplan.cli.profile_commands import hardware_app, models_app, profiles_app
-from shardplan.cli.sweep_command import sweep_command
 from shardplan.support.errors import ShardplanError
 
-app = typer.Typer(add_completion=False, invoke_without_command=True,
-                  help="Will it fit, how fast will it run, and which sharding strategy to use.")
-app.add_typer(models_app, name="models")
-app.add_typer(hardware_app, name="hardware")
-app.add_typer(profiles_app, name="profiles")
-app.add_typer(calibrate_app, name="calibrate", help="Measure real torch FSDP runs, collectives and matmuls; fit coefficients.")
-app.command()(fit)
-app.command("export")(export_command)
-app.command("plan")(plan_command)
-app.command("sweep")(sweep_command)
+# The app's commands in the order ``--help`` lists them: name -> (module, function). A command's
+# module is imported when the command is registered.
+COMMANDS = {
+    "fit": ("shardplan.cli.fit_command", "fit"),
+    "export": ("shardplan.cli.export_command", "export_command"),
+    "plan": ("shardplan.cli.plan_command", "plan_command"),
+    "sweep": ("shardplan.cli.sweep_command", "sweep_command"),
+}
+# Sub-apps: name -> (module, typer app, help shown in the parent's list; None: the sub-app's own)
+GROUPS = {
+    "models": ("shardplan.cli.profile_commands", "models_app", None),
+    "hardware": ("shardplan.cli.profile_commands", "hardware_app", None),
+    "profiles": ("shardplan.cli.profile_commands", "profiles_app", None),
+    "calibrate": ("shardplan.calibrate.cli", "calibrate_app",
+                  "Measure real torch FSDP runs, collectives and matmuls; fit coefficients."),
+}
+APP_HELP = "Will it fit, how fast will it run, and which sharding strategy to use."
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The typer app with every command, or with only the command or sub-app named ``only`` (what
+    one invocation of it needs: its options, help and errors are the same as in the whole app)."""
+    app = typer.Typer(add_completion=False, invoke_without_command=True, help=APP_HELP)
+    for name, (module, attribute, help_text) in GROUPS.items():
+        if only in (None, name):
+            sub = getattr(importlib.import_module(module), attribute)
+            app.add_typer(sub, name=name, **({"help": help_text} if help_text else {}))
+    for name, (module, attribute) in COMMANDS.items():
+        if only in (None, name):
+            app.command(name)(getattr(importlib.import_module(module), attribute))
+    app.callback()(_top)
+    return app
+
+
+@functools.lru_cache(maxsize=1)
+def whole_app() -> typer.Typer:
+    """Every command (``--help`` lists them all); built once."""
+    return build_app()
+
+
+def __getattr__(name: str):
+    """``app``: the whole typer app, built on first use (``from shardplan.cli.app import app``)."""
+    if name == "app":
+        return whole_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def app_for(args: list[str]) -> typer.Typer:
+    """The app that runs ``args``: only the command its first word names, else the whole app
+    (top-level options, help, or a word that names no command, which the whole app reports)."""
+    first = args[0] if args else None
+    return build_app(first) if first in COMMANDS or first in GROUPS else whole_app()
 
 
 def _installed_version() -> str:
@@ -47,7 +90,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _top(ctx: typer.Context,
          version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                       help="print 'shardplan X.Y.Z' and exit")):
@@ -68,8 +110,9 @@ BUG_EXIT = 3
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors print one line on stderr and exit 2, never a traceback."""
     try:
+        args = sys.argv[1:] if argv is None else list(argv)
         # outside standalone mode click *returns* a command's typer.Exit code instead of raising it
-        code = app(args=argv, standalone_mode=False)
+        code = app_for(args)(args=args, standalone_mode=False)
         if isinstance(code, int) and not isinstance(code, bool) and code:
             return code
     except ShardplanError as err:

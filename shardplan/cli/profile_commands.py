@@ -87,6 +87,12 @@ def _validate_one(path: Path) -> str:
         from shardplan.inputs.hf_config import spec_from_hf_config_file
         spec = spec_from_hf_config_file(path)
         return f"{path}: ok (Hugging Face config, {spec.total_params:,} params)"
+    from shardplan.inputs import profile_index
+    if set(data) & set(profile_index.KINDS):  # the catalogues' index (inputs/profile_index.py)
+        count = sum(len(e) for e in profile_index.parse_index(data, path).values())
+        stale = ", ".join(profile_index.stale_kinds(data))
+        stale = f"; {stale} not of the files on disk: python -m shardplan.inputs.profile_index" if stale else ""
+        return f"{path}: ok (profile index, {count} profiles{stale})"
     if "defaults" in data and "display_name" in data:  # a training stack profile
         from shardplan.inputs.stacks import StackProfile, _check
         profile = _check(load_profile(path, StackProfile), Path(path))

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import MAX_GPUS, bounded_int, checked_int
 from shardplan.support.names import did_you_mean, normalize
-from shardplan.inputs.profiles import find_by_name, load_all
+from shardplan.inputs.profile_index import entries, find_entry, profile_of
+from shardplan.inputs.profiles import load_all
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
@@ -147,20 +148,24 @@ class Cluster(_Frozen):
         return f"{self.gpus_per_node}x{gpu}"
 
 
+GPU_KIND, LINK_KIND = "hardware_profiles/gpus", "hardware_profiles/links"  # folders and catalogues (profile_index)
+
+
 def gpu_profiles() -> tuple[GPUProfile, ...]:
-    return load_all("hardware_profiles/gpus", GPUProfile)
+    return load_all(GPU_KIND, GPUProfile)
 
 
 def link_profiles() -> tuple[LinkProfile, ...]:
-    return load_all("hardware_profiles/links", LinkProfile)
+    return load_all(LINK_KIND, LinkProfile)
 
 
 def get_gpu(name: str) -> GPUProfile:
-    return find_by_name(gpu_profiles(), name, "gpu")
+    """The GPU profile of a name or alias (validated alone: the catalogue's index finds it)."""
+    return profile_of(GPU_KIND, find_entry(GPU_KIND, name, "gpu"))
 
 
 def get_link(name: str, field: str = "link") -> LinkProfile:
-    return find_by_name(link_profiles(), name, field)
+    return profile_of(LINK_KIND, find_entry(LINK_KIND, name, field))
 
 
 def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
@@ -169,15 +174,15 @@ def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
     ASSUMPTION: among GPUs of equal capacity the most common training card is listed first in
     ``CAPACITY_DEFAULTS``; its compute and link figures stand in, and the answer says which.
     """
-    profiles = gpu_profiles()
+    gpus = entries(GPU_KIND)
     if float(nominal_gb).is_integer():  # '24.5GB' must not fall through to the 24 GB cards
         size = int(nominal_gb)
         for name in CAPACITY_DEFAULTS.get(size, ()):
             return get_gpu(name)
-        for profile in profiles:  # a size CAPACITY_DEFAULTS does not list, e.g. a user profile
-            if profile.nominal_memory_gb == size:
-                return profile
-    sizes = sorted({g.nominal_memory_gb for g in profiles})
+        for gpu in gpus:  # a size CAPACITY_DEFAULTS does not list, e.g. a user profile
+            if gpu.nominal_memory_gb == size:
+                return profile_of(GPU_KIND, gpu)
+    sizes = sorted({g.nominal_memory_gb for g in gpus})
     raise ShardplanError("gpus", f"{nominal_gb:g}GB", f"no GPU profile has that capacity; known: {sizes} GB")
 
 
@@ -318,7 +323,7 @@ def cluster_notes(cluster: Cluster) -> list[str]:
                      f"({gpu.memory_bytes / 2**30:.2f} GiB usable) for it")
     elif any(normalize(a) == normalize(cluster.gpu_text) for a in gpu.generic_aliases):
         key = normalize(cluster.gpu_text)
-        others = [g.name for g in gpu_profiles() if g.name != gpu.name and key in normalize(g.name)]
+        others = [g.name for g in entries(GPU_KIND) if g.name != gpu.name and key in normalize(g.name)]
         notes.append(f"gpus: '{cluster.gpu_text}' taken as {gpu.name} ({gpu.display_name}, "
                      f"{gpu.memory_bytes / 2**30:.2f} GiB usable)"
                      + (f"; name {' or '.join(others)} for another variant" if others else ""))

@@ -23,10 +23,11 @@ from shardplan.support.errors import ShardplanError
 from shardplan.inputs.hf_config import how_read, spec_from_hf_config_file
 from shardplan.support.input_files import path_kind, read_text
 from shardplan.inputs.model import ModelSpec
+from shardplan.inputs.profile_index import Entry, entries, find_entry, lookup, profile_of
 from shardplan.inputs.model_names import base_name, name_forms
 from shardplan.support.limits import MAX_DIGITS, MAX_PARAMS, _shown
-from shardplan.support.names import did_you_mean, normalize
-from shardplan.inputs.profiles import find_by_name, load_all, load_profile, read_json
+from shardplan.support.names import did_you_mean
+from shardplan.inputs.profiles import load_all, load_profile, read_json
 
 _BARE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mbt])\s*$", re.IGNORECASE)
 _SCALE = {"m": 1e6, "b": 1e9, "t": 1e12}
@@ -51,6 +52,7 @@ SIZE_REFERENCES = (
 )
 
 
+KIND = "model_profiles"  # their folder (profiles.search_dirs) and catalogue (profile_index.KINDS)
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # "org/name", as the Hugging Face hub spells repository ids
 
 
@@ -66,27 +68,38 @@ class ResolvedModel:
         return {**model, "hf_id": self.hf_id} if self.hf_id else model
 
 
+def catalogue() -> tuple[Entry, ...]:
+    """Every model profile's name, aliases and size (``profile_index``), in ``model_profiles()`` order."""
+    return entries(KIND)
+
+
+def spec_of(entry: Entry) -> ModelSpec:
+    return profile_of(KIND, entry)
+
+
 def model_profiles() -> tuple[ModelSpec, ...]:
-    return load_all("model_profiles", ModelSpec)
+    """Every model profile, validated (user folders first)."""
+    return load_all(KIND, ModelSpec)
 
 
 def get_model(name: str) -> ModelSpec:
-    return find_by_name(model_profiles(), name, "model")
+    """The profile of a name or alias (validated alone: the catalogue's index finds it)."""
+    return spec_of(find_entry(KIND, name, "model"))
 
 
-def _size_distance(spec: ModelSpec, target: float) -> float:
+def _size_distance(entry: Entry, target: float) -> float:
     """How far a profile is from a size, in log-parameters (symmetric: 2x too big = 2x too small)."""
-    return abs(math.log(spec.total_params / target))
+    return abs(math.log(entry.total_params / target))
 
 
-def _within_tolerance(spec: ModelSpec, target: float) -> bool:
-    return abs(spec.total_params / target - 1.0) <= SIZE_TOLERANCE
+def _within_tolerance(entry: Entry, target: float) -> bool:
+    return abs(entry.total_params / target - 1.0) <= SIZE_TOLERANCE
 
 
-def _dense_profiles() -> list[ModelSpec]:
+def _dense_profiles() -> list[Entry]:
     """Bare sizes resolve among dense profiles: a size names total parameters, and an MoE model of
     that total computes per token like a model several times smaller (its active parameters)."""
-    return [s for s in model_profiles() if s.moe is None]
+    return [e for e in catalogue() if e.dense]
 
 
 def _format_params(count: float) -> str:
@@ -100,13 +113,13 @@ def nearest_for_size(target: float) -> ModelSpec | None:
     equal counts -- one architecture published several times -- go to the longest context, since a
     bare size states none, then to the name, so the answer never depends on file order).
     """
-    preferred = [get_model(n) for n in SIZE_REFERENCES]
-    close = [s for s in preferred if _within_tolerance(s, target)]
+    preferred = [find_entry(KIND, n, "model") for n in SIZE_REFERENCES]
+    close = [e for e in preferred if _within_tolerance(e, target)]
     if close:
-        return min(close, key=lambda s: (_size_distance(s, target), preferred.index(s)))
-    close = [s for s in _dense_profiles() if _within_tolerance(s, target)]
+        return spec_of(min(close, key=lambda e: (_size_distance(e, target), preferred.index(e))))
+    close = [e for e in _dense_profiles() if _within_tolerance(e, target)]
     if close:
-        return min(close, key=lambda s: (_size_distance(s, target), -s.max_position_embeddings, s.name))
+        return spec_of(min(close, key=lambda e: (_size_distance(e, target), -e.max_position_embeddings, e.name)))
     return None
 
 
@@ -168,20 +181,14 @@ def _config_in_folder(folder: Path, text: str) -> Path:
     raise ShardplanError("model", text, f"folder has no config.json ({folder.resolve()})")
 
 
-def _match(profiles: tuple[ModelSpec, ...], text: str) -> ModelSpec | None:
-    key = normalize(text)
-    return next((p for p in profiles if any(normalize(n) == key for n in (p.name, *p.aliases))), None)
-
-
 def _resolve_name(text: str) -> ResolvedModel:
-    profiles = model_profiles()
     for i, form in enumerate(name_forms(text)):
-        spec = _match(profiles, form.text)
-        if spec is not None:
-            shown = spec.display_name or spec.name
+        entry = lookup(KIND, form.text)
+        if entry is not None:
+            shown = entry.display_name or entry.name
             how = shown if i == 0 else f"'{text}' -> {shown}{form.note}"
-            return ResolvedModel(spec, how, hf_id=text if _HUB_ID.match(text) else None)
-    spellings = {n: p.name for p in profiles for n in (p.name, p.display_name, *p.aliases) if n}
+            return ResolvedModel(spec_of(entry), how, hf_id=text if _HUB_ID.match(text) else None)
+    spellings = {n: e.name for e in catalogue() for n in (e.name, e.display_name, *e.aliases) if n}
     hint = did_you_mean(base_name(text), spellings) or did_you_mean(text, spellings)
     raise ShardplanError("model", text, f"unknown model{hint}; give a built-in name or Hugging Face id "
                                         "('shardplan models' lists them), a size like '7B', or a config.json "

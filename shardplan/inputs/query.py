@@ -43,10 +43,11 @@ _GPU_JOINERS = {"x", "×", "*", "gb", "gib", "g"}
 @lru_cache(maxsize=1)
 def _gpu_name_tokens() -> frozenset[str]:
     """Every word of a GPU profile's name, display name or alias ("rtx", "a10g", "h100")."""
-    from shardplan.inputs.hardware import gpu_profiles
+    from shardplan.inputs.hardware import GPU_KIND
+    from shardplan.inputs.profile_index import entries
 
     tokens: set[str] = set()
-    for g in gpu_profiles():
+    for g in entries(GPU_KIND):
         for text in (g.name, g.display_name, *getattr(g, "aliases", ())):
             tokens.update(normalize(t) for t in re.split(r"[\s\-_/]+", str(text)) if t)
     return frozenset(t for t in tokens if t)

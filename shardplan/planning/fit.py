@@ -272,8 +272,10 @@ def _fewest_gpus_of(spec: ModelSpec, cluster: Cluster, configs: Sequence[Trainin
                     allocator=None, bands: AccuracyBands | None = None) -> list[int | None]:
     """``fewest_gpus_that_fit`` of several configurations: per stage of counts (``COUNT_STAGES``),
     one evaluation of the configurations still without an answer at every count of the stage."""
+    if not configs:
+        return []
     world = _gpu_counts(cluster, limit)
-    rows = [Columns.build(**query_values(spec, cluster, config)) for config in configs]
+    rows = stack_queries([query_values(spec, cluster, config) for config in configs])  # row i: configs[i]
     found: list[int | None] = [None] * len(configs)
     pending, low = list(range(len(configs))), 0
     for high in (*COUNT_STAGES, max(limit, 1)):
@@ -281,24 +283,25 @@ def _fewest_gpus_of(spec: ModelSpec, cluster: Cluster, configs: Sequence[Trainin
         low = high
         if not pending or not counts.size:
             continue
-        fits = _fits_at([rows[i] for i in pending], cluster, counts, allocator, bands)
+        fits = _fits_at(rows, pending, cluster, counts, allocator, bands)
         for i, row in zip(pending, fits):
             found[i] = int(counts[row][0]) if row.any() else None
         pending = [i for i in pending if found[i] is None]
     return found
 
 
-def _fits_at(rows: list[Columns], cluster: Cluster, counts: np.ndarray, allocator=None,
+def _fits_at(rows: Columns, which: list[int], cluster: Cluster, counts: np.ndarray, allocator=None,
              bands: AccuracyBands | None = None) -> np.ndarray:
-    """Whether each configuration (0-d ``Columns``) fits at each GPU count: [configuration, count].
-    The configurations are a column axis and the counts a row axis, each field shaped only along
-    the axis it varies with (as the sweep lays its product out), so numpy works at the size each needs."""
-    c = {f.name: np.array([getattr(r, f.name) for r in rows]).reshape(-1, 1) for f in fields(Columns)}
+    """Whether each configuration ``which`` (rows of ``rows``, one per configuration) fits at each
+    GPU count: [configuration, count]. The configurations are a column axis and the counts a row
+    axis, each field shaped only along the axis it varies with (as the sweep lays its product
+    out), so numpy works at the size each needs."""
+    c = {f.name: np.broadcast_to(getattr(rows, f.name), rows.shape)[which].reshape(-1, 1) for f in fields(Columns)}
     c["world_size"] = counts.reshape(1, -1)
     c["gpus_per_node"] = np.minimum(counts, cluster.gpus_per_node).reshape(1, -1)
     c["shard_group_size"] = np.minimum(c["shard_group_size"], c["world_size"])
     _, judged, overflow = memory_verdict(Columns(**c), allocator, bands, per_class=False)
-    return np.broadcast_to((judged["verdict"] == 0) & ~overflow, (len(rows), counts.size))
+    return np.broadcast_to((judged["verdict"] == 0) & ~overflow, (len(which), counts.size))
 
 
 def minimum_gpus(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, limit: int = 4096,
