@@ -1,16 +1,19 @@
-"""The formulas over Python numbers: the same functions, rebound to ``scalar_numpy`` as their ``np``.
+"""The formulas over Python numbers: the same functions, compiled a second time for one configuration.
 
-``twin()`` copies the namespace of each module that takes part in a memory estimate and its
-verdict, swaps ``np`` for ``scalar_numpy``, and re-creates every plain function of the module
-from its own code object over that namespace (``types.FunctionType(f.__code__, namespace)``):
-no formula is written twice, and a change to one changes both paths. References between the
-twinned modules (``eng.per_engine``, ``from ... import trainable_params``) point at the twins, and
-the engine declarations (``engines.tables``) are read as Python lists and dicts keyed by code.
+A formula is written once, against numpy, for arrays of configurations. ``twin()`` gives each
+module that takes part in a memory estimate and its verdict a second namespace in which ``np`` is
+``scalar_numpy`` (numpy's functions over Python numbers), and re-creates every top-level function
+of the module there from the module's own source, with three calls written as the Python they
+mean for one value (``_ScalarCalls``: ``np.where`` -> a conditional expression, ``np.asarray`` ->
+the value or ``int()``/``bool()``/``float()``, ``np.logical_not`` -> ``not``). No formula is written
+twice: a change to one changes both paths. References between the twinned modules
+(``eng.per_engine``, ``from ... import trainable_params``) point at the twins, and the engine
+declarations (``engines.tables``) are read as Python lists and dicts keyed by code.
 
 What is not a plain module-level function (classes and their methods, ``lru_cache`` wrappers,
 pydantic models) stays as it is: it reads declarations and data files, not configurations.
-``tests/test_scalar_vector_agree.py`` checks the twin against the vectorized evaluation on
-1,000 random configurations across every engine and stack.
+``tests/test_scalar_twin.py`` checks the twin against the vectorized evaluation column by column
+on 1,000 random configurations across every engine, stack and method.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ast
 import hashlib
 import importlib.util
 import inspect
+import itertools
 import marshal
 import sys
 import types
@@ -46,16 +50,9 @@ def scalar_table(array):
         return array.tolist()
     out = {}
     for depth in range(1, array.ndim + 1):
-        for index in zip(*(a.ravel() for a in _grid(array.shape[:depth]))):
-            key = index[0] if depth == 1 else index
-            out[key] = array[index].tolist()
+        for index in itertools.product(*(range(n) for n in array.shape[:depth])):
+            out[index[0] if depth == 1 else index] = array[index].tolist()
     return out
-
-
-def _grid(shape):
-    import numpy as np
-
-    return np.meshgrid(*(np.arange(n) for n in shape), indexing="ij")
 
 
 @lru_cache(maxsize=1)
