@@ -14,6 +14,7 @@ import pytest
 
 from shardplan.formulas import scalar_numpy, scalar_twin
 from shardplan.inputs import strategy as st
+from shardplan.inputs.config import TrainingConfig
 from shardplan.planning import evaluate as evaluator
 from shardplan.planning.evaluate import evaluate_queries, evaluate_query
 
@@ -45,6 +46,40 @@ def test_one_configuration_in_python_numbers_equals_the_batch():
         for knob in seen:
             seen[knob].add(getattr(query[2], knob))
     assert seen == {"engine": set(st.ENGINES), "stack": set(st.STACKS), "method": set(st.METHODS)}
+
+
+def _every_knob_queries(n: int, seed: int) -> list[tuple]:
+    """``n`` configurations with every knob drawn (precision, attention, dropout, every-k AC, chunked
+    loss, accumulation with and without sync, offloaded activations, the stack knobs, quantization
+    and load modes), valid or not: an invalid one must come out as invalid in both paths."""
+    rng = np.random.default_rng(seed)
+    pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
+    flag = lambda: pick((None, True, False))  # noqa: E731
+    out = []
+    for spec, cluster, _ in _random_queries(n, seed):
+        knobs = dict(strategy=pick(st.STRATEGIES), engine=pick(st.ENGINES), precision=pick(st.PRECISIONS),
+                     method=pick(st.METHODS), stack=pick(st.STACKS), ac=pick(st.AC_MODES), ac_every_k=pick((2, 3)),
+                     offload=pick(st.OFFLOADS), optimizer=pick(st.OPTIMIZERS), micro_batch=pick((1, 3)),
+                     seq_len=pick((256, 2048)), grad_accum=pick((1, 4)), sync_every_micro_batch=pick((True, False)),
+                     attention=pick(st.ATTENTIONS), dropout=pick((True, False)), reduce_dtype=pick((None,) + st.REDUCE_DTYPES),
+                     ce_chunks=pick((None, 0, 8)), activation_offload=flag(), logits_fp32=flag(),
+                     optimizer_in_backward=flag(), fp32_master=flag(), paged_optimizer=flag(),
+                     expandable_segments=pick((True, False)), lora_dropout=pick((None, 0.0, 0.05)),
+                     reentrant_checkpointing=flag(), checkpoint_wrapper=flag(), quant_state_sharded=flag(),
+                     quant_format=pick((None,) + st.QUANT_FORMATS), load_mode=pick((None,) + st.LOAD_MODES))
+        if knobs["strategy"] == "single":
+            knobs["strategy"] = "ddp" if cluster.world_size > 1 else "single"
+        out.append((spec, cluster, TrainingConfig(**knobs)))
+    return out
+
+
+def test_every_knob_in_python_numbers_equals_the_batch():
+    """500 configurations drawing every knob a TrainingConfig has: the twin equals the batch."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    queries = _every_knob_queries(500, seed=41)
+    batch = evaluate_queries(queries)
+    for i, query in enumerate(queries):
+        _assert_row_equals_batch(evaluate_query(*query), batch, i)
 
 
 def test_the_twin_evaluates_without_numpy_arrays():

@@ -358,12 +358,24 @@ def _forward_moments(c, units, grads_held, common, in_block, acts):
                    unsharded_params=blocks_held, all_gather_buffers=units["all_gather_block"],
                    root_unsharded=units["root_unsharded"])
     moments = [forward]
-    if np.any(units["fsdp"] | (c.strategy == st.SINGLE)):  # block moments: FSDP and unwrapped runs
+    applies = units["fsdp"] | (c.strategy == st.SINGLE)
+    if np.any(applies):  # block moments: FSDP and unwrapped runs
         last = np.maximum(c.num_layers - 1, 0)
-        moments += [dict(common, **_block_forward(c, 0, units, grads_held, acts, pre=True)),
-                    dict(common, **_block_forward(c, last, units, grads_held, acts, pre=True)),
-                    dict(in_block, **_block_forward(c, last, units, grads_held, acts, pre=False))]
+        moments += _only_for(applies, [dict(common, **_block_forward(c, 0, units, grads_held, acts, pre=True)),
+                                       dict(common, **_block_forward(c, last, units, grads_held, acts, pre=True)),
+                                       dict(in_block, **_block_forward(c, last, units, grads_held, acts, pre=False))])
     return moments
+
+
+def _only_for(applies, moments):
+    """Moments that exist only for some rows (inside a block: FSDP and unwrapped runs), every term
+    zero in the others, so that those rows come out as if evaluated alone, where the moments are
+    not evaluated at all: a row's answer never depends on the rows evaluated with it (the buffers
+    common to every moment, e.g. bitsandbytes' dequantized weight, would otherwise add a moment
+    the row does not have)."""
+    if np.all(applies):
+        return moments
+    return [{name: np.where(applies, value, 0) for name, value in m.items()} for m in moments]
 
 
 def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, acts):
@@ -380,9 +392,19 @@ def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, 
     start = dict(common, grads=grads_held, activations=acts["saved"], logits_and_loss=acts["logits"][1],
                  unsharded_params=blocks_held + fsdp1_prefetch,
                  all_gather_buffers=np.where(keep, 0, units["all_gather_block"]), root_unsharded=units["root_unsharded"])
-    moments = [start]
-    if not np.any(fsdp | (c.strategy == st.SINGLE)):
-        return moments
+    applies = fsdp | (c.strategy == st.SINGLE)
+    if not np.any(applies):
+        return [start]
+    return [start] + _only_for(applies, _block_backward_moments(c, states, units, n_p, n_g, grads_held, common,
+                                                                in_block, acts))
+
+
+def _block_backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, acts):
+    """Inside block k's backward for k in {0, 1, L-2, L-1}, a checkpointed LoRA/QLoRA block's
+    recomputation, FSDP1's gradient moments (``_backward_moments``)."""
+    L = c.num_layers
+    fsdp = units["fsdp"]
+    moments = []
     ctx = _backward_context(c, states, n_g, grads_held, acts)
     peft_recompute = bool(np.any((c.method != st.FULL) & (ctx["n_ckpt"] > 0)))
     # FSDP1's gradient moments have no buffer ending at L-2: linear in k from 1 to L-1

@@ -158,9 +158,10 @@ def stack_profiles() -> list[StackProfile]:
 
 def resolve_stack(config, world_size: int):
     """``config`` with every knob it leaves unstated taken from its stack (then ENGINE_DEFAULTS);
-    knobs the user stated win. Idempotent: what it fills counts as stated afterwards."""
+    knobs the user stated win; a knob stated as None is unstated (its stack's default), as when
+    left out. Idempotent: what it fills counts as stated afterwards."""
     profile = get_stack(config.stack)
-    given = config.model_fields_set
+    given = {k for k in config.model_fields_set if getattr(config, k) is not None}
     update = {k: v for k, v in profile.knobs(int(world_size), config.method).items() if k not in given}
     if "precision" in given:  # a stated precision decides the master copy unless fp32_master is stated too
         update.pop("fp32_master", None)
