@@ -327,3 +327,18 @@ def test_a_bad_stack_profile_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "worse.json").write_text(json.dumps(worse))
     assert main(["profiles", "validate", str(tmp_path / "worse.json")]) == 2
     assert "load_mode='mmap'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stack", st.STACKS)
+def test_a_knob_stated_as_none_is_the_stacks_default(stack):
+    """``TrainingConfig(lora_dropout=None, ...)`` (a loop passing optional values through) means what
+    leaving the knobs out means: the stack's defaults, not a None inside a formula."""
+    knobs = ("logits_fp32", "ce_chunks", "optimizer_in_backward", "activation_offload", "fp32_master",
+             "paged_optimizer", "lora_dropout", "reentrant_checkpointing", "checkpoint_wrapper",
+             "quant_state_sharded", "quant_format", "load_mode")
+    stated = resolve_stack(TrainingConfig(stack=stack, method="lora", **{k: None for k in knobs}), 8)
+    left_out = resolve_stack(TrainingConfig(stack=stack, method="lora"), 8)
+    assert {k: getattr(stated, k) for k in knobs} == {k: getattr(left_out, k) for k in knobs}
+    assert all(getattr(stated, k) is not None for k in knobs if getattr(left_out, k) is not None)
+    spec, cluster = get_model("llama-3.1-8b"), parse_gpus("8xh100-sxm")
+    assert evaluate(spec, cluster, stated).per_gpu == evaluate(spec, cluster, left_out).per_gpu
