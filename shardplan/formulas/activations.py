@@ -131,12 +131,16 @@ def layer_bytes_per_token(c, a):
     (LoRA/QLoRA: ``frozen_layer_bytes_per_token``); Gemma's extra post-attention/post-MLP norms
     save their input and statistics (their output goes to the residual add, which saves nothing);
     q/k norms as ``attention_norm_bytes_per_token``."""
+    return np.where(c.method == st.FULL, trainable_layer_bytes_per_token(c, a), frozen_layer_bytes_per_token(c, a))
+
+
+def trainable_layer_bytes_per_token(c, a):
+    """One block of full fine-tuning without checkpointing (``layer_bytes_per_token``)."""
     norms = (2 * (norm_saved_bytes_per_token(c, a) + a * c.hidden_size) + c.extra_norms * norm_saved_bytes_per_token(c, a)
              + attention_norm_bytes_per_token(c, a))
-    full = (norms + attention_saved_bytes_per_token(c, a) + fused_qkv_output_copy_bytes(c, a)
+    return (norms + attention_saved_bytes_per_token(c, a) + fused_qkv_output_copy_bytes(c, a)
             + attention_quadratic_bytes_per_token(c, a)
             + mlp_saved_bytes_per_token(c, a) + dropout_mask_bytes_per_token(c))
-    return np.where(c.method == st.FULL, full, frozen_layer_bytes_per_token(c, a))
 
 
 def frozen_norm_bytes_per_token(c, a):

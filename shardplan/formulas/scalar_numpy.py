@@ -66,21 +66,17 @@ def array(values, dtype=None):
     return asarray(values, dtype)
 
 
-def maximum(a, b):
-    return a if a >= b else b
-
-
-def minimum(a, b):
-    return a if a <= b else b
-
-
 def clip(x, low, high):
-    return minimum(maximum(x, low), high)
+    return min(max(x, low), high)
 
 
 # Python's own functions where they are numpy's for one value (no Python frame per call):
 # ceil/floor give whole numbers, round rounds half to even, bool(x) is np.any / np.all of one value.
 ceil, floor, cbrt, isfinite = math.ceil, math.floor, math.cbrt, math.isfinite
+# max/min of two values: ties keep the first (the same value numpy gives). They do not propagate a
+# NaN as numpy does; a NaN byte count meets an int() cast, which raises, and the configuration
+# is evaluated with arrays (evaluate.SCALAR_ARITHMETIC_ERRORS).
+maximum, minimum = max, min
 round = builtins.round  # noqa: A001 - numpy's name
 any = all = bool  # noqa: A001 - numpy's names
 

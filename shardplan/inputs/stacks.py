@@ -140,6 +140,13 @@ def get_stack(name: str) -> StackProfile:
     return _check(load_profile(path, StackProfile), path)
 
 
+@lru_cache(maxsize=1024)
+def stack_knobs(stack: str, world_size: int, method: str) -> tuple[tuple[str, Any], ...]:
+    """``get_stack(stack).knobs(world_size, method)`` as (name, value) pairs, worked out once per
+    (stack, world size, method): every query resolves its stack."""
+    return tuple(get_stack(stack).knobs(world_size, method).items())
+
+
 def stack_word(stack: str, knob: str, word: str) -> str:
     """What ``stack`` means by ``word`` for ``knob`` (its profile's ``words``), or a one-line
     error when the stack refuses that mode or does not say."""
@@ -160,9 +167,8 @@ def resolve_stack(config, world_size: int):
     """``config`` with every knob it leaves unstated taken from its stack (then ENGINE_DEFAULTS);
     knobs the user stated win; a knob stated as None is unstated (its stack's default), as when
     left out. Idempotent: what it fills counts as stated afterwards."""
-    profile = get_stack(config.stack)
     given = {k for k in config.model_fields_set if getattr(config, k) is not None}
-    update = {k: v for k, v in profile.knobs(int(world_size), config.method).items() if k not in given}
+    update = {k: v for k, v in stack_knobs(config.stack, int(world_size), config.method) if k not in given}
     if "precision" in given:  # a stated precision decides the master copy unless fp32_master is stated too
         update.pop("fp32_master", None)
     update.update({k: v for k, v in ENGINE_DEFAULTS.items()
