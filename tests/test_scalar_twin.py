@@ -177,3 +177,23 @@ def test_rewritten_code_is_kept_beside_the_bytecode_and_follows_the_source(tmp_p
     source.write_text("import numpy as np\n\n\ndef pick(c):\n    return np.where(c > 1, 11, 21)\n")
     exec(scalar_twin.scalar_definitions(module), namespace, compiled)
     assert compiled["pick"](2) == 11
+
+
+def test_a_one_shot_process_does_not_build_the_twin():
+    """The first single query of a process goes through the arrays (a one-shot command would not
+    earn back compiling the twin); the second builds it; both answers are the same."""
+    import subprocess
+    import sys as system
+
+    script = (
+        "from shardplan.formulas import scalar_twin\n"
+        "from shardplan.inputs.config import TrainingConfig\n"
+        "from shardplan.inputs.hardware import parse_gpus\n"
+        "from shardplan.inputs.models import get_model\n"
+        "from shardplan.planning.evaluate import evaluate_query\n"
+        "q = (get_model('llama-3.1-8b'), parse_gpus('8xh100-sxm'), TrainingConfig(method='lora'))\n"
+        "first = evaluate_query(*q); built_first = scalar_twin.twin.cache_info().currsize\n"
+        "second = evaluate_query(*q)\n"
+        "print(built_first, scalar_twin.twin.cache_info().currsize, first == second)\n")
+    out = subprocess.run([system.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "1", "True"]

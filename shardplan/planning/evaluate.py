@@ -120,6 +120,19 @@ def memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = Non
 SCALAR_ARITHMETIC_ERRORS = (ArithmeticError, ValueError)
 
 
+_single_queries = 0
+
+
+def scalar_twin_pays() -> bool:
+    """Whether this single configuration goes through the scalar twin: from the second one a process
+    asks about on. Building the twin compiles the formula modules again (~8 ms from its cache beside
+    the bytecode, ~0.2 s where none can be written), which a loop of queries earns back at once and
+    a one-shot command (``shardplan fit ... --strategy X``) never does. The answers are the same."""
+    global _single_queries
+    _single_queries += 1
+    return _single_queries > 1 or scalar_twin.twin.cache_info().currsize > 0
+
+
 def scalar_columns(values: dict[str, Any]) -> Columns:
     """``query_values`` of one configuration as a ``Columns`` of Python numbers (``Columns.build``'s
     completion, twinned: formulas/scalar_twin.py)."""
@@ -147,9 +160,10 @@ def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, al
                    bands: AccuracyBands | None = None) -> dict[str, Any]:
     """Memory and verdict of ONE configuration as Python numbers: the columns ``evaluate_queries``
     gives (and ``overflow``), through the formulas' scalar twin (no arrays: ~15x faster than a
-    one-row batch); a configuration whose Python arithmetic raises goes through the arrays."""
+    one-row batch) from a process's second single query on (``scalar_twin_pays``); the first, and
+    a configuration whose Python arithmetic raises, go through the arrays."""
     values = query_values(*_checked_query((spec, cluster, config)))
-    one = scalar_memory_verdict(scalar_columns(values), allocator, bands)
+    one = scalar_memory_verdict(scalar_columns(values), allocator, bands) if scalar_twin_pays() else None
     if one is None:
         m, verdict, overflow = memory_verdict(stack_queries([values]), allocator, bands)
         return rows_of({**m, **verdict, "overflow": overflow}, 1)[0]

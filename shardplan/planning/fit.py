@@ -25,7 +25,8 @@ from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
 from shardplan.formulas import scalar_twin
 from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values, rows_of,
-                                         scalar_columns, scalar_memory_verdict, stack_queries, take_row)
+                                         scalar_columns, scalar_memory_verdict, scalar_twin_pays, stack_queries,
+                                         take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, throughput_band
 
 
@@ -156,9 +157,10 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConf
 
 def _judged_rows(values: list[dict[str, Any]], allocator, bands):
     """Memory rows, verdict rows, overflow flags and trainable parameters of ``query_values`` rows,
-    and a function giving row i's columns: one configuration through the formulas' scalar twin,
-    several (or one whose Python arithmetic raised) as one vectorized batch."""
-    if len(values) == 1:
+    and a function giving row i's columns: one configuration through the formulas' scalar twin
+    (from a process's second single query on: ``evaluate.scalar_twin_pays``), several (or one
+    whose Python arithmetic raised) as one vectorized batch."""
+    if len(values) == 1 and scalar_twin_pays():
         c = scalar_columns(values[0])
         one = scalar_memory_verdict(c, allocator, bands)
         if one is not None:
