@@ -367,15 +367,19 @@ def _forward_moments(c, units, grads_held, common, in_block, acts):
     return moments
 
 
+ROWS = "_rows"  # a moment's key that is not a term: the rows the moment exists for
+
+
 def _only_for(applies, moments):
-    """Moments that exist only for some rows (inside a block: FSDP and unwrapped runs), every term
-    zero in the others, so that those rows come out as if evaluated alone, where the moments are
-    not evaluated at all: a row's answer never depends on the rows evaluated with it (the buffers
-    common to every moment, e.g. bitsandbytes' dequantized weight, would otherwise add a moment
-    the row does not have)."""
+    """Moments that exist only for some rows (inside a block: FSDP and unwrapped runs) carry those
+    rows (``ROWS``); ``_peak`` counts their total as zero elsewhere, so they are never another
+    row's peak and that row comes out as if evaluated alone, where the moments are not evaluated
+    at all: a row's answer never depends on the rows evaluated with it (the buffers common to
+    every moment, e.g. bitsandbytes' dequantized weight, would otherwise add a moment the row
+    does not have)."""
     if np.all(applies):
         return moments
-    return [{name: np.where(applies, value, 0) for name, value in m.items()} for m in moments]
+    return [dict(m, **{ROWS: applies}) for m in moments]
 
 
 def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, acts):
@@ -448,7 +452,8 @@ def _peak(moments, first_bw, step, persistent, zero):
     absent = (0,) * len(names)
 
     def total(m):
-        return sum(map(m.get, names, absent), zero) + persistent
+        held = sum(map(m.get, names, absent), zero) + persistent
+        return np.where(m[ROWS], held, 0) if ROWS in m else held
 
     totals = [total(m) for m in moments]
     best_fw, fw_total = np.zeros_like(totals[0], dtype=np.int64), totals[0]
