@@ -449,10 +449,9 @@ def _peak(moments, first_bw, step, persistent, zero):
     moment that is the peak (``PEAK_MOMENTS``) and the index of the winning moment in ``moments``
     (-1: the optimizer step). Every moment's total sums the same terms."""
     names = ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)
-    absent = (0,) * len(names)
 
-    def total(m):
-        held = sum(map(m.get, names, absent), zero) + persistent
+    def total(m):  # the terms a moment holds (adding an absent term's 0 would copy a whole chunk)
+        held = sum([m[name] for name in names if name in m], zero) + persistent
         return np.where(m[ROWS], held, 0) if ROWS in m else held
 
     totals = [total(m) for m in moments]
