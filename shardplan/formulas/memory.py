@@ -32,6 +32,9 @@ comes from one function; see docs/formulas.md.
 
 from __future__ import annotations
 
+from functools import partial
+from operator import is_not
+
 import numpy as np
 
 from shardplan.inputs import engines as eng
@@ -368,6 +371,7 @@ def _forward_moments(c, units, grads_held, common, in_block, acts):
 
 
 ROWS = "_rows"  # a moment's key that is not a term: the rows the moment exists for
+_PRESENT = partial(is_not, None)  # a term the moment holds (dict.get gave no None)
 
 
 def _only_for(applies, moments):
@@ -451,7 +455,7 @@ def _peak(moments, first_bw, step, persistent, zero):
     names = ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)
 
     def total(m):  # the terms a moment holds (adding an absent term's 0 would copy a whole chunk)
-        held = sum([m[name] for name in names if name in m], zero) + persistent
+        held = sum(filter(_PRESENT, map(m.get, names)), zero) + persistent
         return np.where(m[ROWS], held, 0) if ROWS in m else held
 
     totals = [total(m) for m in moments]

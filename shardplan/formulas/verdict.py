@@ -91,19 +91,24 @@ def stack_relative_error(c, bands: AccuracyBands):
     return stack_error_table(bands, stacks)[np.asarray(codes, dtype=np.int64)]
 
 
-_stack_errors: dict[tuple, tuple] = {}
-
-
 def stack_error_table(bands: AccuracyBands, stacks):
-    """Each stack's relative error (``bands.stack_error``), in ``stacks`` order; built once per
-    bands object (a judge reads it four times; the bands are frozen data). Keyed by the array
-    module too: the scalar twin (formulas/scalar_twin.py) keeps its table as a list."""
-    key = (id(bands), np.__name__)
-    hit = _stack_errors.get(key)
-    if hit is None or hit[0] is not bands or hit[1] != stacks:
-        hit = _stack_errors[key] = (bands, stacks, np.array([bands.stack_error(name) for name in stacks],
-                                                             dtype=np.float64))
-    return hit[2]
+    """Each stack's relative error (``bands.stack_error``), in ``stacks`` order (``once_per_bands``;
+    keyed by the array module too: the scalar twin, formulas/scalar_twin.py, keeps a list)."""
+    return once_per_bands(bands, ("stack errors", tuple(stacks), np.__name__),
+                          lambda: np.array([bands.stack_error(name) for name in stacks], dtype=np.float64))
+
+
+_per_bands: dict[tuple, tuple] = {}
+
+
+def once_per_bands(bands: AccuracyBands, what: tuple | str, build):
+    """``build()``, a table read from ``bands``, computed once per bands object and ``what`` (the
+    bands are frozen data; a judge reads its tables four times)."""
+    key = (id(bands), what)
+    hit = _per_bands.get(key)
+    if hit is None or hit[0] is not bands:
+        hit = _per_bands[key] = (bands, build())
+    return hit[1]
 
 
 def class_bands(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> dict[str, np.ndarray]:
@@ -116,17 +121,10 @@ def class_bands(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> dict[s
     return out
 
 
-_class_errors: dict[int, tuple] = {}
-
-
 def class_errors(bands: AccuracyBands) -> tuple[tuple[str, str, float], ...]:
-    """(class, the base it applies to, relative error) for each of ``BAND_CLASSES``, read once per
-    bands object (a judge walks them four times)."""
-    hit = _class_errors.get(id(bands))
-    if hit is None or hit[0] is not bands:
-        hit = _class_errors[id(bands)] = (bands, tuple((name, bands.cls(name).of, bands.cls(name).relative_error)
-                                                       for name in BAND_CLASSES))
-    return hit[1]
+    """(class, the base it applies to, relative error) for each of ``BAND_CLASSES`` (``once_per_bands``)."""
+    return once_per_bands(bands, "class errors",
+                          lambda: tuple((name, bands.cls(name).of, bands.cls(name).relative_error) for name in BAND_CLASSES))
 
 
 def band_bytes(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> np.ndarray:

@@ -156,6 +156,17 @@ def scalar_memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | Non
         return None
 
 
+def scalar_evaluation(values: dict[str, Any], allocator=None, bands: AccuracyBands | None = None):
+    """(columns, memory, verdict, overflow) of one configuration's ``query_values`` through the
+    scalar twin, or None where the twin does not pay yet (``scalar_twin_pays``) or Python's
+    arithmetic raises: the caller evaluates it as a one-row batch."""
+    if not scalar_twin_pays():
+        return None
+    c = scalar_columns(values)
+    one = scalar_memory_verdict(c, allocator, bands)
+    return None if one is None else (c, *one)
+
+
 def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
                    bands: AccuracyBands | None = None) -> dict[str, Any]:
     """Memory and verdict of ONE configuration as Python numbers: the columns ``evaluate_queries``
@@ -163,11 +174,11 @@ def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, al
     one-row batch) from a process's second single query on (``scalar_twin_pays``); the first, and
     a configuration whose Python arithmetic raises, go through the arrays."""
     values = query_values(*_checked_query((spec, cluster, config)))
-    one = scalar_memory_verdict(scalar_columns(values), allocator, bands) if scalar_twin_pays() else None
+    one = scalar_evaluation(values, allocator, bands)
     if one is None:
         m, verdict, overflow = memory_verdict(stack_queries([values]), allocator, bands)
         return rows_of({**m, **verdict, "overflow": overflow}, 1)[0]
-    m, verdict, overflow = one
+    _, m, verdict, overflow = one
     return {**m, **verdict, "overflow": overflow}
 
 

@@ -25,8 +25,7 @@ from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
 from shardplan.formulas import scalar_twin
 from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values, rows_of,
-                                         scalar_columns, scalar_memory_verdict, scalar_twin_pays, stack_queries,
-                                         take_row)
+                                         scalar_evaluation, stack_queries, take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, throughput_band
 
 
@@ -160,13 +159,11 @@ def _judged_rows(values: list[dict[str, Any]], allocator, bands):
     and a function giving row i's columns: one configuration through the formulas' scalar twin
     (from a process's second single query on: ``evaluate.scalar_twin_pays``), several (or one
     whose Python arithmetic raised) as one vectorized batch."""
-    if len(values) == 1 and scalar_twin_pays():
-        c = scalar_columns(values[0])
-        one = scalar_memory_verdict(c, allocator, bands)
-        if one is not None:
-            m, judged, overflow = one
-            trainable = scalar_twin.module("formulas.model_states").trainable_params(c)
-            return [m], [judged], [overflow], [trainable], lambda i: c
+    one = scalar_evaluation(values[0], allocator, bands) if len(values) == 1 else None
+    if one is not None:
+        c, m, judged, overflow = one
+        trainable = scalar_twin.module("formulas.model_states").trainable_params(c)
+        return [m], [judged], [overflow], [trainable], lambda i: c
     c = stack_queries(values)
     m, judged, overflow = memory_verdict(c, allocator, bands)
     n = len(values)
