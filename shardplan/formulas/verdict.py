@@ -107,6 +107,8 @@ def once_per_bands(bands: AccuracyBands, what: tuple | str, build):
     key = (id(bands), what)
     hit = _per_bands.get(key)
     if hit is None or hit[0] is not bands:
+        if len(_per_bands) >= 256:  # bands objects made per call (overlays in a loop) must not pile up
+            _per_bands.clear()
         hit = _per_bands[key] = (bands, build())
     return hit[1]
 
