@@ -112,10 +112,7 @@ def _with_global_batch(config, cluster, global_batch_tokens: str, notes: list[st
 
     # (the context check is noted already)
     workload = resolve_workload(config.seq_len, cluster.world_size, parse_count(global_batch_tokens, "global_batch_tokens"))
-    if workload.sequences_per_gpu % config.micro_batch:
-        raise ShardplanError("micro_batch", config.micro_batch,
-                             f"must divide the {workload.sequences_per_gpu} sequences per GPU of the global batch")
-    accum, most = workload.sequences_per_gpu // config.micro_batch, INT_RANGES["grad_accum"][1]
+    accum, most = workload.accumulation(config.micro_batch), INT_RANGES["grad_accum"][1]
     if accum > most:  # the accumulation the batch implies is in grad_accum's range, or the batch is refused
         raise ShardplanError("global_batch_tokens", global_batch_tokens,
                              f"needs {accum:,} accumulation steps at micro-batch {config.micro_batch}; "

@@ -71,10 +71,7 @@ class PlanSpec(TrainingConfig):
                 continue
             if getattr(self, field) not in names:
                 raise ShardplanError(field, getattr(self, field), f"unknown; choose one of {', '.join(names)}")
-        if self.strategy == "single" and self.world_size != 1:
-            raise ShardplanError("strategy", "single", f"means one GPU without a wrapper; the plan has {self.world_size}")
-        if self.shard_group_size and self.world_size % self.shard_group_size:
-            raise ShardplanError("shard_group_size", self.shard_group_size, f"must divide the {self.world_size} GPUs")
+        st.check_world_size(self.strategy, self.world_size, self.shard_group_size)
         return self
 
     # --- derived ----------------------------------------------------------------------------

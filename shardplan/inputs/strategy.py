@@ -146,3 +146,15 @@ def shard_degrees(strategy, engine, world_size, shard_group_size):
               for k in range(3)]
     ones = np.ones_like(n) * np.ones_like(g)
     return tuple(d * ones for d in degree)
+
+
+def check_world_size(strategy: str, world_size: int, shard_group_size: int | None) -> None:
+    """One-line errors for a run whose GPU count its strategy cannot use: ``single`` is one GPU
+    without a wrapper; a shard group must divide the GPUs (the rules ``valid_world_size`` and the
+    HSDP mesh apply to arrays, for one stated run)."""
+    from shardplan.support.errors import ShardplanError
+
+    if strategy == "single" and world_size != 1:
+        raise ShardplanError("strategy", "single", f"means one GPU without a wrapper; this run has {world_size}")
+    if shard_group_size and world_size % shard_group_size:
+        raise ShardplanError("shard_group_size", shard_group_size, f"must divide the {world_size} GPUs")

@@ -112,11 +112,7 @@ def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> N
     if not bool(st.is_valid(knobs["strategy"], knobs["engine"])):
         raise ShardplanError("strategy", config.strategy, f"not expressible with engine {config.engine!r} "
                                                           f"(zero1/zero2 need --engine deepspeed)")
-    if config.strategy == "single" and cluster.world_size != 1:
-        raise ShardplanError("strategy", "single", f"means one GPU without a wrapper; this cluster has {cluster.world_size}")
-    if config.shard_group_size and cluster.world_size % config.shard_group_size:
-        raise ShardplanError("shard_group_size", config.shard_group_size,
-                             f"must divide the {cluster.world_size} GPUs")
+    st.check_world_size(config.strategy, cluster.world_size, config.shard_group_size)
 
 
 def _check_arguments(spec, cluster, config) -> None:

@@ -172,9 +172,7 @@ def _candidate_rows(cluster: Cluster, base: TrainingConfig, workload: Workload, 
     offloads = [st.code(st.OFFLOADS, o, "offload") for o in ([base.offload] if "offload" in fixed else PLAN_OFFLOADS)]
     micro = divisors(workload.sequences_per_gpu, up_to=max_micro_batch)
     if "micro_batch" in fixed:
-        if workload.sequences_per_gpu % base.micro_batch:
-            raise ShardplanError("micro_batch", base.micro_batch,
-                                 f"must divide the {workload.sequences_per_gpu} sequences per GPU of the global batch")
+        workload.accumulation(base.micro_batch)  # a fixed micro-batch must divide the batch
         micro = [base.micro_batch]
     groups = shard_group_sizes(cluster)
     if "shard_group_size" in fixed and base.shard_group_size:

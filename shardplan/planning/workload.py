@@ -18,6 +18,14 @@ class Workload(BaseModel):
     requested_tokens: int
     notes: list[str] = []
 
+    def accumulation(self, micro_batch: int) -> int:
+        """Gradient accumulation steps for ``micro_batch`` sequences per step: the sequences per GPU
+        divided by it, or a one-line error when it does not divide them."""
+        if self.sequences_per_gpu % micro_batch:
+            raise ShardplanError("micro_batch", micro_batch,
+                                 f"must divide the {self.sequences_per_gpu} sequences per GPU of the global batch")
+        return self.sequences_per_gpu // micro_batch
+
 
 def resolve_workload(seq_len: int, world_size: int, global_batch_tokens: int | None = None,
                      global_batch_sequences: int | None = None, context: int | None = None) -> Workload:
