@@ -72,7 +72,7 @@ def clip(x, low, high):
 
 # Python's own functions where they are numpy's for one value (no Python frame per call):
 # ceil/floor give whole numbers, round rounds half to even, bool(x) is np.any / np.all of one value.
-ceil, floor, cbrt, isfinite = math.ceil, math.floor, math.cbrt, math.isfinite
+ceil, floor, isfinite = math.ceil, math.floor, math.isfinite
 # max/min of two values: ties keep the first (the same value numpy gives). They do not propagate a
 # NaN as numpy does; a NaN byte count meets an int() cast, which raises, and the configuration
 # is evaluated with arrays (evaluate.SCALAR_ARITHMETIC_ERRORS).
@@ -111,10 +111,6 @@ def broadcast(*values):
 
 def broadcast_to(x, shape):
     return x
-
-
-def broadcast_arrays(*values):
-    return list(values)
 
 
 def shape(x):
