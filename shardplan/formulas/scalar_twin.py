@@ -133,7 +133,7 @@ def scalar_definitions(module) -> types.CodeType | None:
         source = Path(path).read_bytes()
     except (OSError, TypeError):
         return None
-    key = hashlib.sha256(source + _TRANSFORM_SOURCE).digest()
+    key = hashlib.sha256(source + _transform_source()).digest()
     cache = Path(importlib.util.cache_from_source(path)).with_suffix(".scalar-twin.pyc")
     try:
         data = cache.read_bytes()
@@ -154,7 +154,11 @@ def scalar_definitions(module) -> types.CodeType | None:
     return code
 
 
-_TRANSFORM_SOURCE = Path(__file__).read_bytes()  # a change to the rewriting recompiles every twin
+@lru_cache(maxsize=1)
+def _transform_source() -> bytes:
+    """This file's bytes: a change to the rewriting recompiles every twin (read when a twin is built,
+    not when a fit process imports the evaluator)."""
+    return Path(__file__).read_bytes()
 
 
 @lru_cache(maxsize=1)
