@@ -84,9 +84,7 @@ def _scalar(grid_name: str, sample: int, with_time: bool, seed: int = 0) -> dict
     for p in picks:  # the one-at-a-time path
         spec = specs[p["models"]]
         cluster = clusters[(p["gpus"], p["gpu_counts"])]
-        config = TrainingConfig(strategy=p["strategies"], engine=p["engines"], method=p["method"], ac=p["ac"],
-                                micro_batch=p["micro_batch"], seq_len=p["seq_len"], precision=p["precision"],
-                                offload=p["offload"], optimizer=p["optimizer"])
+        config = _config(p)
         evaluate(spec, cluster, config)
         if with_time:
             c = columns_for(spec, cluster, config)
@@ -94,6 +92,15 @@ def _scalar(grid_name: str, sample: int, with_time: bool, seed: int = 0) -> dict
             tp.step_time(c, comm.link_rates(cluster), tp.compute_rates(cluster), volume=v)
     elapsed = time.perf_counter() - t0
     return {"sample": sample, "seconds": elapsed, "configs_per_s": sample / elapsed}
+
+
+def _config(pick: dict):
+    """The ``TrainingConfig`` of one sampled grid point (built inside the timed loops)."""
+    from shardplan.inputs.config import TrainingConfig
+
+    return TrainingConfig(strategy=pick["strategies"], engine=pick["engines"], method=pick["method"], ac=pick["ac"],
+                          micro_batch=pick["micro_batch"], seq_len=pick["seq_len"], precision=pick["precision"],
+                          offload=pick["offload"], optimizer=pick["optimizer"])
 
 
 def _sample(grid_name: str, sample: int, seed: int = 0) -> tuple[list[dict], dict, dict]:
@@ -123,9 +130,7 @@ def _queries(grid_name: str, sample: int, seed: int = 0) -> dict:
     evaluate_queries([(specs[p["models"]], clusters[(p["gpus"], p["gpu_counts"])], TrainingConfig()) for p in picks[:8]])
     t0 = time.perf_counter()
     queries = [(specs[p["models"]], clusters[(p["gpus"], p["gpu_counts"])],
-                TrainingConfig(strategy=p["strategies"], engine=p["engines"], method=p["method"], ac=p["ac"],
-                               micro_batch=p["micro_batch"], seq_len=p["seq_len"], precision=p["precision"],
-                               offload=p["offload"], optimizer=p["optimizer"])) for p in picks]
+                _config(p)) for p in picks]
     result = evaluate_queries(queries)
     elapsed = time.perf_counter() - t0
     return {"sample": sample, "seconds": elapsed, "configs_per_s": sample / elapsed,
@@ -143,9 +148,7 @@ def _one_at_a_time(grid_name: str, sample: int, seed: int = 0) -> dict:
     fits = 0
     t0 = time.perf_counter()
     for p in picks:
-        config = TrainingConfig(strategy=p["strategies"], engine=p["engines"], method=p["method"], ac=p["ac"],
-                                micro_batch=p["micro_batch"], seq_len=p["seq_len"], precision=p["precision"],
-                                offload=p["offload"], optimizer=p["optimizer"])
+        config = _config(p)
         fits += evaluate_query(specs[p["models"]], clusters[(p["gpus"], p["gpu_counts"])], config)["verdict"] == 0
     elapsed = time.perf_counter() - t0
     return {"sample": sample, "seconds": elapsed, "configs_per_s": sample / elapsed, "fits": int(fits)}
