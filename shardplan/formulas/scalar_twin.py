@@ -43,6 +43,18 @@ TWINNED = (
 )
 
 
+# Pure functions of a few codes and whole numbers (declaration lookups, shard degrees), called
+# ~100 times per estimate: in the twin each keeps its answers per argument tuple. lru_cache is C,
+# so a hit costs no Python frame; typed, so True and 1 stay apart; bounded (whole numbers come from
+# queries). Their arguments are Python numbers there (a TypeError would say otherwise).
+MEMOIZED = {
+    "shardplan.inputs.engines": ("per_engine", "per_strategy", "per_precision", "wrapper_is", "layout_is"),
+    "shardplan.inputs.strategy": ("runs_as", "default_reduce_dtype", "resolve_reduce_dtype", "is_valid",
+                                  "valid_world_size", "shard_degrees"),
+}
+MEMO_SIZE = 4096
+
+
 def scalar_table(array):
     """A numpy table as Python values: a list for one axis; for more, a dict keyed by every index
     tuple of every length (``t[e]``, ``t[e, s]``, ``t[e, s, o]`` as numpy would index it)."""
@@ -175,6 +187,8 @@ def twin() -> dict[str, types.ModuleType]:
         twins[name] = twin_module
     for name, module in originals.items():
         _rebind(module, twins[name].__dict__)
+        for function in MEMOIZED.get(name, ()):
+            twins[name].__dict__[function] = lru_cache(maxsize=MEMO_SIZE, typed=True)(twins[name].__dict__[function])
     by_original = {id(m): twins[n] for n, m in originals.items()}
     for name, twin_module in twins.items():
         _link(twin_module.__dict__, by_original, twins)

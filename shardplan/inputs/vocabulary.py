@@ -271,11 +271,28 @@ def canonical_config(data: dict[str, Any]) -> dict[str, Any]:
         value = out.get(name)
         if not isinstance(value, str):
             continue
-        context = {"stack": out.get("stack", "hf"), "engine": out.get("engine", "fsdp2")}
-        out[name] = canonical(name, value, **context)
-        for other, v in also_sets(name, value).items():
+        key = (name, value, out.get("stack", "hf"), out.get("engine", "fsdp2"))
+        known = _resolved.get(key)
+        if known is None:
+            known = _resolve_word(*key)
+        out[name] = known[0]
+        for other, v in known[1]:
             out.setdefault(other, v)
     return out
+
+
+# (knob, word, stack, engine) -> (canonical name, knobs the alias also sets): every TrainingConfig
+# resolves its words, twice (its __init__ and its validator), mostly the same few words. Only
+# answers are kept (an unknown word raises each time); the vocabulary and stacks are fixed data.
+_resolved: dict[tuple, tuple[str, tuple]] = {}
+
+
+def _resolve_word(name: str, word: str, stack: Any, engine: Any) -> tuple[str, tuple]:
+    known = (canonical(name, word, stack=stack, engine=engine), tuple(also_sets(name, word).items()))
+    if len(_resolved) >= 4096:  # words from user input: bounded
+        _resolved.clear()
+    _resolved[(name, word, stack, engine)] = known
+    return known
 
 
 # --- text generated from the tables -----------------------------------------------------------------
