@@ -60,6 +60,9 @@ BUFFER_TERMS = ("unsharded_params", "all_gather_buffers", "unsharded_grads", "re
                 "root_unsharded", "root_grads", "autocast_weight_copies", "gathered_params", "comm_buckets",
                 "qlora_dequant", "optimizer_step_temporaries")
 BREAKDOWN_TERMS = STATE_TERMS + ACTIVATION_TERMS + BUFFER_TERMS
+# The terms a moment (one point of a step, ``_forward_moments`` ...) may hold: transients and the
+# gradients alive then; the other states are persistent, in every moment alike.
+MOMENT_TERMS = ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)
 PEAK_MOMENTS = ("forward", "backward", "optimizer_step")   # codes of ``peak_moment``
 FORWARD, BACKWARD, OPTIMIZER_STEP = 0, 1, 2
 
@@ -452,11 +455,10 @@ def _peak(moments, first_bw, step, persistent, zero):
     """Totals of the forward, backward and step moments (each the largest of its moments), the
     moment that is the peak (``PEAK_MOMENTS``) and the index of the winning moment in ``moments``
     (-1: the optimizer step). Every moment's total sums the same terms."""
-    names = ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)
-
-    def total(m):  # the terms a moment holds (adding an absent term's 0 would copy a whole chunk)
-        held = sum(filter(_PRESENT, map(m.get, names)), zero) + persistent
-        return np.where(m[ROWS], held, 0) if ROWS in m else held
+    def total(m):  # the terms a moment holds (MOMENT_TERMS; adding an absent term's 0 would copy a whole chunk)
+        if ROWS in m:
+            return np.where(m[ROWS], sum(filter(_PRESENT, map(m.get, MOMENT_TERMS)), zero) + persistent, 0)
+        return sum(m.values(), zero) + persistent
 
     totals = [total(m) for m in moments]
     best_fw, fw_total = np.zeros_like(totals[0], dtype=np.int64), totals[0]
@@ -478,6 +480,9 @@ def _terms_at_peak(names, moments, step, peak, zero):
     """The breakdown terms at the peak moment: each row takes its winning moment's value (the
     optimizer step's where that is the peak). Each moment's rows are found once, and a moment that
     is no row's peak is skipped (sweeps evaluate many moments, few of which win)."""
+    if np.ndim(peak["moment"]) == 0:  # one configuration: its winning moment, read directly
+        winner = step if peak["moment"] == OPTIMIZER_STEP else moments[peak["which"]]
+        return {name: np.asarray(winner.get(name, 0) + zero, dtype=np.int64) for name in names}
     candidates = [(step, peak["moment"] == OPTIMIZER_STEP)] + [(m, peak["which"] == i) for i, m in enumerate(moments)]
     winners = [(m, rows) for m, rows in candidates if np.any(rows)]
     if len(winners) == 1:  # every row's peak is one moment (always so for one configuration)

@@ -113,14 +113,25 @@ def once_per_bands(bands: AccuracyBands, what: tuple | str, build):
     return hit[1]
 
 
-def class_bands(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> dict[str, np.ndarray]:
+def row_errors(c, bands: AccuracyBands):
+    """What the band of the rows of ``c`` reads, once per judge: each class's (name, base,
+    relative error), the unknown stack's being the row's stack's (``stack_relative_error``), and
+    the coefficient of each base (classes sharing a base add their errors first, in
+    ``BAND_CLASSES`` order), only the bases with a nonzero coefficient, in ``BASES`` order."""
+    stack_rel = stack_relative_error(c, bands)
+    errors = tuple((name, of, stack_rel if name == "unknown_stack" else rel) for name, of, rel in class_errors(bands))
+    coef: dict[str, Any] = {}
+    for _, of, rel in errors:
+        coef[of] = coef.get(of, 0.0) + rel
+    return errors, tuple((base, coef[base]) for base in BASES if base in coef and np.any(coef[base]))
+
+
+def class_bands(bases: dict[str, np.ndarray], errors) -> dict[str, np.ndarray]:
     """Band bytes per class, ceil(relative error × its base): what each class contributes (the
-    report's breakdown and ``risk_term``); they add up to ``band_bytes`` within a byte per class."""
-    out = {}
-    for name, of, rel in class_errors(bands):
-        rel = stack_relative_error(c, bands) if name == "unknown_stack" else rel
-        out[name] = np.asarray(np.ceil(rel * bases[of]), dtype=np.int64) if np.any(rel) else np.int64(0)
-    return out
+    report's breakdown and ``risk_term``); they add up to ``band_bytes`` within a byte per class.
+    ``errors``: ``row_errors``."""
+    return {name: np.asarray(np.ceil(rel * bases[of]), dtype=np.int64) if np.any(rel) else np.int64(0)
+            for name, of, rel in errors[0]}
 
 
 def class_errors(bands: AccuracyBands) -> tuple[tuple[str, str, float], ...]:
@@ -129,24 +140,19 @@ def class_errors(bands: AccuracyBands) -> tuple[tuple[str, str, float], ...]:
                           lambda: tuple((name, bands.cls(name).of, bands.cls(name).relative_error) for name in BAND_CLASSES))
 
 
-def band_bytes(bases: dict[str, np.ndarray], c, bands: AccuracyBands) -> np.ndarray:
+def band_bytes(bases: dict[str, np.ndarray], errors) -> np.ndarray:
     """The band: ceil(Σ_k e_k · B_k) (``band_sum``, rounded up to whole bytes)."""
-    return np.asarray(np.ceil(band_sum(bases, c, bands)), dtype=np.int64)
+    return np.asarray(np.ceil(band_sum(bases, errors)), dtype=np.int64)
 
 
-def band_sum(bases: dict[str, np.ndarray], c, bands: AccuracyBands):
-    """Σ_k e_k · B_k in float, summed base by base in ``BASES`` order (classes sharing a base add
-    their errors first): one expression for every caller, so the same bases give the same bytes;
-    monotone in every base (errors ≥ 0), which ``bounded_verdict`` relies on.
+def band_sum(bases: dict[str, np.ndarray], errors):
+    """Σ_k e_k · B_k in float, summed base by base in ``BASES`` order (``row_errors``' coefficients):
+    one expression for every caller, so the same bases give the same bytes; monotone in every base
+    (errors ≥ 0), which ``bounded_verdict`` relies on.
     ASSUMPTION: every base is ≥ 0 (sums of byte terms; allocated ≥ model states + activations)."""
-    coef: dict[str, Any] = {}
-    for name, of, rel in class_errors(bands):
-        rel = stack_relative_error(c, bands) if name == "unknown_stack" else rel
-        coef[of] = coef.get(of, 0.0) + rel
     total = np.float64(0.0)
-    for base in BASES:
-        if base in coef and np.any(coef[base]):
-            total = total + coef[base] * bases[base]
+    for base, coefficient in errors[1]:
+        total = total + coefficient * bases[base]
     return total
 
 
@@ -169,18 +175,19 @@ def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
              "allocator_band": np.asarray(m.get("allocator_band_bytes", 0)),
              "non_torch": np.asarray(m["non_torch_bytes"])}
     zero = np.int64(0)
-    band_low = band_sum(dict(exact, model_states=zero, activations=zero, engine_buffers=zero), c, bands)
+    errors = row_errors(c, bands)
+    band_low = band_sum(dict(exact, model_states=zero, activations=zero, engine_buffers=zero), errors)
     needs_breakdown = any(np.any(bands.cls(k).relative_error) for k in BAND_CLASSES
                           if bands.cls(k).of in BREAKDOWN_BASES)
     band_high = (band_sum(dict(exact, model_states=allocated, activations=allocated, engine_buffers=allocated),
-                          c, bands) if needs_breakdown else band_low)
+                          errors) if needs_breakdown else band_low)
     capacity = np.asarray(m["gpu_memory_bytes"])
     room = capacity - np.asarray(m["device_total_bytes"])
     ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
     under = room >= 0
     if "load_peak_bytes" in m:
         load_peak = np.asarray(m["load_peak_bytes"])
-        ok = ok & (load_peak + band_bytes(load_class_bytes(m), c, bands) <= capacity)  # fits needs the load side too
+        ok = ok & (load_peak + band_bytes(load_class_bytes(m), errors) <= capacity)  # fits needs the load side too
         under = under & (load_peak <= capacity)
     sure = (band_high <= room) & ok
     undecided = np.logical_not(sure) & (band_low <= room) & ok
@@ -201,12 +208,12 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
     """
     bands = bands or load_bands()
     total = np.asarray(m["device_total_bytes"])
-    train_bases = class_bytes(m)
-    train, train_band = class_bands(train_bases, c, bands), band_bytes(train_bases, c, bands)
+    train_bases, errors = class_bytes(m), row_errors(c, bands)
+    train, train_band = class_bands(train_bases, errors), band_bytes(train_bases, errors)
     capacity = np.asarray(m["gpu_memory_bytes"])
     if "load_peak_bytes" in m:
         load_bases = load_class_bytes(m)
-        load, load_band = class_bands(load_bases, c, bands), band_bytes(load_bases, c, bands)
+        load, load_band = class_bands(load_bases, errors), band_bytes(load_bases, errors)
         load_peak = np.asarray(m["load_peak_bytes"])
         # the side with less room left decides; both points must be under capacity for "tight"
         binding = load_peak + load_band > total + train_band
@@ -233,14 +240,14 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
         "risk_term": risk,
     }
     if with_advice:
-        out["advice"] = advice(risk, binding, m, c)
+        out["advice"] = advice(risk, binding, m, c, train_bases["model_states"])
     if per_class:
         out.update({f"band_{k}_bytes": np.asarray(chosen[k], dtype=np.int64) + np.zeros(shape, dtype=np.int64)
                     for k in BAND_CLASSES})
     return out
 
 
-def advice(risk, load_binding, m, c):
+def advice(risk, load_binding, m, c, states=None):
     """The cheapest knob that shrinks the class carrying the risk (codes into ``ADVICE``).
 
     Classes that scale with the whole peak (unknown stack, allocator, unmodelled sub-moments) and
@@ -248,10 +255,12 @@ def advice(risk, load_binding, m, c):
     cross-entropy when it is off; otherwise activation checkpointing, then a smaller micro-batch,
     then a shorter sequence. When model states outweigh activations, or the risk is in model
     states or engine buffers, only more GPUs or offload shrink them. Non-torch bytes: NCCL's
-    buffers. A binding load-time peak: load without a full copy per GPU.
+    buffers. A binding load-time peak: load without a full copy per GPU. ``states``: the model
+    state bytes at the peak (``class_bytes``), summed from ``m`` when not given.
     """
     risk = np.asarray(risk)
-    states = sum((np.asarray(m[t]) for t in STATE_TERMS), np.int64(0))
+    if states is None:
+        states = sum((np.asarray(m[t]) for t in STATE_TERMS), np.int64(0))
     acts, logits = np.asarray(m["activations"]), np.asarray(m["logits_and_loss"])
     ac = np.asarray(c.ac) if c is not None else st.AC_NONE
     micro = np.asarray(c.micro_batch) if c is not None else 1

@@ -233,6 +233,7 @@ class Columns:
 
 
 COLUMN_NAMES = tuple(f.name for f in fields(Columns))
+_COLUMN_SET = frozenset(COLUMN_NAMES)
 
 
 
@@ -247,9 +248,8 @@ def completed_values(values: dict[str, Any]) -> dict[str, Any]:
                                        st.BF16_PURE, values["precision"])
     if "precision" in values and "engine" in values:
         values["reduce_dtype"] = st.resolve_reduce_dtype(values.get("reduce_dtype"), values["precision"], values["engine"])
-    missing = sorted(set(COLUMN_NAMES) - set(values))
-    if missing:
-        raise TypeError(f"Columns.build missing {missing}")
+    if not values.keys() >= _COLUMN_SET:
+        raise TypeError(f"Columns.build missing {sorted(_COLUMN_SET - values.keys())}")
     return values
 
 # Stack-knob columns when a caller gives none: hf, the knobs off, fp32 loss upcast, NF4, rank-0 load.
