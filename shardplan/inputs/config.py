@@ -68,12 +68,11 @@ class TrainingConfig(BaseModel):
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
 
     def __init__(self, **data: Any) -> None:
-        # words resolved before pydantic sees them, so a bad one is the one-line ShardplanError
-        # itself (pydantic would wrap it); model_validate goes through the validator below
+        # words are resolved by the validator below (``_one_vocabulary``); a bad one's one-line
+        # ShardplanError comes back out of pydantic's wrapping (``from_validation_error``)
         from shardplan.support.errors import from_validation_error
-        from shardplan.inputs.vocabulary import canonical_config
         try:
-            super().__init__(**canonical_config(data))
+            super().__init__(**data)
         except ValidationError as err:  # the Python API raises the one error type too
             raise from_validation_error(err) from None
 
