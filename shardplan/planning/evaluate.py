@@ -136,9 +136,8 @@ def scalar_twin_pays() -> bool:
 def scalar_columns(values: dict[str, Any]) -> Columns:
     """``query_values`` of one configuration as a ``Columns`` of Python numbers (``Columns.build``'s
     completion, twinned: formulas/scalar_twin.py)."""
-    done = scalar_twin.module("inputs.config").completed_values(dict(values))
     c = object.__new__(Columns)  # completed_values checked every field is there; its extra keys are unread
-    c.__dict__.update(done)
+    object.__setattr__(c, "__dict__", scalar_twin.module("inputs.config").completed_values(values))  # a new dict
     return c
 
 
