@@ -107,13 +107,24 @@ def fragmentation_bytes(c, model: AllocatorModel, expandable_segments=False):
     band around it: the larger distance to the measured low / high coefficient, in bytes."""
     cls = allocator_class(c, expandable_segments)
     transient = largest_transient_bytes(c)
-
-    def at(which):
-        coeff = np.choose(cls, [getattr(model.coefficient(name), which) for name in CLASSES])
-        return np.asarray(np.ceil(coeff * transient), dtype=np.int64)
-
-    frag, high, low = at("median"), at("high"), at("low")
+    frag, high, low = (np.asarray(np.ceil(np.choose(cls, per_class) * transient), dtype=np.int64)
+                       for per_class in class_coefficients(model))
     return frag, np.asarray(np.maximum(high - frag, frag - low), dtype=np.int64)
+
+
+_coefficients: dict[int, tuple] = {}
+
+
+def class_coefficients(model: AllocatorModel) -> tuple[list[float], list[float], list[float]]:
+    """The (median, high, low) coefficient of each of ``CLASSES``, read once per allocator model
+    (frozen data; every estimate reads them). Keyed by the model object, which the entry holds."""
+    hit = _coefficients.get(id(model))
+    if hit is None or hit[0] is not model:
+        if len(_coefficients) >= 64:  # models built per call (calibrated overlays in a loop) must not pile up
+            _coefficients.clear()
+        hit = _coefficients[id(model)] = (model, tuple([getattr(model.coefficient(name), which) for name in CLASSES]
+                                                       for which in ("median", "high", "low")))
+    return hit[1]
 
 
 def reserved_terms(c, peak_allocated, units, sharded_grad_bytes, live_at_peak=None,
