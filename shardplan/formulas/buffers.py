@@ -75,7 +75,8 @@ def unsharded_block_bytes_per_param(c):
 
 
 def fsdp_units(c, n_p):
-    """Sizes FSDP's transient terms are made of (bytes; 0 for other engines), see module docstring."""
+    """Sizes FSDP's transient terms are made of (bytes; 0 for other engines), see module docstring;
+    ``fsdp1_buffers``: ``fsdp1_unit_buffers`` when some row is FSDP1, else None."""
     a = compute_dtype_bytes(c.precision)
     r = reduce_dtype_bytes(c.precision, c.reduce_dtype)
     w = unsharded_block_bytes_per_param(c)
@@ -127,6 +128,7 @@ def fsdp_units(c, n_p):
     out = {k: np.asarray(np.ceil(v), dtype=np.int64) for k, v in out.items()}
     out["keep_unsharded"] = keep
     out["fsdp"] = fsdp
+    out["fsdp1_buffers"] = one or None  # FSDP1's gradient moments read them too (memory._block_backward_moments)
     return out
 
 

@@ -46,7 +46,7 @@ from shardplan.formulas.activations import (
     offloaded_activation_bytes, position_ids_bytes, recompute_extra_bytes_per_token, rope_bytes,
 )
 from shardplan.formulas.allocator import default_allocator, reserved_terms
-from shardplan.formulas.buffers import (engine_buffers, fsdp1_unit_buffers, fsdp_units, optimizer_step_temporaries,
+from shardplan.formulas.buffers import (engine_buffers, fsdp_units, optimizer_step_temporaries,
                                        trainable_fraction)
 from shardplan.formulas.comm import no_sync_grad_bytes
 from shardplan.formulas.load import load_peak_allocated_bytes, model_load_bytes
@@ -273,16 +273,18 @@ def _backward_activation_bytes(c, k, ctx, recompute):
     return acts + tokens * (backward_working_bytes_per_token(c, a) + ctx["reentrant"]) + leftover
 
 
-def _block_backward(c, k, ctx, units, grads_held, recompute=False):
-    """Terms inside block k's backward, at its MLP product (FSDP engines and unwrapped runs; zeros
-    elsewhere). See the module docstring. ``recompute``: the moment a checkpointed LoRA/QLoRA block
-    is being recomputed (no dequantized 4-bit weight is alive then)."""
+def _block_backward(engine_terms, c, k, ctx, units, grads_held, recompute=False):
+    """The moment inside block k's backward, at its MLP product: ``engine_terms`` (the engine
+    buffers alive then, ``_engine_terms``) and FSDP's and unwrapped runs' terms (zeros elsewhere).
+    See the module docstring. ``recompute``: the moment a checkpointed LoRA/QLoRA block is being
+    recomputed (no dequantized 4-bit weight is alive then)."""
     fsdp = units["fsdp"]
     fsdp1 = eng.layout_is(eng.FLAT_UNIT, c.engine)
     keep = units["keep_unsharded"]
     tracked = fsdp | (c.strategy == st.SINGLE)
     reduced = (c.num_layers - 1 - k) * ctx["per_block_grad"]
     return {
+        **engine_terms,
         "grads": grads_held + np.where(tracked, reduced, 0) + ctx["single_first"],
         "activations": np.where(tracked, _backward_activation_bytes(c, k, ctx, recompute), 0),
         "unsharded_params": units["block_unsharded"] * np.where(keep, k + 1, 1),
@@ -419,12 +421,12 @@ def _block_backward_moments(c, states, units, n_p, n_g, grads_held, common, in_b
     ctx = _backward_context(c, states, n_g, grads_held, acts)
     peft_recompute = bool(np.any((c.method != st.FULL) & (ctx["n_ckpt"] > 0)))
     # FSDP1's gradient moments have no buffer ending at L-2: linear in k from 1 to L-1
-    one = fsdp1_unit_buffers(c, n_p) if np.any(fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine)) else None
+    one = units["fsdp1_buffers"]  # None when no row is FSDP1 (buffers.fsdp_units)
     for which, k in enumerate((0, 1, L - 2, L - 1)):
         kk = np.clip(k, 0, np.maximum(L - 1, 0))
-        moments.append(dict(in_block, **_block_backward(c, kk, ctx, units, grads_held)))
+        moments.append(_block_backward(in_block, c, kk, ctx, units, grads_held))
         if peft_recompute:
-            moments.append(dict(common, **_block_backward(c, kk, ctx, units, grads_held, recompute=True)))
+            moments.append(_block_backward(common, c, kk, ctx, units, grads_held, recompute=True))
         if one is not None and which != 2:
             moments += [dict(common, **m) for m in _fsdp1_gradient_moments(c, kk, ctx, units, one, grads_held)]
     return moments

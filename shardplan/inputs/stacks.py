@@ -18,6 +18,7 @@ look at the stack: they read the knob columns (``config.Columns``).
 from __future__ import annotations
 
 from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any, Literal, Union
 
 import numpy as np
@@ -166,7 +167,20 @@ def stack_profiles() -> list[StackProfile]:
 def resolve_stack(config, world_size: int):
     """``config`` with every knob it leaves unstated taken from its stack (then ENGINE_DEFAULTS);
     knobs the user stated win; a knob stated as None is unstated (its stack's default), as when
-    left out. Idempotent: what it fills counts as stated afterwards."""
+    left out. Idempotent: what it fills counts as stated afterwards (``stack_update``)."""
+    update = stack_update(config, world_size)
+    return config.model_copy(update=update) if update else config
+
+
+def resolved_fields(config, world_size: int):
+    """``resolve_stack``'s values, read-only: the config itself when its stack fills nothing, else a
+    namespace of its fields with the stack's (a query reads them once; no pydantic copy is made)."""
+    update = stack_update(config, world_size)
+    return SimpleNamespace(**{**config.__dict__, **update}) if update else config
+
+
+def stack_update(config, world_size: int) -> dict[str, Any]:
+    """The knobs ``resolve_stack`` fills, by name (empty: nothing to fill)."""
     given = {k for k in config.model_fields_set if getattr(config, k) is not None}
     update = {k: v for k, v in stack_knobs(config.stack, int(world_size), config.method) if k not in given}
     if "precision" in given:  # a stated precision decides the master copy unless fp32_master is stated too
@@ -185,7 +199,7 @@ def resolve_stack(config, world_size: int):
         update["precision"] = "bf16-mixed"
     if config.fp32_master is None or "fp32_master" in update:
         update["fp32_master"] = bool(fp32_master)
-    return config.model_copy(update=update) if update else config
+    return update
 
 
 def stack_tables(single: bool) -> dict[str, np.ndarray]:

@@ -78,9 +78,9 @@ def cached_model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str 
 def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> dict[str, Any]:
     """The numbers the formulas read for one configuration (knobs it leaves unstated from its
     stack, ``stacks.resolve_stack``): ``config.columns_for``'s values, model part cached."""
-    from shardplan.inputs.stacks import resolve_stack
+    from shardplan.inputs.stacks import resolved_fields
 
-    config = resolve_stack(config, cluster.world_size)
+    config = resolved_fields(config, cluster.world_size)
     return {**cached_model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
             **resolved_knob_values(config, cluster)}
 
