@@ -118,8 +118,9 @@ def host_bytes_per_node(c, host_offloaded):
     return np.asarray(np.where(is_ds, ds, ours), dtype=np.int64)
 
 
-def _block_forward(c, k, units, grads_held, ctx, pre):
-    """Terms inside block k's forward (FSDP engines; zeros elsewhere).
+def _block_forward(engine_terms, c, k, units, grads_held, ctx, pre):
+    """A moment inside block k's forward: ``engine_terms`` (the engine buffers alive then,
+    ``_engine_terms``) and FSDP's terms (zeros for other engines).
 
     ``pre`` — FSDP2's all-gather copy-out in block k's pre-forward: the previous unit's all-gather
     buffer (root for k = 0) is kept until this wait, this unit's buffer is alive, and its unsharded
@@ -149,6 +150,7 @@ def _block_forward(c, k, units, grads_held, ctx, pre):
         prior = np.where(k == 0, units["all_gather_root"], units["all_gather_block"])
         acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + small
         return {
+            **engine_terms,
             "grads": grads_held,
             "activations": np.where(on, acts, 0),
             "unsharded_params": np.where(on, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
@@ -158,6 +160,7 @@ def _block_forward(c, k, units, grads_held, ctx, pre):
     per_token = layers_on_device(c, k) * kept_avg + ctx["forward_working"]
     acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + small
     return {
+        **engine_terms,
         "grads": grads_held,
         "activations": np.where(fsdp | (c.strategy == st.SINGLE), acts, 0),
         "unsharded_params": np.where(fsdp, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
@@ -301,8 +304,9 @@ def _block_backward(engine_terms, c, k, ctx, units, grads_held, recompute=False)
     }
 
 
-def _fsdp1_gradient_moments(c, k, ctx, units, one, grads_held):
-    """FSDP1's two moments at the end of block k's backward (``one``: ``buffers.fsdp1_unit_buffers``):
+def _fsdp1_gradient_moments(engine_terms, c, k, ctx, units, one, grads_held):
+    """FSDP1's two moments at the end of block k's backward (``one``: ``buffers.fsdp1_unit_buffers``;
+    ``engine_terms``: the engine buffers alive in every moment, ``_engine_terms``):
 
     * the flat gradient being concatenated from the views' gradients (2·P·a), block k and the
       prefetched block k-1 unsharded;
@@ -331,7 +335,7 @@ def _fsdp1_gradient_moments(c, k, ctx, units, one, grads_held):
     hook = dict(shared, unsharded_params=units["block_unsharded"] * np.where(keep, k, 0),
                 unsharded_grads=one["flat_grad_block"] + one["upcast_grad_block"],
                 reduce_scatter_buffers=one["rs_input_block"] + one["rs_output_block"])
-    return [{name: np.where(on, value, 0) for name, value in m.items()} for m in (concat, hook)]
+    return [{**engine_terms, **{name: np.where(on, value, 0) for name, value in m.items()}} for m in (concat, hook)]
 
 
 def _logits_bytes(c):
@@ -351,8 +355,10 @@ def _engine_terms(c):
     return): it exists in the moments inside a block, not at the loss (measured: QLoRA runs whose
     peak is the logits' backward hold no dequantized weight, hf_stack_cpu.jsonl: +2.3 % before)."""
     other = engine_buffers(c)
-    common = {name: other[name] for name in other if name != "qlora_dequant"}
-    return other, common, dict(common, qlora_dequant=other["qlora_dequant"])
+    # a buffer no row has is left out of the moments (an absent term is 0 in them: ``_peak``)
+    held = {name: value for name, value in other.items() if np.any(value)}
+    common = {name: value for name, value in held.items() if name != "qlora_dequant"}
+    return other, common, held
 
 
 def _forward_moments(c, units, grads_held, common, in_block, acts):
@@ -369,9 +375,9 @@ def _forward_moments(c, units, grads_held, common, in_block, acts):
     applies = units["fsdp"] | (c.strategy == st.SINGLE)
     if np.any(applies):  # block moments: FSDP and unwrapped runs
         last = np.maximum(c.num_layers - 1, 0)
-        moments += _only_for(applies, [dict(common, **_block_forward(c, 0, units, grads_held, acts, pre=True)),
-                                       dict(common, **_block_forward(c, last, units, grads_held, acts, pre=True)),
-                                       dict(in_block, **_block_forward(c, last, units, grads_held, acts, pre=False))])
+        moments += _only_for(applies, [_block_forward(common, c, 0, units, grads_held, acts, pre=True),
+                                       _block_forward(common, c, last, units, grads_held, acts, pre=True),
+                                       _block_forward(in_block, c, last, units, grads_held, acts, pre=False)])
     return moments
 
 
@@ -428,7 +434,7 @@ def _block_backward_moments(c, states, units, n_p, n_g, grads_held, common, in_b
         if peft_recompute:
             moments.append(_block_backward(common, c, kk, ctx, units, grads_held, recompute=True))
         if one is not None and which != 2:
-            moments += [dict(common, **m) for m in _fsdp1_gradient_moments(c, kk, ctx, units, one, grads_held)]
+            moments += _fsdp1_gradient_moments(common, c, kk, ctx, units, one, grads_held)
     return moments
 
 
