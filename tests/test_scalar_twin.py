@@ -139,6 +139,47 @@ def test_scalar_numpy_choices_as_numpy():
     assert (scalar_numpy.maximum(2, 5.0), scalar_numpy.minimum(2, 5.0)) == (np.maximum(2, 5.0), np.minimum(2, 5.0))
 
 
+def _rewritten(expression: str, **names):
+    """``expression`` as the twin compiles it (``_ScalarCalls``), evaluated over ``names`` with
+    ``np`` = scalar_numpy."""
+    import ast
+
+    tree = ast.Expression(body=scalar_twin._ScalarCalls().visit(ast.parse(expression, mode="eval").body))
+    return eval(compile(ast.fix_missing_locations(tree), "<rewritten>", "eval"), {"np": scalar_numpy, **names})
+
+
+@pytest.mark.parametrize("expression", [
+    "np.where(a > 1, 3, 4)", "np.where(a > 1, 2.5, 4.5)", "np.select([a == 0, a == 1], [10, 20], 30)", "np.select([a == 0, a == 2], [10, 20])",
+    "np.asarray(a * 2.7, dtype=np.int64)", "np.asarray(a, dtype=bool)", "np.asarray(a / 3)", "np.logical_not(a > 0)",
+    "np.zeros(np.shape(a), dtype=np.int64) + a", "np.ones(np.shape(a), dtype=bool)", "np.zeros(np.shape(a))",
+    "np.zeros_like(a, dtype=np.float64)", "np.ones_like(a, dtype=np.int8) * a",
+])
+@pytest.mark.parametrize("a", [0, 1, 2])
+def test_rewritten_numpy_calls_mean_what_numpy_means_for_one_value(expression, a):
+    # the twin writes these calls as Python expressions (no call into scalar_numpy): the value and
+    # its kind (int / bool / float) must be numpy's for a 0-d input
+    got, expected = _rewritten(expression, a=a), eval(expression, {"np": np, "a": np.asarray(a)})
+    assert type(got) is KIND[np.asarray(expected).dtype.kind], (expression, got, expected)
+    assert got == np.asarray(expected).item(), (expression, got, expected)
+
+
+def test_memoized_lookups_answer_as_the_functions_do():
+    # MEMOIZED functions keep answers per argument tuple in the twin: the same answers as the
+    # arrays' functions for every engine and strategy code, True and 1 kept apart (typed)
+    from shardplan.inputs import engines
+
+    twin_engines, twin_strategy = scalar_twin.module("inputs.engines"), scalar_twin.module("inputs.strategy")
+    for engine in range(len(st.ENGINES)):
+        for strategy in range(len(st.STRATEGIES)):
+            assert twin_engines.per_strategy("shards", engine, strategy) == engines.per_strategy("shards", engine, strategy).tolist()
+            assert twin_engines.wrapper_is(engines.W_FSDP, engine, strategy) == bool(engines.wrapper_is(engines.W_FSDP, engine, strategy))
+            for world, group in ((8, 4), (1, 1)):
+                assert twin_strategy.shard_degrees(strategy, engine, world, group) == tuple(
+                    int(d) for d in st.shard_degrees(strategy, engine, world, group))
+    assert all(hasattr(getattr(scalar_twin.twin()[module], name), "cache_info")
+               for module, names in scalar_twin.MEMOIZED.items() for name in names)
+
+
 def test_engine_tables_as_python_values_index_as_numpy():
     from shardplan.inputs import engines
 

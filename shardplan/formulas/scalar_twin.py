@@ -77,32 +77,60 @@ def scalar_tables():
 
 
 class _ScalarCalls(ast.NodeTransformer):
-    """Three numpy calls written as the Python they mean for one value, so the twin pays no
-    function call for them: ``np.where(c, a, b)`` -> ``a if c else b`` (evaluating only the branch
-    taken; formulas have no side effects), ``np.asarray(x)`` -> ``x`` and with an int / bool /
-    float dtype -> ``int(x)`` / ``bool(x)`` / ``float(x)`` (int() truncates toward zero, as numpy's
-    cast does), ``np.logical_not(x)`` -> ``not x``. Every other ``np.<name>`` stays a call into
-    ``scalar_numpy``."""
+    """numpy calls written as the Python they mean for one value, so the twin pays no function
+    call for them: ``np.where(c, a, b)`` -> ``a if c else b`` (evaluating only the branch taken;
+    formulas have no side effects), ``np.select([c1, c2], [v1, v2], d)`` with the lists written
+    out -> ``v1 if c1 else v2 if c2 else d`` (likewise), ``np.asarray(x)`` -> ``x`` and with an int /
+    bool / float dtype -> ``int(x)`` / ``bool(x)`` / ``float(x)`` (int() truncates toward zero, as
+    numpy's cast does), ``np.logical_not(x)`` -> ``not x``, ``np.zeros`` / ``np.ones`` (and
+    ``*_like`` with a dtype) -> the constant 0 / 1 of their dtype (float without one, as numpy's).
+    Every other ``np.<name>`` stays a call into ``scalar_numpy``."""
 
     CASTS = {"int8": "int", "int16": "int", "int32": "int", "int64": "int", "float32": "float",
              "float64": "float", "bool_": "bool", "bool": "bool", "int": "int", "float": "float"}
+    FILLS = {"zeros": 0, "ones": 1, "zeros_like": 0, "ones_like": 1}
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
         name = _numpy_name(node.func)
         if name == "where" and len(node.args) == 3 and not node.keywords:
             return ast.copy_location(ast.IfExp(test=node.args[0], body=node.args[1], orelse=node.args[2]), node)
+        if name == "select" and not node.keywords:
+            return self._select(node)
         if name == "logical_not" and len(node.args) == 1 and not node.keywords:
             return ast.copy_location(ast.UnaryOp(op=ast.Not(), operand=node.args[0]), node)
         if name == "asarray" and len(node.args) == 1:
             if not node.keywords:
                 return node.args[0]
-            dtype = node.keywords[0].value if [k.arg for k in node.keywords] == ["dtype"] else None
-            cast = self.CASTS.get(_numpy_name(dtype) or getattr(dtype, "id", None))
+            cast = self._cast(node)
             if cast:
                 callee = ast.copy_location(ast.Name(id=cast, ctx=ast.Load()), node.func)
                 return ast.copy_location(ast.Call(func=callee, args=node.args, keywords=[]), node)
+        if name in self.FILLS and len(node.args) == 1:
+            cast = self._cast(node) or (None if name.endswith("_like") or node.keywords else "float")
+            if cast:
+                value = {"int": int, "float": float, "bool": bool}[cast](self.FILLS[name])
+                return ast.copy_location(ast.Constant(value=value), node)
         return node
+
+    def _cast(self, node: ast.Call) -> str | None:
+        """The Python type a call's only keyword, ``dtype=np.<int/float/bool type>``, names, else None."""
+        dtype = node.keywords[0].value if [k.arg for k in node.keywords] == ["dtype"] else None
+        return self.CASTS.get(_numpy_name(dtype) or getattr(dtype, "id", None))
+
+    @staticmethod
+    def _select(node: ast.Call):
+        """``np.select`` over written-out lists as nested conditional expressions (the first true
+        condition's choice, else the default: 0 when none is given), else the call unchanged."""
+        if len(node.args) not in (2, 3) or not all(isinstance(a, ast.List) for a in node.args[:2]):
+            return node
+        conditions, choices = node.args[0].elts, node.args[1].elts
+        if len(conditions) != len(choices):
+            return node
+        out = node.args[2] if len(node.args) == 3 else ast.copy_location(ast.Constant(value=0), node)
+        for condition, choice in reversed(list(zip(conditions, choices))):
+            out = ast.copy_location(ast.IfExp(test=condition, body=choice, orelse=out), node)
+        return out
 
 
 def _numpy_name(node) -> str | None:
