@@ -50,6 +50,7 @@ ADVICE = (
 (ADVICE_AC, ADVICE_MICRO_BATCH, ADVICE_CHUNKED_CE, ADVICE_SEQ, ADVICE_SCALE, ADVICE_LOAD,
  ADVICE_NCCL) = range(len(ADVICE))
 PEAKS = ("training", "load")
+BAND_COLUMNS = tuple((k, f"band_{k}_bytes") for k in BAND_CLASSES)  # (class, its column in judge's output)
 
 
 def class_bytes(m) -> dict[str, np.ndarray]:
@@ -219,7 +220,8 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
         binding = load_peak + load_band > total + train_band
         judged = np.where(binding, load_peak, total)
         band = np.where(binding, load_band, train_band)
-        chosen = {k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES}
+        chosen = ({k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES} if np.any(binding)
+                  else train)  # the training side for every row: its bands as they are
         points_under = (total <= capacity) & (load_peak <= capacity)
     else:
         binding = np.zeros(np.shape(total), dtype=bool)
@@ -242,8 +244,8 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
     if with_advice:
         out["advice"] = advice(risk, binding, m, c, train_bases["model_states"])
     if per_class:
-        out.update({f"band_{k}_bytes": np.asarray(chosen[k], dtype=np.int64) + np.zeros(shape, dtype=np.int64)
-                    for k in BAND_CLASSES})
+        out.update({column: np.asarray(chosen[k], dtype=np.int64) + np.zeros(shape, dtype=np.int64)
+                    for k, column in BAND_COLUMNS})
     return out
 
 

@@ -260,6 +260,7 @@ _ALSO: dict[str, dict[str, Any]] = {}
 
 # Resolved first: the knobs other words depend on.
 _ORDER = ("stack", "engine") + tuple(f for f in KNOBS if f not in ("stack", "engine"))
+_RANK = {name: i for i, name in enumerate(_ORDER)}
 
 
 def canonical_config(data: dict[str, Any]) -> dict[str, Any]:
@@ -267,8 +268,8 @@ def canonical_config(data: dict[str, Any]) -> dict[str, Any]:
     stack's meaning of 'bf16', the engine's of 'offload auto'); knobs an alias also sets are added
     unless stated. Unknown words raise a one-line ShardplanError."""
     out = dict(data)
-    for name in _ORDER:
-        value = out.get(name)
+    for name in sorted(out.keys() & _RANK.keys(), key=_RANK.__getitem__):  # the knobs given, in _ORDER
+        value = out[name]
         if not isinstance(value, str):
             continue
         key = (name, value, out.get("stack", "hf"), out.get("engine", "fsdp2"))
@@ -288,7 +289,10 @@ _resolved: dict[tuple, tuple[str, tuple]] = {}
 
 
 def _resolve_word(name: str, word: str, stack: Any, engine: Any) -> tuple[str, tuple]:
-    known = (canonical(name, word, stack=stack, engine=engine), tuple(also_sets(name, word).items()))
+    # what an alias also sets is canonical too (a knob added after its turn in _ORDER is not revisited)
+    also = tuple((k, canonical(k, v, stack=stack, engine=engine) if isinstance(v, str) and k in _RANK else v)
+                 for k, v in also_sets(name, word).items())
+    known = (canonical(name, word, stack=stack, engine=engine), also)
     if len(_resolved) >= 4096:  # words from user input: bounded
         _resolved.clear()
     _resolved[(name, word, stack, engine)] = known
