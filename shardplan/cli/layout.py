@@ -146,9 +146,11 @@ def table(rows: list[list], headers: list[str], width: int | None, wrap_columns:
         return Table(wrapped)
     keys = list(range(key_columns))
     groups: list[list[int]] = []
+    rendered: dict[tuple[int, ...], str] = {}  # columns -> their table: a group's last trial is its table
     for i in range(key_columns, len(headers)):
         trial = keys + (groups[-1] if groups else []) + [i]
         trial_text = _render([[r[j] for j in trial] for r in rows], [headers[j] for j in trial], numparse=numparse)
+        rendered[tuple(trial)] = trial_text
         if groups and text_width(trial_text) <= width:
             groups[-1].append(i)
         else:
@@ -159,7 +161,7 @@ def table(rows: list[list], headers: list[str], width: int | None, wrap_columns:
         sub_rows = [[r[j] for j in cols] for r in rows]
         sub_headers = [headers[j] for j in cols]
         sub_wrap = tuple(cols.index(j) for j in wrap_columns if j in cols)
-        sub = _render(sub_rows, sub_headers, numparse=numparse)
+        sub = rendered.get(tuple(cols)) or _render(sub_rows, sub_headers, numparse=numparse)
         if text_width(sub) > width:
             sub = _wrapped(sub_rows, sub_headers, width, sub_wrap, numparse) or sub
         parts.append(sub)
