@@ -40,6 +40,24 @@ def test_a_fit_process_loads_only_what_fit_uses():
         assert name not in loaded, name
 
 
+# Modules fit needs only for some inputs: none may load for a bare size on a GPU capacity.
+NOT_FOR_THIS_QUERY = ("shardplan.inputs.hf_config",       # a model given as a path (config.json)
+                      "shardplan.inputs.model_names")     # a model given as a name (its spellings)
+
+
+def test_a_fit_of_a_size_loads_no_path_reader_or_name_rules():
+    loaded = _loaded_after("import contextlib, io\nfrom shardplan.cli.app import main\n"
+                           "with contextlib.redirect_stdout(io.StringIO()):\n"
+                           "    assert main(['fit', '70B on 4x24GB']) == 0")
+    assert "shardplan.inputs.models" in loaded
+    for name in NOT_FOR_THIS_QUERY:
+        assert name not in loaded, name
+    named = _loaded_after("import contextlib, io\nfrom shardplan.cli.app import main\n"
+                          "with contextlib.redirect_stdout(io.StringIO()):\n"
+                          "    assert main(['fit', 'meta-llama/Meta-Llama-3.1-8B-Instruct on 4x24GB']) == 0")
+    assert "shardplan.inputs.model_names" in named and "shardplan.inputs.hf_config" not in named
+
+
 def test_one_command_app_parses_as_the_whole_app():
     """``main`` registers only the command it runs: its help (every option) and its errors are the whole app's."""
     import typer

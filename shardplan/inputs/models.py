@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardplan.support.errors import ShardplanError
-from shardplan.inputs.hf_config import how_read, spec_from_hf_config_file
 from shardplan.support.input_files import path_kind, read_text
 from shardplan.inputs.model import ModelSpec
 from shardplan.inputs.profile_index import Entry, entries, find_entry, lookup, profile_of
-from shardplan.inputs.model_names import base_name, name_forms
 from shardplan.support.limits import MAX_DIGITS, MAX_PARAMS, _shown
 from shardplan.support.names import did_you_mean
 from shardplan.inputs.profiles import load_all, load_profile, read_json
@@ -143,6 +141,8 @@ def _local_config(text: str) -> ResolvedModel | None:
         return None
     kind = path_kind(path)  # never raises: a 300-character model name is a name, not an OSError
     if kind == "dir":
+        from shardplan.inputs.hf_config import spec_from_hf_config_file  # imported only where a path is read
+
         config = _config_in_folder(path, text)
         spec = spec_from_hf_config_file(config)
         if config.parent.parent.name == "snapshots" and spec.name == config.parent.name:
@@ -154,6 +154,8 @@ def _local_config(text: str) -> ResolvedModel | None:
     if kind is not None or text.endswith(".json"):
         data = read_json(path, field="model")  # names what is there instead of a file, or that nothing is
         if "model_type" in data:
+            from shardplan.inputs.hf_config import how_read, spec_from_hf_config_file
+
             spec = spec_from_hf_config_file(path)
             return ResolvedModel(spec, how_read(spec, path))
         return ResolvedModel(load_profile(path, ModelSpec), f"model profile {path}")
@@ -182,6 +184,8 @@ def _config_in_folder(folder: Path, text: str) -> Path:
 
 
 def _resolve_name(text: str) -> ResolvedModel:
+    from shardplan.inputs.model_names import base_name, name_forms  # a name's spellings (a size needs none)
+
     for i, form in enumerate(name_forms(text)):
         entry = lookup(KIND, form.text)
         if entry is not None:
