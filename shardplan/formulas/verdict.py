@@ -118,7 +118,15 @@ def row_errors(c, bands: AccuracyBands):
     """What the band of the rows of ``c`` reads, once per judge: each class's (name, base,
     relative error), the unknown stack's being the row's stack's (``stack_relative_error``), and
     the coefficient of each base (classes sharing a base add their errors first, in
-    ``BAND_CLASSES`` order), only the bases with a nonzero coefficient, in ``BASES`` order."""
+    ``BAND_CLASSES`` order), only the bases with a nonzero coefficient, in ``BASES`` order.
+    One configuration's are its stack's, read once per bands object and stack."""
+    stack = getattr(c, "stack", None) if c is not None else None
+    if stack is not None and np.ndim(stack) == 0:
+        return once_per_bands(bands, ("row errors", int(stack), np.__name__), lambda: _row_errors(c, bands))
+    return _row_errors(c, bands)
+
+
+def _row_errors(c, bands: AccuracyBands):
     stack_rel = stack_relative_error(c, bands)
     errors = tuple((name, of, stack_rel if name == "unknown_stack" else rel) for name, of, rel in class_errors(bands))
     coef: dict[str, Any] = {}

@@ -19,6 +19,9 @@ from shardplan.inputs.model import (ModelSpec, block_linear_bias_params, block_l
                              lora_blocks_params, lora_root_params, matmul_params_per_token)
 from shardplan.formulas.model_states import PAD_GROUPS, nf4_quant_state_bytes
 from shardplan.formulas.overheads import nccl_bytes_for_link
+from shardplan.inputs.vocabulary import canonical_config
+from shardplan.support.errors import from_validation_error
+from shardplan.support.limits import checked_int
 
 
 class TrainingConfig(BaseModel):
@@ -70,7 +73,6 @@ class TrainingConfig(BaseModel):
     def __init__(self, **data: Any) -> None:
         # words are resolved by the validator below (``_one_vocabulary``); a bad one's one-line
         # ShardplanError comes back out of pydantic's wrapping (``from_validation_error``)
-        from shardplan.support.errors import from_validation_error
         try:
             super().__init__(**data)
         except ValidationError as err:  # the Python API raises the one error type too
@@ -81,7 +83,6 @@ class TrainingConfig(BaseModel):
     @classmethod
     def _in_range(cls, value: Any, info: Any) -> Any:
         """Whole numbers within limits.INT_RANGES (2**48 tokens would wrap int64 in the formulas)."""
-        from shardplan.support.limits import checked_int
         return None if value is None else checked_int(info.field_name, value)
 
     @model_validator(mode="before")
@@ -91,7 +92,6 @@ class TrainingConfig(BaseModel):
         'zero3' or 'offload all', and 'bf16' as the chosen stack means it."""
         if not isinstance(data, dict):
             return data
-        from shardplan.inputs.vocabulary import canonical_config
         return canonical_config(data)
 
 
@@ -401,27 +401,29 @@ def knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
     return resolved_knob_values(resolve_stack(config, cluster.world_size), cluster)
 
 
+# The categorical knobs every configuration names, with the names their codes index (strategy.py).
+CATEGORICAL_KNOBS = (("stack", st.STACKS), ("strategy", st.STRATEGIES), ("engine", st.ENGINES),
+                     ("precision", st.PRECISIONS), ("optimizer", st.OPTIMIZERS), ("ac", st.AC_MODES),
+                     ("offload", st.OFFLOADS), ("method", st.METHODS), ("attention", st.ATTENTIONS))
+_NAME_CODES = {field: {name: i for i, name in enumerate(names)} for field, names in CATEGORICAL_KNOBS}
+
+
 def resolved_knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
     """``knob_values`` of a config its stack has resolved already (``stacks.resolve_stack``)."""
     codes = knob_codes(config)
-    codes["stack"] = st.code(st.STACKS, config.stack, "stack")
+    for field, names in CATEGORICAL_KNOBS:  # a canonical name by one lookup; anything else (an alias, a bad word) by st.code
+        value = getattr(config, field)
+        code = _NAME_CODES[field].get(value)
+        codes[field] = code if code is not None else st.code(names, value, field)
     return dict(**codes,
-        strategy=st.code(st.STRATEGIES, config.strategy, "strategy"),
-        engine=st.code(st.ENGINES, config.engine, "engine"),
-        precision=st.code(st.PRECISIONS, config.precision, "precision"),
-        optimizer=st.code(st.OPTIMIZERS, config.optimizer, "optimizer"),
-        ac=st.code(st.AC_MODES, config.ac, "ac"),
         ac_every_k=config.ac_every_k,
-        offload=st.code(st.OFFLOADS, config.offload, "offload"),
-        method=st.code(st.METHODS, config.method, "method"),
         micro_batch=config.micro_batch, seq_len=config.seq_len, grad_accum=config.grad_accum,
         sync_every_micro_batch=config.sync_every_micro_batch,
         shard_group_size=config.shard_group_size or cluster.gpus_per_node,
-        attention=st.code(st.ATTENTIONS, config.attention, "attention"),
         dropout=config.dropout, expandable_segments=config.expandable_segments,
         reduce_dtype=int(st.resolve_reduce_dtype(
             None if config.reduce_dtype is None else st.code(st.REDUCE_DTYPES, config.reduce_dtype, "reduce_dtype"),
-            st.code(st.PRECISIONS, config.precision, "precision"), st.code(st.ENGINES, config.engine, "engine"))),
+            codes["precision"], codes["engine"])),
     )
 
 
