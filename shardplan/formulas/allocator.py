@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
+from shardplan.support.identity_cache import IdentityCache
 
 CLASSES = ("no_side_streams", "fsdp2", "fsdp1", "expandable_segments")
 
@@ -112,19 +113,14 @@ def fragmentation_bytes(c, model: AllocatorModel, expandable_segments=False):
     return frag, np.asarray(np.maximum(high - frag, frag - low), dtype=np.int64)
 
 
-_coefficients: dict[int, tuple] = {}
+_coefficients = IdentityCache(64)
 
 
 def class_coefficients(model: AllocatorModel) -> tuple[list[float], list[float], list[float]]:
     """The (median, high, low) coefficient of each of ``CLASSES``, read once per allocator model
-    (frozen data; every estimate reads them). Keyed by the model object, which the entry holds."""
-    hit = _coefficients.get(id(model))
-    if hit is None or hit[0] is not model:
-        if len(_coefficients) >= 64:  # models built per call (calibrated overlays in a loop) must not pile up
-            _coefficients.clear()
-        hit = _coefficients[id(model)] = (model, tuple([getattr(model.coefficient(name), which) for name in CLASSES]
-                                                       for which in ("median", "high", "low")))
-    return hit[1]
+    (frozen data; every estimate reads them)."""
+    return _coefficients.get(model, None, lambda: tuple([getattr(model.coefficient(name), which) for name in CLASSES]
+                                                        for which in ("median", "high", "low")))
 
 
 def reserved_terms(c, peak_allocated, units, sharded_grad_bytes, live_at_peak=None,

@@ -34,6 +34,7 @@ import numpy as np
 from shardplan.inputs import strategy as st
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, BASES, AccuracyBands, load_bands
 from shardplan.formulas.memory import ACTIVATION_TERMS, STATE_TERMS
+from shardplan.support.identity_cache import IdentityCache
 
 VERDICTS = ("fits", "tight", "does_not_fit")
 FITS, TIGHT, DOES_NOT_FIT = range(len(VERDICTS))
@@ -99,19 +100,13 @@ def stack_error_table(bands: AccuracyBands, stacks):
                           lambda: np.array([bands.stack_error(name) for name in stacks], dtype=np.float64))
 
 
-_per_bands: dict[tuple, tuple] = {}
+_per_bands = IdentityCache(256)
 
 
 def once_per_bands(bands: AccuracyBands, what: tuple | str, build):
     """``build()``, a table read from ``bands``, computed once per bands object and ``what`` (the
-    bands are frozen data; a judge reads its tables four times)."""
-    key = (id(bands), what)
-    hit = _per_bands.get(key)
-    if hit is None or hit[0] is not bands:
-        if len(_per_bands) >= 256:  # bands objects made per call (overlays in a loop) must not pile up
-            _per_bands.clear()
-        hit = _per_bands[key] = (bands, build())
-    return hit[1]
+    bands are frozen data; every judge reads its tables)."""
+    return _per_bands.get(bands, what, build)
 
 
 def row_errors(c, bands: AccuracyBands):

@@ -12,7 +12,6 @@ cost one formula evaluation, not one each.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import fields
 from typing import Any, Sequence
 
@@ -28,6 +27,7 @@ from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, mod
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
+from shardplan.support.identity_cache import IdentityCache
 from shardplan.support.overflow import bad_results, quiet_numpy
 
 
@@ -55,24 +55,15 @@ def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
 
 
 # --- single configurations, as rows of one vectorized evaluation ---------------------------------
-_MODEL_CACHE_SIZE = 64
-_model_cache: OrderedDict[tuple, tuple[ModelSpec, dict[str, Any]]] = OrderedDict()
+_per_model = IdentityCache(64)     # model values per (spec, LoRA rank, targets)
+_per_cluster = IdentityCache(64)   # cluster values per cluster
 
 
 def cached_model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-linear") -> dict[str, Any]:
     """``config.model_values`` of one model, computed once per (spec, rank, targets): it walks
     every parameter tensor (padding groups, NF4 quant_state sizes), the same for every query about
-    that model. Keyed by the spec object (a frozen model; the cache holds it, so its id is not reused)."""
-    key = (id(spec), lora_rank, lora_targets)
-    hit = _model_cache.get(key)
-    if hit is not None and hit[0] is spec:
-        _model_cache.move_to_end(key)
-        return hit[1]
-    values = model_values(spec, lora_rank, lora_targets)
-    _model_cache[key] = (spec, values)
-    if len(_model_cache) > _MODEL_CACHE_SIZE:
-        _model_cache.popitem(last=False)
-    return values
+    that model (a spec is a frozen model: ``support/identity_cache.py``)."""
+    return _per_model.get(spec, (lora_rank, lora_targets), lambda: model_values(spec, lora_rank, lora_targets))
 
 
 def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> dict[str, Any]:
@@ -81,8 +72,8 @@ def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> d
     from shardplan.inputs.stacks import resolved_fields
 
     config = resolved_fields(config, cluster.world_size)
-    return {**cached_model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
-            **resolved_knob_values(config, cluster)}
+    return {**cached_model_values(spec, config.lora_rank, config.lora_targets),
+            **_per_cluster.get(cluster, None, lambda: cluster_values(cluster)), **resolved_knob_values(config, cluster)}
 
 
 def stack_queries(rows: Sequence[dict[str, Any]]) -> Columns:
