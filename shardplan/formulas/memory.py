@@ -63,6 +63,8 @@ BREAKDOWN_TERMS = STATE_TERMS + ACTIVATION_TERMS + BUFFER_TERMS
 # The terms a moment (one point of a step, ``_forward_moments`` ...) may hold: transients and the
 # gradients alive then; the other states are persistent, in every moment alike.
 MOMENT_TERMS = ACTIVATION_TERMS + BUFFER_TERMS + ("grads",)
+PEAK_TERMS = ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS  # the breakdown at the peak moment
+LIVE_AT_PEAK_TERMS = ("grads", "all_gather_buffers")       # what the allocator's pools read of it (always computed)
 PEAK_MOMENTS = ("forward", "backward", "optimizer_step")   # codes of ``peak_moment``
 FORWARD, BACKWARD, OPTIMIZER_STEP = 0, 1, 2
 
@@ -557,8 +559,7 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
     peak = _peak(moments, len(forward), step, persistent, zero)
 
     out = {name: states[name] for name in ("params", "grad_buckets", "master_params", "optimizer_states")}
-    at_peak = _terms_at_peak([name for name in ("grads",) + ACTIVATION_TERMS + BUFFER_TERMS
-                              if breakdown or name in ("grads", "all_gather_buffers")], moments, step, peak, zero)
+    at_peak = _terms_at_peak(PEAK_TERMS if breakdown else LIVE_AT_PEAK_TERMS, moments, step, peak, zero)
     if breakdown:
         out.update(at_peak)
     peak_allocated = np.maximum(np.maximum(peak["forward"], peak["backward"]), peak["step"])

@@ -159,6 +159,8 @@ def bounded_float(value: object, field: str, lo: float, hi: float) -> float:
 def checked_int(field: str, value: object) -> int:
     """``value`` checked against ``INT_RANGES[field]`` (the one table), or a one-line error."""
     lo, hi = INT_RANGES[field]
+    if type(value) is int and lo <= value <= hi:  # the common case, as bounded_int would take it
+        return value
     return bounded_int(value, field, lo, hi)
 
 
