@@ -90,11 +90,7 @@ def take(x, index, axis=None):
 
 
 def argmax(values, axis=None):
-    best = 0
-    for i, v in enumerate(values):
-        if v > values[best]:
-            best = i
-    return best
+    return max(range(len(values)), key=values.__getitem__)  # max keeps the first of equal maxima, as numpy does
 
 
 def stack(values, axis=0):
