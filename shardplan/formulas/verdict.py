@@ -62,8 +62,8 @@ def class_bytes(m) -> dict[str, np.ndarray]:
     somewhere and the three add up to the allocated peak (gradients held by accumulation without
     sync are in ``unsharded_grads``, an engine buffer).
     """
-    states = sum((np.asarray(m[t]) for t in STATE_TERMS), np.int64(0))
-    acts = sum((np.asarray(m[t]) for t in ACTIVATION_TERMS), np.int64(0))
+    states = sum(map(m.__getitem__, STATE_TERMS), np.int64(0))
+    acts = sum(map(m.__getitem__, ACTIVATION_TERMS), np.int64(0))
     allocated = np.asarray(m["peak_allocated_bytes"])
     return {"model_states": states, "activations": acts, "engine_buffers": allocated - states - acts,
             "peak_allocated": allocated,
@@ -265,7 +265,7 @@ def advice(risk, load_binding, m, c, states=None):
     """
     risk = np.asarray(risk)
     if states is None:
-        states = sum((np.asarray(m[t]) for t in STATE_TERMS), np.int64(0))
+        states = sum(map(m.__getitem__, STATE_TERMS), np.int64(0))
     acts, logits = np.asarray(m["activations"]), np.asarray(m["logits_and_loss"])
     ac = np.asarray(c.ac) if c is not None else st.AC_NONE
     micro = np.asarray(c.micro_batch) if c is not None else 1

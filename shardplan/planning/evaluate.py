@@ -137,8 +137,9 @@ def scalar_memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | Non
                           per_class: bool = True) -> tuple[dict[str, Any], dict[str, Any], bool] | None:
     """``memory_verdict`` of one configuration (``scalar_columns``) in Python numbers, through the
     formulas' scalar twin; None where Python's arithmetic raises (``SCALAR_ARITHMETIC_ERRORS``)."""
-    memory, verdict, overflow = (scalar_twin.module(name) for name in
-                                 ("formulas.memory", "formulas.verdict", "support.overflow"))
+    twins = scalar_twin.twin()
+    memory, verdict, overflow = (twins["shardplan.formulas.memory"], twins["shardplan.formulas.verdict"],
+                                 twins["shardplan.support.overflow"])
     try:
         m = memory.estimate_memory(c, allocator=allocator)
         judged = verdict.judge(m, c, bands, per_class=per_class)
