@@ -236,16 +236,11 @@ _COLUMN_SET = frozenset(COLUMN_NAMES)
 
 
 
-def completed_values(values: dict[str, Any], in_place: bool = False) -> dict[str, Any]:
+def completed_values(values: dict[str, Any]) -> dict[str, Any]:
     """Every ``Columns`` field: the shape and stack-knob defaults for what ``values`` leaves out,
     16-bit weights without an fp32 master copy as bf16-pure, the reduce dtype resolved from the
-    engine's declaration (``strategy.resolve_reduce_dtype``). ``in_place``: ``values`` itself is
-    completed (a caller's fresh dict; no copy), else a new dict."""
-    if in_place:
-        defaults = {**_shape_defaults(values), **STACK_COLUMN_DEFAULTS}
-        values.update({name: defaults[name] for name in defaults.keys() - values.keys()})
-    else:
-        values = {**_shape_defaults(values), **STACK_COLUMN_DEFAULTS, **values}
+    engine's declaration (``strategy.resolve_reduce_dtype``). A new dict."""
+    values = {**_shape_defaults(values), **STACK_COLUMN_DEFAULTS, **values}
     if "precision" in values:
         values["precision"] = np.where(np.logical_not(np.asarray(values["fp32_master"], dtype=bool))
                                        & (np.asarray(values["precision"]) == st.BF16_MIXED),

@@ -126,10 +126,9 @@ def scalar_twin_pays() -> bool:
 
 def scalar_columns(values: dict[str, Any]) -> Columns:
     """``query_values`` of one configuration as a ``Columns`` of Python numbers (``Columns.build``'s
-    completion, twinned: formulas/scalar_twin.py). ``values`` is completed in place: a query's own
-    dict (completing it again, as a one-row batch does if Python's arithmetic raises, changes nothing)."""
+    completion, twinned: formulas/scalar_twin.py)."""
     c = object.__new__(Columns)  # completed_values checked every field is there; its extra keys are unread
-    object.__setattr__(c, "__dict__", scalar_twin.module("inputs.config").completed_values(values, in_place=True))
+    object.__setattr__(c, "__dict__", scalar_twin.module("inputs.config").completed_values(values))  # a new dict
     return c
 
 
