@@ -27,7 +27,7 @@ shrinks it (codes into ``ADVICE``). Everything is numpy-broadcastable: no Python
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -109,7 +109,14 @@ def once_per_bands(bands: AccuracyBands, what: tuple | str, build):
     return _per_bands.get(bands, what, build)
 
 
-def row_errors(c, bands: AccuracyBands):
+class RowErrors(NamedTuple):
+    """What a band reads (``row_errors``): each class's (name, base, relative error), and the
+    coefficient of each base with a nonzero one, in ``BASES`` order."""
+    classes: tuple
+    coefficients: tuple
+
+
+def row_errors(c, bands: AccuracyBands) -> RowErrors:
     """What the band of the rows of ``c`` reads, once per judge: each class's (name, base,
     relative error), the unknown stack's being the row's stack's (``stack_relative_error``), and
     the coefficient of each base (classes sharing a base add their errors first, in
@@ -127,15 +134,15 @@ def _row_errors(c, bands: AccuracyBands):
     coef: dict[str, Any] = {}
     for _, of, rel in errors:
         coef[of] = coef.get(of, 0.0) + rel
-    return errors, tuple((base, coef[base]) for base in BASES if base in coef and np.any(coef[base]))
+    return RowErrors(errors, tuple((base, coef[base]) for base in BASES if base in coef and np.any(coef[base])))
 
 
-def class_bands(bases: dict[str, np.ndarray], errors) -> dict[str, np.ndarray]:
+def class_bands(bases: dict[str, np.ndarray], errors: RowErrors) -> dict[str, np.ndarray]:
     """Band bytes per class, ceil(relative error × its base): what each class contributes (the
     report's breakdown and ``risk_term``); they add up to ``band_bytes`` within a byte per class.
     ``errors``: ``row_errors``."""
     return {name: np.asarray(np.ceil(rel * bases[of]), dtype=np.int64) if np.any(rel) else np.int64(0)
-            for name, of, rel in errors[0]}
+            for name, of, rel in errors.classes}
 
 
 def class_errors(bands: AccuracyBands) -> tuple[tuple[str, str, float], ...]:
@@ -144,18 +151,18 @@ def class_errors(bands: AccuracyBands) -> tuple[tuple[str, str, float], ...]:
                           lambda: tuple((name, bands.cls(name).of, bands.cls(name).relative_error) for name in BAND_CLASSES))
 
 
-def band_bytes(bases: dict[str, np.ndarray], errors) -> np.ndarray:
+def band_bytes(bases: dict[str, np.ndarray], errors: RowErrors) -> np.ndarray:
     """The band: ceil(Σ_k e_k · B_k) (``band_sum``, rounded up to whole bytes)."""
     return np.asarray(np.ceil(band_sum(bases, errors)), dtype=np.int64)
 
 
-def band_sum(bases: dict[str, np.ndarray], errors):
+def band_sum(bases: dict[str, np.ndarray], errors: RowErrors):
     """Σ_k e_k · B_k in float, summed base by base in ``BASES`` order (``row_errors``' coefficients):
     one expression for every caller, so the same bases give the same bytes; monotone in every base
     (errors ≥ 0), which ``bounded_verdict`` relies on.
     ASSUMPTION: every base is ≥ 0 (sums of byte terms; allocated ≥ model states + activations)."""
     total = np.float64(0.0)
-    for base, coefficient in errors[1]:
+    for base, coefficient in errors.coefficients:
         total = total + coefficient * bases[base]
     return total
 
