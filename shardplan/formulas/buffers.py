@@ -74,15 +74,24 @@ def unsharded_block_bytes_per_param(c):
     return np.where(c.method == st.QLORA, qlora_block_bytes_per_param(c, a), a)
 
 
+# fsdp_units' byte terms (besides its masks, ``keep_unsharded`` and ``fsdp``, and ``fsdp1_buffers``)
+FSDP_UNIT_TERMS = ("root_unsharded", "block_unsharded", "all_gather_block", "all_gather_root", "reduce_scatter_block",
+                   "reduce_scatter_root", "unsharded_grads_root", "unsharded_grads_block", "root_grads",
+                   "first_block_grad", "mp_shard_block")
+
+
 def fsdp_units(c, n_p):
     """Sizes FSDP's transient terms are made of (bytes; 0 for other engines), see module docstring;
     ``fsdp1_buffers``: ``fsdp1_unit_buffers`` when some row is FSDP1, else None."""
+    fsdp = eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy)
+    if not np.any(fsdp):  # DDP, DeepSpeed, one GPU: every term is 0 (no sizes need computing)
+        zero = np.zeros(np.shape(fsdp), dtype=np.int64)
+        return dict(dict.fromkeys(FSDP_UNIT_TERMS, zero), keep_unsharded=fsdp, fsdp=fsdp, fsdp1_buffers=None)
     a = compute_dtype_bytes(c.precision)
     r = reduce_dtype_bytes(c.precision, c.reduce_dtype)
     w = unsharded_block_bytes_per_param(c)
     trainable = trainable_fraction(c)
     full = c.method == st.FULL
-    fsdp = eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy)
     fsdp2 = fsdp & eng.layout_is(eng.PER_TENSOR, c.engine)
     n = np.maximum(n_p, 1)
     root_elems = np.where(fsdp2, padded_unit_elements(c, n, "root"), fsdp1_unit_elements(c, n, "root"))

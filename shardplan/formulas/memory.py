@@ -252,10 +252,13 @@ def _backward_context(c, states, n_g, grads_held, acts):
     256 tokens x 64 x 2)."""
     a, n_ckpt = acts["a"], acts["n_ckpt"]
     single_root, single_first = _unwrapped_grads(c, states)
+    reentrant = np.where(np.asarray(c.reentrant_checkpointing, dtype=bool) & (n_ckpt > 0), a * c.hidden_size, 0)
     return dict(
         acts,
-        extra=np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0),
-        reentrant=np.where(np.asarray(c.reentrant_checkpointing, dtype=bool) & (n_ckpt > 0), a * c.hidden_size, 0),
+        extra=np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0), reentrant=reentrant,
+        working=backward_working_bytes_per_token(c, a) + reentrant,  # per token, the same in every block
+        # the checkpoint wrapper's leftovers are linear in the blocks whose backward has run
+        leftover_per_block=wrapper_leftover_bytes(c, a, 1, n_ckpt),
         per_block_grad=_per_block_grad_bytes(c, states, n_g, grads_held),
         single_root=single_root, single_first=single_first,
     )
@@ -266,16 +269,21 @@ def _backward_activation_bytes(c, k, ctx, recompute):
     them: recomputed in full under AC) and the activation gradients in flight, plus the
     checkpoint wrapper's leftovers. ``recompute``: a checkpointed LoRA/QLoRA block being recomputed
     at the start of its backward (PEFT's fp32 transients, ``lora_recompute_bytes_per_token``)."""
-    a, tokens, n_ckpt, kept_avg = ctx["a"], ctx["tokens"], ctx["n_ckpt"], ctx["kept_avg"]
-    leftover = wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, n_ckpt)
+    tokens, n_ckpt, kept_avg = ctx["tokens"], ctx["n_ckpt"], ctx["kept_avg"]
+    leftover = _leftover_after(c, k, ctx)
     if recompute:
-        lora = (np.asarray(np.ceil(tokens * (k * kept_avg + ctx["extra"] + ctx["reentrant"] + lora_recompute_bytes_per_token(c, a))),
+        lora = (np.asarray(np.ceil(tokens * (k * kept_avg + ctx["extra"] + ctx["reentrant"] + ctx["lora_recompute"])),
                            dtype=np.int64)
                 + np.asarray(leftover, dtype=np.int64) + ctx["rope"])
         return np.where((c.method != st.FULL) & (n_ckpt > 0), lora, 0)
     per_token = layers_on_device(c, k) * kept_avg + ctx["full_layer"] + ctx["extra"]
     acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + ctx["rope"]
-    return acts + tokens * (backward_working_bytes_per_token(c, a) + ctx["reentrant"]) + leftover
+    return acts + tokens * ctx["working"] + leftover
+
+
+def _leftover_after(c, k, ctx):
+    """``wrapper_leftover_bytes`` inside block k's backward: the L-1-k blocks after it are done."""
+    return np.maximum(c.num_layers - 1 - k, 0) * ctx["leftover_per_block"]
 
 
 def _block_backward(engine_terms, c, k, ctx, units, grads_held, recompute=False):
@@ -326,7 +334,7 @@ def _fsdp1_gradient_moments(engine_terms, c, k, ctx, units, one, grads_held):
     on = units["fsdp"] & eng.layout_is(eng.FLAT_UNIT, c.engine)
     keep = units["keep_unsharded"]
     acts = (np.asarray(np.ceil(ctx["tokens"] * (layers_on_device(c, k) * ctx["kept_avg"] + a * c.hidden_size)), dtype=np.int64)
-            + ctx["rope"] + wrapper_leftover_bytes(c, a, c.num_layers - 1 - k, ctx["n_ckpt"]))
+            + ctx["rope"] + _leftover_after(c, k, ctx))
     shared = {
         "grads": grads_held + (c.num_layers - 1 - k) * ctx["per_block_grad"], "activations": acts,
         "all_gather_buffers": np.where((k >= 1) & np.logical_not(keep), units["block_unsharded"], 0),  # block k-1, prefetched
@@ -337,7 +345,10 @@ def _fsdp1_gradient_moments(engine_terms, c, k, ctx, units, one, grads_held):
     hook = dict(shared, unsharded_params=units["block_unsharded"] * np.where(keep, k, 0),
                 unsharded_grads=one["flat_grad_block"] + one["upcast_grad_block"],
                 reduce_scatter_buffers=one["rs_input_block"] + one["rs_output_block"])
-    return [{**engine_terms, **{name: np.where(on, value, 0) for name, value in m.items()}} for m in (concat, hook)]
+    moments = (concat, hook)
+    if not np.all(on):  # rows of other engines hold none of these terms
+        moments = [{name: np.where(on, value, 0) for name, value in m.items()} for m in moments]
+    return [{**engine_terms, **m} for m in moments]
 
 
 def _logits_bytes(c):
@@ -428,6 +439,8 @@ def _block_backward_moments(c, states, units, n_p, n_g, grads_held, common, in_b
     moments = []
     ctx = _backward_context(c, states, n_g, grads_held, acts)
     peft_recompute = bool(np.any((c.method != st.FULL) & (ctx["n_ckpt"] > 0)))
+    if peft_recompute:  # per token, the same in every block
+        ctx["lora_recompute"] = lora_recompute_bytes_per_token(c, ctx["a"])
     # FSDP1's gradient moments have no buffer ending at L-2: linear in k from 1 to L-1
     one = units["fsdp1_buffers"]  # None when no row is FSDP1 (buffers.fsdp_units)
     for which, k in enumerate((0, 1, L - 2, L - 1)):

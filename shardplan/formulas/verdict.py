@@ -224,14 +224,16 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
     capacity = np.asarray(m["gpu_memory_bytes"])
     if "load_peak_bytes" in m:
         load_bases = load_class_bytes(m)
-        load, load_band = class_bands(load_bases, errors), band_bytes(load_bases, errors)
+        load_band = band_bytes(load_bases, errors)
         load_peak = np.asarray(m["load_peak_bytes"])
         # the side with less room left decides; both points must be under capacity for "tight"
         binding = load_peak + load_band > total + train_band
         judged = np.where(binding, load_peak, total)
         band = np.where(binding, load_band, train_band)
-        chosen = ({k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES} if np.any(binding)
-                  else train)  # the training side for every row: its bands as they are
+        chosen = train  # the training side for every row: its bands as they are
+        if np.any(binding):  # the load side's classes, for the rows whose load peak decides
+            load = class_bands(load_bases, errors)
+            chosen = {k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES}
         points_under = (total <= capacity) & (load_peak <= capacity)
     else:
         binding = np.zeros(np.shape(total), dtype=bool)

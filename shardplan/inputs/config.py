@@ -268,7 +268,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     """Stack knobs of a (resolved) TrainingConfig or a dict: names -> codes, booleans and numbers
     as they are (None stays None); one-line errors for unknown names. ``check_names`` also checks
     the ordinary knobs a stack profile may set (precision, optimizer, ac, engine, method, targets)."""
-    get = knobs.get if isinstance(knobs, dict) else (lambda k, d=None: getattr(knobs, k, d))
+    get = knobs.get if isinstance(knobs, dict) else vars(knobs).get  # a model's (or namespace's) fields
     out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "optimizer_in_backward", "activation_offload",
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "checkpoint_wrapper")}

@@ -49,16 +49,16 @@ def quiet_numpy():
 def input_scale_bytes(c) -> np.ndarray:
     """Upper bound (float64) of the largest byte count a memory formula forms for each row (see
     the module's ASSUMPTION)."""
-    f = np.float64
-    tokens = np.asarray(c.micro_batch, dtype=f) * np.asarray(c.seq_len, dtype=f)
+    tokens = np.asarray(c.micro_batch, dtype=np.float64) * np.asarray(c.seq_len, dtype=np.float64)
     # attention scores (heads x seq per token) exist with eager attention and with fp32 (SDPA's math
     # backend, activations.py); SDPA's fused kernels keep none
     scores = (np.asarray(c.attention) == st.EAGER) | (np.asarray(c.precision) == st.FP32)
-    width = (np.asarray(c.hidden_size, dtype=f) + np.asarray(c.q_width, dtype=f) + 2 * np.asarray(c.kv_width, dtype=f)
-             + 3 * np.asarray(c.mlp_width, dtype=f)
-             + np.where(scores, np.asarray(c.num_heads, dtype=f) * np.asarray(c.seq_len, dtype=f), 0.0))
-    layers = np.maximum(np.asarray(c.num_layers, dtype=f), 1)
-    return tokens * (layers * width + 4 * np.asarray(c.vocab_size, dtype=f)) * 16 + np.asarray(c.total_params, dtype=f) * 64
+    width = (np.asarray(c.hidden_size, dtype=np.float64) + np.asarray(c.q_width, dtype=np.float64)
+             + 2 * np.asarray(c.kv_width, dtype=np.float64) + 3 * np.asarray(c.mlp_width, dtype=np.float64)
+             + np.where(scores, np.asarray(c.num_heads, dtype=np.float64) * np.asarray(c.seq_len, dtype=np.float64), 0.0))
+    layers = np.maximum(np.asarray(c.num_layers, dtype=np.float64), 1)
+    vocab = np.asarray(c.vocab_size, dtype=np.float64)
+    return tokens * (layers * width + 4 * vocab) * 16 + np.asarray(c.total_params, dtype=np.float64) * 64
 
 
 def bad_results(c, m: dict) -> np.ndarray:
