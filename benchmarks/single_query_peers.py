@@ -2,8 +2,12 @@
 timed the same way (best of ``--passes`` passes over ``--configs`` random configurations; each
 configuration object is built inside the timed loop).
 
-    python benchmarks/single_query_peers.py                       # shardplan
+    python benchmarks/single_query_peers.py                       # shardplan, memory and verdict
+    python benchmarks/single_query_peers.py --time                # shardplan, memory, verdict and step time
     /path/to/venv-with-llm-analysis/bin/python benchmarks/single_query_peers.py --llm-analysis
+
+llm-analysis' ``training()`` estimates memory and latency together: ``--time`` is the like-for-like
+row beside it.
 
 llm-analysis (pip install llm-analysis) pins its own transformers, so it lives in a venv of its own;
 run the two modes alternately on the same machine and compare. Its configurations: OPT-1.3B,
@@ -32,7 +36,7 @@ def best_seconds(call, items, passes: int) -> float:
     return best
 
 
-def shardplan_items(n: int) -> tuple:
+def shardplan_items(n: int, with_time: bool = False) -> tuple:
     import numpy as np
 
     from shardplan.inputs import strategy as st
@@ -51,7 +55,7 @@ def shardplan_items(n: int) -> tuple:
                      method=pick(st.METHODS), ac=pick(("none", "full", "selective")), micro_batch=pick((1, 2, 4)),
                      seq_len=pick((1024, 4096)), stack=pick(st.STACKS))
         items.append((pick(models), pick(clusters), knobs))
-    return (lambda item: evaluate_query(item[0], item[1], TrainingConfig(**item[2]))), items
+    return (lambda item: evaluate_query(item[0], item[1], TrainingConfig(**item[2]), time=with_time)), items
 
 
 def llm_analysis_items(n: int) -> tuple:
@@ -86,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--llm-analysis", action="store_true", help="time llm-analysis instead of shardplan")
     ap.add_argument("--configs", type=int, default=200)
     ap.add_argument("--passes", type=int, default=15)
+    ap.add_argument("--time", action="store_true", help="shardplan: memory and step time (time=True), as "
+                    "llm-analysis' training() always estimates both")
     args = ap.parse_args(argv)
     if args.llm_analysis:
         try:
@@ -95,8 +101,8 @@ def main(argv=None) -> int:
             return 2
         name = "llm-analysis LLMAnalysis(...).training()"
     else:
-        call, items = shardplan_items(args.configs)
-        name = "shardplan evaluate_query(spec, cluster, TrainingConfig(...))"
+        call, items = shardplan_items(args.configs, args.time)
+        name = f"shardplan evaluate_query(spec, cluster, TrainingConfig(...){', time=True' if args.time else ''})"
     best = best_seconds(call, items, args.passes)
     print(f"{name}: best {best * 1e6:.0f} us per configuration = {1 / best:,.0f} configurations/s "
           f"({args.configs} configurations, best of {args.passes} passes)")

@@ -17,8 +17,9 @@ per-configuration Python loop does. The query path (``queries [memory]``) answer
 of single configurations (each its own model, cluster and ``TrainingConfig``, built inside the
 timed loop) through the shared evaluator, ``shardplan.planning.evaluate.evaluate_queries``: one
 row per query, the vectorized formulas run once over all of them, memory and verdict per query.
-The one-at-a-time row (``one     [memory]``) answers the same sample one call per configuration
-through ``shardplan.planning.evaluate.evaluate_query``: the same formulas over Python numbers
+The one-at-a-time rows (``one     [memory]``, and ``[summary]`` with step time, tokens/s and MFU:
+``time=True``) answer the same sample one call per configuration through
+``shardplan.planning.evaluate.evaluate_query``: the same formulas over Python numbers
 (``formulas/scalar_twin.py``), each ``TrainingConfig`` built inside the timed loop. ``fit.evaluate``
 (the ``scalar`` rows) takes that path too, and builds its ``FitResult`` record on top. The
 one-at-a-time rows (memory) time ``--passes`` passes over the sample after an untimed first pass
@@ -158,8 +159,9 @@ def _queries(grid_name: str, sample: int, seed: int = 0) -> dict:
             "fits": int(result["verdict"].tolist().count(0))}
 
 
-def _one_at_a_time(grid_name: str, sample: int, passes: int, seed: int = 0) -> dict:
-    """The sample one configuration per call through ``evaluate_query`` (Python numbers)."""
+def _one_at_a_time(grid_name: str, sample: int, passes: int, with_time: bool = False, seed: int = 0) -> dict:
+    """The sample one configuration per call through ``evaluate_query`` (Python numbers); with
+    ``with_time`` also its step time, tokens/s and MFU (``evaluate_query(..., time=True)``)."""
     from shardplan.inputs.config import TrainingConfig
     from shardplan.planning.evaluate import evaluate_query
 
@@ -169,8 +171,8 @@ def _one_at_a_time(grid_name: str, sample: int, passes: int, seed: int = 0) -> d
     fits = []
 
     def one_pass():
-        fits[:] = [evaluate_query(specs[p["models"]], clusters[(p["gpus"], p["gpu_counts"])], _config(p))["verdict"] == 0
-                   for p in picks]
+        fits[:] = [evaluate_query(specs[p["models"]], clusters[(p["gpus"], p["gpu_counts"])], _config(p),
+                                  time=with_time)["verdict"] == 0 for p in picks]
 
     return dict(_passes(one_pass, sample, passes), fits=sum(fits))
 
@@ -215,10 +217,12 @@ def main(argv=None) -> int:
         s["sweep_speedup"] = ratio
         print(f"scalar  [{columns:7}] {s['sample']:>11,} configurations: {_rate(s)}"
               + (f" -> sweep is {ratio:,.0f}x faster" if ratio else ""), flush=True)
-    o = _one_at_a_time(grid_name, args.sample, args.passes)
-    results["one_at_a_time"] = {"memory": o}
-    print(f"one     [memory ] {o['sample']:>11,} configurations: {_rate(o)} (one call each, Python numbers: "
-          "evaluate_query)", flush=True)
+    results["one_at_a_time"] = {}
+    for columns, with_time in (("memory", False), ("summary", True)):
+        o = _one_at_a_time(grid_name, args.sample, args.passes, with_time)
+        results["one_at_a_time"][columns] = o
+        print(f"one     [{columns:7}] {o['sample']:>11,} configurations: {_rate(o)} (one call each, Python numbers: "
+              f"evaluate_query{'(..., time=True)' if with_time else ''})", flush=True)
     q = _queries(grid_name, args.queries)
     results["queries"] = {"memory": q}
     print(f"queries [memory ] {q['sample']:>11,} configurations in {q['seconds']:6.2f} s = "

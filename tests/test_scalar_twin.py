@@ -238,3 +238,84 @@ def test_a_one_shot_process_does_not_build_the_twin():
         "print(built_first, scalar_twin.twin.cache_info().currsize, first == second)\n")
     out = subprocess.run([system.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "1", "True"]
+
+
+# --- step time: the same twin for comm.py and throughput.py ----------------------------------------
+def _array_time_row(spec, cluster, config) -> dict:
+    """The expected time columns: one row of the arrays' ``time_columns`` (each row's own sync)."""
+    c = evaluator.stack_queries([evaluator.query_values(spec, cluster, config)])
+    return evaluator.rows_of(evaluator._array_times(c, cluster, None, None), 1)[0]
+
+
+def _assert_same_values(got: dict, expected: dict, names) -> None:
+    for name in names:
+        assert type(got[name]) is type(expected[name]), (name, type(got[name]), type(expected[name]))
+        if isinstance(expected[name], float):
+            assert np.isclose(got[name], expected[name], rtol=1e-12, atol=0.0, equal_nan=True), (name, got[name], expected[name])
+        else:
+            assert got[name] == expected[name], (name, got[name], expected[name])
+
+
+@pytest.mark.parametrize("make, n, seed", [(_random_queries, 1000, 31), (_every_knob_queries, 300, 43)])
+def test_step_time_in_python_numbers_equals_the_arrays(make, n, seed):
+    """Communication volume and time, step time, tokens/s with its band, MFU: every time column of
+    the twin equals the one-row arrays' (exact integers, floats within 1e-12 relative, the same
+    kinds), with the memory columns unchanged by asking for time; ``overflow`` from both guards."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    scalar_twin.twin()  # every query below through the twin
+    for spec, cluster, config in make(n, seed):
+        expected = _array_time_row(spec, cluster, config)
+        got = evaluate_query(spec, cluster, config, time=True)
+        _assert_same_values(got, expected, [k for k in expected if k != "overflow"])
+        memory = evaluate_query(spec, cluster, config)
+        assert {k: got[k] for k in memory if k != "overflow"} == {k: v for k, v in memory.items() if k != "overflow"}
+        assert got["overflow"] == (memory["overflow"] or expected["overflow"])
+
+
+def test_step_timing_reads_the_configurations_sync_and_agrees_with_the_planners_grid():
+    """fit.step_timing: gradients reduced as the configuration says (no_sync: once per step), the
+    numbers the planner's grid gives for that sync (evaluate_grid), through the twin or the arrays."""
+    from shardplan.inputs.config import columns_for
+    from shardplan.inputs.hardware import parse_gpus
+    from shardplan.inputs.models import get_model
+    from shardplan.planning.fit import TIME_FIELDS, step_timing
+    from shardplan.planning.planner import evaluate_grid
+
+    spec, cluster = get_model("llama-3.1-8b"), parse_gpus("2x8xh100-sxm")
+    answers = {}
+    for sync in (True, False):
+        config = TrainingConfig(strategy="hybrid_shard", grad_accum=8, sync_every_micro_batch=sync)
+        grid = evaluate_grid(columns_for(spec, cluster, config), sync, cluster)
+        answers[sync] = step_timing(spec, cluster, config)
+        for name in TIME_FIELDS:
+            assert answers[sync][name] == pytest.approx(float(grid[name]), rel=1e-12), (sync, name)
+    # one gradient reduction per step instead of eight (the all-gathers stay): less communication
+    assert answers[False]["comm_s"] < answers[True]["comm_s"]
+    assert answers[False]["step_time_s"] < answers[True]["step_time_s"]
+
+
+def test_a_calibrations_step_time_goes_through_the_arrays(tmp_path):
+    """A calibration's per-size link tables are evaluated with arrays: evaluate_query(time=True,
+    calibration=...) equals the planner's grid with that calibration, and differs from nameplate."""
+    from pathlib import Path
+
+    from shardplan.calibrate.collectives import fit_link, parse_nccl_tests_file
+    from shardplan.calibrate.overlay import load_calibration, write_calibration
+    from shardplan.inputs.config import columns_for
+    from shardplan.inputs.hardware import parse_gpus
+    from shardplan.inputs.models import get_model
+    from shardplan.planning.fit import TIME_FIELDS
+    from shardplan.planning.planner import evaluate_grid
+
+    data = Path(__file__).parent / "data"
+    write_calibration(tmp_path / "cal.json",
+                      links=[fit_link(parse_nccl_tests_file(data / "nccl_tests_sample_all_gather_perf.txt"))])
+    calibration = load_calibration(tmp_path / "cal.json")
+    spec, cluster, config = get_model("llama-3.1-8b"), parse_gpus("8xh100-sxm"), TrainingConfig()
+    scalar_twin.twin()
+    got = evaluate_query(spec, cluster, config, time=True, calibration=calibration)
+    grid = evaluate_grid(columns_for(spec, cluster, config), True, cluster, calibration)
+    assert got["calibrated"] is True
+    for name in TIME_FIELDS:
+        assert got[name] == pytest.approx(float(grid[name]), rel=1e-12), name
+    assert got["comm_s"] != evaluate_query(spec, cluster, config, time=True)["comm_s"]

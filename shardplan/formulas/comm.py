@@ -154,6 +154,8 @@ class LinkRates:
         """These rates at a per-call message size: each calibrated tier's α and B from the fitted
         segment that size falls in (the op's own fit, else another op's fit of the same tier —
         ASSUMPTION: a ring runs every collective at the same bus bandwidth)."""
+        if not self.tables:  # nameplate rates: the same at every size
+            return self
         update = {}
         for tier, prefix in (("intra_node", "intra"), ("inter_node", "inter")):
             table = next((self.tables[(tier, o)] for o in (op, *OPS) if (tier, o) in self.tables), None)

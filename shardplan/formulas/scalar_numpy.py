@@ -77,6 +77,15 @@ ceil, floor, isfinite = math.ceil, math.floor, math.isfinite
 # NaN as numpy does; a NaN byte count meets an int() cast, which raises, and the configuration
 # is evaluated with arrays (evaluate.SCALAR_ARITHMETIC_ERRORS).
 maximum, minimum = max, min
+
+
+def _numpy_cbrt(x):
+    import numpy
+
+    return float(numpy.cbrt(x))
+
+
+cbrt = getattr(math, "cbrt", _numpy_cbrt)  # libm's cbrt, as numpy's (math.cbrt: Python 3.11+)
 round = builtins.round  # noqa: A001 - numpy's name
 any = all = bool  # noqa: A001 - numpy's names
 

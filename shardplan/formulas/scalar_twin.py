@@ -1,10 +1,10 @@
 """The formulas over Python numbers: the same functions, compiled a second time for one configuration.
 
 A formula is written once, against numpy, for arrays of configurations. ``twin()`` gives each
-module that takes part in a memory estimate and its verdict a second namespace in which ``np`` is
-``scalar_numpy`` (numpy's functions over Python numbers), and re-creates every top-level function
-of the module there from the module's own source, with three calls written as the Python they
-mean for one value (``_ScalarCalls``: ``np.where`` -> a conditional expression, ``np.asarray`` ->
+module that takes part in a memory estimate, its verdict and a step time a second namespace in
+which ``np`` is ``scalar_numpy`` (numpy's functions over Python numbers), and re-creates every
+top-level function of the module there from the module's own source, with numpy calls written as
+the Python they mean for one value (``_ScalarCalls``: ``np.where`` -> a conditional expression, ``np.asarray`` ->
 the value or ``int()``/``bool()``/``float()``, ``np.logical_not`` -> ``not``). No formula is written
 twice: a change to one changes both paths. References between the twinned modules
 (``eng.per_engine``, ``from ... import trainable_params``) point at the twins, and the engine
@@ -32,14 +32,14 @@ from pathlib import Path
 
 from shardplan.formulas import scalar_numpy
 
-# Every module a memory estimate and its verdict call into (formulas, the declarations they
-# read, the column completion and the overflow guard).
+# Every module a memory estimate, its verdict and a step time call into (formulas, the
+# declarations they read, the column completion and the overflow guard).
 TWINNED = (
     "shardplan.inputs.engines", "shardplan.inputs.strategy", "shardplan.inputs.config",
     "shardplan.formulas.overheads", "shardplan.formulas.activations", "shardplan.formulas.model_states",
     "shardplan.formulas.buffers", "shardplan.formulas.comm", "shardplan.formulas.load",
     "shardplan.formulas.allocator", "shardplan.formulas.memory", "shardplan.formulas.verdict",
-    "shardplan.support.overflow",
+    "shardplan.formulas.throughput", "shardplan.support.overflow",
 )
 
 

@@ -39,7 +39,8 @@ from shardplan.inputs import strategy as st
 from shardplan.inputs.engines import per_engine
 from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element
 from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
-from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, sync_count
+from shardplan.formulas.comm import (COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes,
+                                     grad_comm_bytes_per_element, sync_count)
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.hardware import DEFAULT_SM_COUNT
 from shardplan.inputs.model import attention_flops_per_token, train_flops_per_token
@@ -238,7 +239,6 @@ def fsdp_copy_bytes(c):
     (no copy-out) and casts the flat gradient to ``reduce_dtype`` when it differs from the
     parameter dtype. ASSUMPTION: DeepSpeed and DDP bucket copies are not counted; these copies
     run on the compute stream's time (memory-bound kernels on any stream take the same HBM)."""
-    from shardplan.formulas.comm import gathered_param_bytes, grad_comm_bytes_per_element
     n_p, n_g, _ = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
     a = compute_dtype_bytes(c.precision)
     blocks_b, root_b = gathered_param_bytes(c)
@@ -406,7 +406,7 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=N
     v = comm_volume(c, sync_every_micro_batch) if volume is None else volume
     t = comm_times(c, links, v)
     reduces = v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0
-    syncs = np.where(reduces, sync_count(c, sync_every_micro_batch), 0).astype(np.float64)
+    syncs = np.asarray(np.where(reduces, sync_count(c, sync_every_micro_batch), 0), dtype=np.float64)
     micro, compute = micro_batches_s(c, rates, t, v, syncs)
     opt = optimizer_step_s(c, rates)
     cpu_opt = cpu_optimizer_step_s(c, rates)

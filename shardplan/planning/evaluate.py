@@ -12,17 +12,19 @@ cost one formula evaluation, not one each.
 
 from __future__ import annotations
 
+import types
 from dataclasses import fields
 from typing import Any, Sequence
 
 import numpy as np
 
-from shardplan.formulas import scalar_twin
+from shardplan.formulas import comm, scalar_twin, throughput
+from shardplan.formulas import verdict as verdict_module
 from shardplan.formulas.accuracy_bands import AccuracyBands
-from shardplan.formulas.comm import comm_volume, link_rates
+from shardplan.formulas.comm import link_rates
 from shardplan.formulas.memory import estimate_memory
-from shardplan.formulas.throughput import compute_rates, step_time
-from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_band
+from shardplan.formulas.throughput import compute_rates
+from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge
 from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, model_values, resolved_knob_values
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import ModelSpec
@@ -36,22 +38,61 @@ def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
     """Memory, communication and time for every row, each computed once over the whole grid.
     ``fits`` is the verdict's (peak + band under capacity; shardplan/formulas/verdict.py), the no_sync
     gradients counted in the peak by ``estimate_memory``; tokens/s carries its band (``*_low`` / ``*_high``)."""
-    links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
     with quiet_numpy():  # overflowed rows are judged by the guard, never shown as warnings
         m = estimate_memory(c)
-        v = comm_volume(c, sync)
-        t = step_time(c, links, rates, sync, volume=v)
         verdict = judge(m, c, bands)
-    out = {**m, **v, **t, **verdict, "fits": verdict["verdict"] == FITS,
-           "calibrated": np.asarray(links.calibrated or rates.calibrated)}
+    out = {**m, **time_columns(c, cluster, sync, calibration, bands), **verdict, "fits": verdict["verdict"] == FITS}
     overflow = bad_results(c, out)  # an overflowed row is not a candidate (overflow.py)
     out["overflow"] = overflow
     out["valid"] = out["valid"] & ~overflow
     out["fits"] = out["fits"] & ~overflow
     out["verdict"] = np.where(overflow, DOES_NOT_FIT, out["verdict"]).astype(np.asarray(out["verdict"]).dtype)
-    for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
-        out[f"{name}_low"], out[f"{name}_high"] = throughput_band(t[name], bands)
     return out
+
+
+def time_columns(c: Columns, cluster: Cluster, sync=None, calibration=None,
+                 bands: AccuracyBands | None = None) -> dict[str, np.ndarray]:
+    """Communication volume and time, step time, tokens/s (with its band, ``*_low`` / ``*_high``) and
+    MFU of every row of ``c`` on ``cluster``: nameplate link and compute rates, or a calibration's.
+    ``sync``: gradients reduced every micro-batch (None: each row's ``sync_every_micro_batch``)."""
+    links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
+    with quiet_numpy():
+        return _timed(_ARRAY_FORMULAS, c, links, rates, sync, bands)
+
+
+# The formula modules a step time reads: the arrays' own, or their scalar twins (``_timed``).
+_ARRAY_FORMULAS = types.SimpleNamespace(comm=comm, throughput=throughput, verdict=verdict_module)
+
+
+def _scalar_formulas() -> types.SimpleNamespace:
+    twins = scalar_twin.twin()
+    return types.SimpleNamespace(**{name: twins[f"shardplan.formulas.{name}"] for name in ("comm", "throughput", "verdict")})
+
+
+def _timed(formulas, c, links, rates, sync, bands) -> dict[str, Any]:
+    """``time_columns`` through ``formulas`` (the arrays' modules or the twin's)."""
+    volume = formulas.comm.comm_volume(c, sync)
+    times = formulas.throughput.step_time(c, links, rates, sync, volume=volume)
+    out = {**volume, **times, "calibrated": bool(links.calibrated or rates.calibrated)}
+    for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
+        out[f"{name}_low"], out[f"{name}_high"] = formulas.verdict.throughput_band(times[name], bands)
+    return out
+
+
+_nameplate_rates = IdentityCache(64)  # the twin's (link, compute) rates per cluster
+
+
+def scalar_time_columns(c: Columns, cluster: Cluster, bands: AccuracyBands | None = None) -> dict[str, Any] | None:
+    """``time_columns`` of one configuration (``scalar_columns``) in Python numbers through the
+    formulas' scalar twin, at nameplate rates (a calibration's per-size tables are evaluated with
+    arrays), each configuration's own sync; None where Python's arithmetic raises."""
+    formulas = _scalar_formulas()
+    links, rates = _nameplate_rates.get(cluster, None, lambda: (formulas.comm.link_rates(cluster),
+                                                                formulas.throughput.compute_rates(cluster)))
+    try:
+        return _timed(formulas, c, links, rates, None, bands)
+    except SCALAR_ARITHMETIC_ERRORS:
+        return None
 
 
 # --- single configurations, as rows of one vectorized evaluation ---------------------------------
@@ -159,18 +200,50 @@ def scalar_evaluation(values: dict[str, Any], allocator=None, bands: AccuracyBan
 
 
 def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
-                   bands: AccuracyBands | None = None) -> dict[str, Any]:
+                   bands: AccuracyBands | None = None, *, time: bool = False, calibration=None) -> dict[str, Any]:
     """Memory and verdict of ONE configuration as Python numbers: the columns ``evaluate_queries``
     gives (and ``overflow``), through the formulas' scalar twin (no arrays: ~15x faster than a
     one-row batch) from a process's second single query on (``scalar_twin_pays``); the first, and
-    a configuration whose Python arithmetic raises, go through the arrays."""
+    a configuration whose Python arithmetic raises, go through the arrays. ``time``: also the
+    ``time_columns`` (step time, tokens/s with its band, MFU, communication) at nameplate rates,
+    or ``calibration``'s (an overlay, ``calibrate.overlay.load_calibration``: its per-size tables
+    are evaluated with arrays)."""
     values = query_values(*_checked_query((spec, cluster, config)))
-    one = scalar_evaluation(values, allocator, bands)
-    if one is None:
-        m, verdict, overflow = memory_verdict(stack_queries([values]), allocator, bands)
-        return rows_of({**m, **verdict, "overflow": overflow}, 1)[0]
-    _, m, verdict, overflow = one
-    return {**m, **verdict, "overflow": overflow}
+    one = None if time and calibration is not None else scalar_evaluation(values, allocator, bands)
+    if one is not None:
+        c, m, verdict, overflow = one
+        times = _scalar_times(c, cluster, bands) if time else {"overflow": False}
+        if times is not None:
+            return {**m, **verdict, **times, "overflow": overflow or times["overflow"]}
+    c = stack_queries([values])
+    m, verdict, overflow = memory_verdict(c, allocator, bands)
+    times = _array_times(c, cluster, calibration, bands) if time else {"overflow": False}
+    return rows_of({**m, **verdict, **times, "overflow": overflow | times["overflow"]}, 1)[0]
+
+
+def query_time(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibration=None,
+               bands: AccuracyBands | None = None) -> dict[str, Any]:
+    """The ``time_columns`` of ONE configuration as Python numbers, and ``overflow`` (the guard on
+    its inputs and times): through the scalar twin at nameplate rates once it pays
+    (``scalar_twin_pays``), else (a calibration, a process's first query, arithmetic Python
+    refuses) as a one-row batch."""
+    values = query_values(*_checked_query((spec, cluster, config)))
+    times = _scalar_times(scalar_columns(values), cluster, bands) if calibration is None and scalar_twin_pays() else None
+    return times if times is not None else rows_of(_array_times(stack_queries([values]), cluster, calibration, bands), 1)[0]
+
+
+def _scalar_times(c: Columns, cluster: Cluster, bands) -> dict[str, Any] | None:
+    """``scalar_time_columns`` with ``overflow`` (the twin's guard), or None (evaluate with arrays)."""
+    times = scalar_time_columns(c, cluster, bands)
+    if times is None:
+        return None
+    return {**times, "overflow": bool(scalar_twin.module("support.overflow").bad_results(c, times))}
+
+
+def _array_times(c: Columns, cluster: Cluster, calibration, bands) -> dict[str, Any]:
+    """``time_columns`` of ``c``'s rows (each its own sync) with ``overflow`` (the guard)."""
+    times = time_columns(c, cluster, None, calibration, bands)
+    return {**times, "overflow": bad_results(c, times)}
 
 
 def evaluate_queries(queries: Sequence[tuple[ModelSpec, Cluster, TrainingConfig]], allocator=None,

@@ -10,7 +10,7 @@ from dataclasses import fields
 from typing import Any, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from shardplan.inputs import contradictions
 
@@ -24,9 +24,9 @@ from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
 from shardplan.formulas import scalar_twin
-from shardplan.planning.evaluate import (cached_model_values, evaluate_grid, memory_verdict, query_values, rows_of,
+from shardplan.planning.evaluate import (cached_model_values, memory_verdict, query_time, query_values, rows_of,
                                          scalar_evaluation, stack_queries, take_row)
-from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS, throughput_band
+from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS
 
 
 class Alternative(BaseModel):
@@ -94,7 +94,7 @@ class FitResult(BaseModel):
     cluster: dict[str, Any]
     per_gpu: PerGPU
     per_node: PerNode
-    alternatives: list[Alternative] = []
+    alternatives: list[Alternative] = Field(default_factory=list)  # a new list, not a deep copy of a default
     notes: list[str] = []
     time: dict[str, float] | None = None
 
@@ -218,20 +218,18 @@ def limiting_resource(r: FitResult) -> str:
 
 TIME_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "hfu", "compute_s", "comm_s",
                "exposed_comm_s", "optimizer_s", "offload_transfer_s")
+TIME_BAND_FIELDS = tuple(f"{name}_{end}" for name in ("tokens_per_s", "tokens_per_s_per_gpu") for end in ("low", "high"))
 
 
 def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibration=None,
                 bands: AccuracyBands | None = None) -> dict[str, float]:
-    """Step time, tokens/s and MFU of one configuration (the planner's vectorized path, one row),
-    with tokens/s's band (``tokens_per_s_low/high``, ``tokens_per_s_per_gpu_low/high``)."""
-    c = _columns(spec, cluster, config)
-    r = evaluate_grid(c, True, cluster, calibration, bands)
-    check_one(c, r, config)
-    out = {name: float(r[name]) for name in TIME_FIELDS}
-    for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
-        low, high = throughput_band(out[name], bands)
-        out[f"{name}_low"], out[f"{name}_high"] = float(low), float(high)
-    return out
+    """Step time, tokens/s and MFU of one configuration, with tokens/s's band (``tokens_per_s_low/high``,
+    ``tokens_per_s_per_gpu_low/high``): ``evaluate.query_time`` (the formulas the planner's grid
+    runs; gradients reduced as the configuration's ``sync_every_micro_batch`` says)."""
+    times = query_time(spec, cluster, config, calibration, bands)
+    if times["overflow"]:
+        check_one(_columns(spec, cluster, config), times, config)  # the one-line error of an overflowed result
+    return {name: float(times[name]) for name in TIME_FIELDS + TIME_BAND_FIELDS}
 
 
 def default_offload(engine: str) -> str:
