@@ -244,7 +244,7 @@ def test_a_one_shot_process_does_not_build_the_twin():
 def _array_time_row(spec, cluster, config) -> dict:
     """The expected time columns: one row of the arrays' ``time_columns`` (each row's own sync)."""
     c = evaluator.stack_queries([evaluator.query_values(spec, cluster, config)])
-    return evaluator.rows_of(evaluator._array_times(c, cluster, None, None), 1)[0]
+    return evaluator.rows_of(evaluator.checked_time_columns(c, cluster, None, None), 1)[0]
 
 
 def _assert_same_values(got: dict, expected: dict, names) -> None:
@@ -319,3 +319,22 @@ def test_a_calibrations_step_time_goes_through_the_arrays(tmp_path):
     for name in TIME_FIELDS:
         assert got[name] == pytest.approx(float(grid[name]), rel=1e-12), name
     assert got["comm_s"] != evaluate_query(spec, cluster, config, time=True)["comm_s"]
+
+
+def test_step_timings_in_one_pass_equal_step_timing_one_at_a_time():
+    """fit's results with time (the CLI's --global-batch-tokens) in one vectorized pass: each equals
+    its own step_timing (twin or arrays), within 1e-12 relative."""
+    from shardplan.inputs.hardware import parse_gpus
+    from shardplan.inputs.models import get_model
+    from shardplan.planning.fit import step_timing, step_timings
+
+    spec, cluster = get_model("llama-3.1-8b"), parse_gpus("2x8xh100-sxm")
+    configs = [TrainingConfig(strategy=strategy, method=method, grad_accum=4, sync_every_micro_batch=sync)
+               for strategy in ("full_shard", "hybrid_shard", "ddp") for method in ("full", "lora")
+               for sync in (True, False)]
+    for config, many in zip(configs, step_timings(spec, cluster, configs)):
+        one = step_timing(spec, cluster, config)
+        assert one.keys() == many.keys()
+        for name, value in many.items():
+            assert one[name] == pytest.approx(value, rel=1e-12), (config, name)
+    assert step_timings(spec, cluster, []) == []

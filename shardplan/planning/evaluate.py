@@ -212,12 +212,12 @@ def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, al
     one = None if time and calibration is not None else scalar_evaluation(values, allocator, bands)
     if one is not None:
         c, m, verdict, overflow = one
-        times = _scalar_times(c, cluster, bands) if time else {"overflow": False}
+        times = checked_scalar_time_columns(c, cluster, bands) if time else {"overflow": False}
         if times is not None:
             return {**m, **verdict, **times, "overflow": overflow or times["overflow"]}
     c = stack_queries([values])
     m, verdict, overflow = memory_verdict(c, allocator, bands)
-    times = _array_times(c, cluster, calibration, bands) if time else {"overflow": False}
+    times = checked_time_columns(c, cluster, calibration, bands) if time else {"overflow": False}
     return rows_of({**m, **verdict, **times, "overflow": overflow | times["overflow"]}, 1)[0]
 
 
@@ -228,20 +228,22 @@ def query_time(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibr
     (``scalar_twin_pays``), else (a calibration, a process's first query, arithmetic Python
     refuses) as a one-row batch."""
     values = query_values(*_checked_query((spec, cluster, config)))
-    times = _scalar_times(scalar_columns(values), cluster, bands) if calibration is None and scalar_twin_pays() else None
-    return times if times is not None else rows_of(_array_times(stack_queries([values]), cluster, calibration, bands), 1)[0]
+    times = checked_scalar_time_columns(scalar_columns(values), cluster, bands) if calibration is None and scalar_twin_pays() else None
+    return times if times is not None else rows_of(checked_time_columns(stack_queries([values]), cluster, calibration, bands), 1)[0]
 
 
-def _scalar_times(c: Columns, cluster: Cluster, bands) -> dict[str, Any] | None:
-    """``scalar_time_columns`` with ``overflow`` (the twin's guard), or None (evaluate with arrays)."""
+def checked_scalar_time_columns(c: Columns, cluster: Cluster, bands) -> dict[str, Any] | None:
+    """``scalar_time_columns`` with ``overflow`` (the twin's guard on its inputs and times), or None
+    (evaluate it with arrays)."""
     times = scalar_time_columns(c, cluster, bands)
     if times is None:
         return None
     return {**times, "overflow": bool(scalar_twin.module("support.overflow").bad_results(c, times))}
 
 
-def _array_times(c: Columns, cluster: Cluster, calibration, bands) -> dict[str, Any]:
-    """``time_columns`` of ``c``'s rows (each its own sync) with ``overflow`` (the guard)."""
+def checked_time_columns(c: Columns, cluster: Cluster, calibration, bands) -> dict[str, Any]:
+    """``time_columns`` of ``c``'s rows (each its own sync) with ``overflow`` (the guard on their
+    inputs and times)."""
     times = time_columns(c, cluster, None, calibration, bands)
     return {**times, "overflow": bad_results(c, times)}
 

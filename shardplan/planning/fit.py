@@ -24,8 +24,8 @@ from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
 from shardplan.formulas import scalar_twin
-from shardplan.planning.evaluate import (cached_model_values, memory_verdict, query_time, query_values, rows_of,
-                                         scalar_evaluation, stack_queries, take_row)
+from shardplan.planning.evaluate import (cached_model_values, checked_time_columns, memory_verdict, query_time,
+                                         query_values, rows_of, scalar_evaluation, stack_queries, take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS
 
 
@@ -230,6 +230,20 @@ def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calib
     if times["overflow"]:
         check_one(_columns(spec, cluster, config), times, config)  # the one-line error of an overflowed result
     return {name: float(times[name]) for name in TIME_FIELDS + TIME_BAND_FIELDS}
+
+
+def step_timings(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], calibration=None,
+                 bands: AccuracyBands | None = None) -> list[dict[str, float]]:
+    """``step_timing`` of several configurations of one model on one cluster in one vectorized pass
+    (``evaluate.checked_time_columns``): what ``fit``'s results with time cost together."""
+    if not configs:
+        return []
+    c = stack_queries([query_values(spec, cluster, config) for config in configs])
+    rows = rows_of(checked_time_columns(c, cluster, calibration, bands), len(configs))
+    for i, (config, row) in enumerate(zip(configs, rows)):
+        if row["overflow"]:
+            check_one(take_row(c, i), row, config)  # the one-line error of an overflowed result
+    return [{name: float(row[name]) for name in TIME_FIELDS + TIME_BAND_FIELDS} for row in rows]
 
 
 def default_offload(engine: str) -> str:
