@@ -272,6 +272,23 @@ def test_step_time_in_python_numbers_equals_the_arrays(make, n, seed):
         assert got["overflow"] == (memory["overflow"] or expected["overflow"])
 
 
+def test_a_step_time_python_refuses_goes_through_the_arrays(monkeypatch):
+    """Python raises where numpy gives inf/nan (a division by zero in a time formula): the whole
+    query, memory and time, is answered by the one-row arrays, the same columns."""
+    spec, cluster, config = _random_queries(1, seed=7)[0]
+    expected = evaluate_query(spec, cluster, config, time=True)
+
+    def divides_by_zero(*args, **kwargs):
+        return 1 / 0
+
+    monkeypatch.setattr(scalar_twin.module("formulas.throughput"), "step_time", divides_by_zero)
+    assert evaluator.scalar_time_columns(evaluator.scalar_columns(evaluator.query_values(spec, cluster, config)),
+                                         cluster) is None
+    got = evaluate_query(spec, cluster, config, time=True)
+    assert got.keys() == expected.keys()
+    _assert_same_values(got, expected, [k for k in expected if k != "overflow"])
+
+
 def test_step_timing_reads_the_configurations_sync_and_agrees_with_the_planners_grid():
     """fit.step_timing: gradients reduced as the configuration says (no_sync: once per step), the
     numbers the planner's grid gives for that sync (evaluate_grid), through the twin or the arrays."""
