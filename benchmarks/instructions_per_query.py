@@ -1,6 +1,6 @@
 """Machine instructions per single-configuration query: a measure of the one-at-a-time path's work
 that does not depend on how busy the machine is (timings on a shared host move by 1.5x; this count
-repeats within ~1.5 %).
+moves by ~3 % between processes: address layout changes how identity-keyed caches hash).
 
     python benchmarks/instructions_per_query.py            # evaluate_query, memory and verdict
     python benchmarks/instructions_per_query.py --time     # evaluate_query(..., time=True)
@@ -9,7 +9,7 @@ Runs ``single_query_peers.py``'s configurations under valgrind's callgrind twice
 ``--passes`` timed passes after the same warm-up (set-up, first-call costs and the scalar twin's
 build are in both), and prints (difference) / (passes × configurations). Needs valgrind on the PATH
 (``apt-get install valgrind``); takes about a minute. ``PYTHONHASHSEED`` is fixed so both runs hash
-alike.
+strings alike. To compare with another tree, run this script with that tree first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from functools import partial
 import sys
 import time
 
@@ -55,7 +56,8 @@ def shardplan_items(n: int, with_time: bool = False) -> tuple:
                      method=pick(st.METHODS), ac=pick(("none", "full", "selective")), micro_batch=pick((1, 2, 4)),
                      seq_len=pick((1024, 4096)), stack=pick(st.STACKS))
         items.append((pick(models), pick(clusters), knobs))
-    return (lambda item: evaluate_query(item[0], item[1], TrainingConfig(**item[2]), time=with_time)), items
+    query = partial(evaluate_query, time=True) if with_time else evaluate_query  # the plain call runs on older trees too
+    return (lambda item: query(item[0], item[1], TrainingConfig(**item[2]))), items
 
 
 def llm_analysis_items(n: int) -> tuple:
