@@ -71,3 +71,26 @@ def test_hf_stack_uses_the_wrapper_under_fsdp_only():
     assert resolve_stack(TrainingConfig(stack="hf"), 8).checkpoint_wrapper is True
     assert resolve_stack(TrainingConfig(stack="hf"), 1).checkpoint_wrapper is False
     assert training_config({"kind": "hf", "method": "lora", "micro_batch": 1, "seq_len": 8}).checkpoint_wrapper is False
+
+
+def test_leftovers_inside_each_block_backward_are_the_formula_at_that_many_finished_blocks():
+    """The backward's moments scale one block's leftovers (``memory._leftover_after``) instead of
+    calling ``wrapper_leftover_bytes`` per block: equal at every block k, 16-bit and fp32."""
+    import dataclasses
+
+    import numpy as np
+
+    from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
+    from shardplan.formulas.memory import _leftover_after
+    from shardplan.inputs import strategy as st
+
+    for h in (128, 256):
+        for precision in (st.BF16_MIXED, st.FP32):
+            c = dataclasses.replace(_columns(h, True), precision=np.asarray(precision))
+            a, n_ckpt = compute_dtype_bytes(c.precision), checkpointed_layers(c)
+            ctx = {"leftover_per_block": wrapper_leftover_bytes(c, a, 1, n_ckpt)}
+            L = int(c.num_layers)
+            for k in range(L):
+                expected = int(wrapper_leftover_bytes(c, a, L - 1 - k, n_ckpt))
+                assert int(_leftover_after(c, k, ctx)) == expected, (h, precision, k)
+                assert (expected > 0) == (k < L - 1)  # every block after k has left its intermediates
