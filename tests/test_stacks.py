@@ -342,3 +342,23 @@ def test_a_knob_stated_as_none_is_the_stacks_default(stack):
     assert all(getattr(stated, k) is not None for k in knobs if getattr(left_out, k) is not None)
     spec, cluster = get_model("llama-3.1-8b"), parse_gpus("8xh100-sxm")
     assert evaluate(spec, cluster, stated).per_gpu == evaluate(spec, cluster, left_out).per_gpu
+
+
+def test_resolved_fields_read_as_resolve_stack_writes_them():
+    """``stacks.resolved_fields`` (a query's read-only view, no pydantic copy) holds exactly the
+    fields ``resolve_stack`` gives, in the same order, of the same types: fit.evaluate reports
+    ``config`` from it. 500 configurations drawing every knob, every stack."""
+    import warnings
+
+    from shardplan.inputs.stacks import resolved_fields
+    from tests.test_scalar_twin import _every_knob_queries
+
+    warnings.simplefilter("ignore", RuntimeWarning)
+    stacks = set()
+    for _, cluster, config in _every_knob_queries(500, seed=5):
+        expected = resolve_stack(config, cluster.world_size).model_dump()
+        got = dict(vars(resolved_fields(config, cluster.world_size)))
+        assert list(got.items()) == list(expected.items()), config
+        assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]
+        stacks.add(config.stack)
+    assert stacks == set(st.STACKS)

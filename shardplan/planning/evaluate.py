@@ -112,9 +112,13 @@ def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> d
     stack, ``stacks.resolve_stack``): ``config.columns_for``'s values, model part cached."""
     from shardplan.inputs.stacks import resolved_fields
 
-    config = resolved_fields(config, cluster.world_size)
-    return {**cached_model_values(spec, config.lora_rank, config.lora_targets),
-            **_per_cluster.get(cluster, None, lambda: cluster_values(cluster)), **resolved_knob_values(config, cluster)}
+    return resolved_query_values(spec, cluster, resolved_fields(config, cluster.world_size))
+
+
+def resolved_query_values(spec: ModelSpec, cluster: Cluster, fields) -> dict[str, Any]:
+    """``query_values`` of a configuration its stack has resolved already (``stacks.resolved_fields``)."""
+    return {**cached_model_values(spec, fields.lora_rank, fields.lora_targets),
+            **_per_cluster.get(cluster, None, lambda: cluster_values(cluster)), **resolved_knob_values(fields, cluster)}
 
 
 def stack_queries(rows: Sequence[dict[str, Any]]) -> Columns:

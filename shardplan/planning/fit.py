@@ -25,7 +25,8 @@ from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
 from shardplan.formulas import scalar_twin
 from shardplan.planning.evaluate import (cached_model_values, checked_time_columns, memory_verdict, query_time,
-                                         query_values, rows_of, scalar_evaluation, stack_queries, take_row)
+                                         query_values, resolved_query_values, rows_of, scalar_evaluation,
+                                         stack_queries, take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS
 
 
@@ -132,15 +133,15 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConf
                   allocator=None, bands: AccuracyBands | None = None) -> list[FitResult]:
     """``evaluate`` of several configurations of one model, (cluster, config, notes) each, in one
     vectorized pass (``planning/evaluate.py``); the same results as one call each."""
-    from shardplan.inputs.stacks import resolve_stack
+    from shardplan.inputs.stacks import resolved_fields
 
     if not queries:  # fit(..., strategies=[]) asks for nothing
         return []
-    resolved = []
+    resolved = []  # each config's fields with its stack's knobs (read-only; no pydantic copy)
     for cluster, config, _ in queries:
         _check_arguments(spec, cluster, config)
-        resolved.append(resolve_stack(config, cluster.world_size))
-    values = [query_values(spec, q[0], config) for q, config in zip(queries, resolved)]
+        resolved.append(resolved_fields(config, cluster.world_size))
+    values = [resolved_query_values(spec, q[0], config) for q, config in zip(queries, resolved)]
     rows, verdicts, overflow, trainable, row_columns = _judged_rows(values, allocator, bands)
     results = []
     for i, ((cluster, _, notes), config) in enumerate(zip(queries, resolved)):
@@ -167,9 +168,10 @@ def _judged_rows(values: list[dict[str, Any]], allocator, bands):
             np.broadcast_to(trainable_params(c), c.shape).tolist(), lambda i: take_row(c, i))
 
 
-def _fit_result(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, scalar: dict[str, Any],
+def _fit_result(spec: ModelSpec, cluster: Cluster, config, scalar: dict[str, Any],
                 verdict: dict[str, Any], notes: list[str], trainable: int) -> FitResult:
-    """One row of the memory model and its verdict as the ``FitResult`` record."""
+    """One row of the memory model and its verdict as the ``FitResult`` record (``config``: the
+    configuration's fields with its stack's knobs, ``stacks.resolved_fields``)."""
     from shardplan.inputs.stacks import stack_label
 
     model = cached_model_values(spec, config.lora_rank, config.lora_targets)  # spec.total_params walks every block
@@ -184,7 +186,7 @@ def _fit_result(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, scala
         fits_gpu=bool(scalar["fits_gpu"]), fits_host=bool(scalar["fits_host"]),
         valid=bool(scalar["valid"]), strategy=config.strategy, engine=config.engine,
         stack=stack_label(config.stack), fits_load=bool(scalar["fits_load"]),
-        config=config.model_dump(),
+        config=dict(vars(config)),  # every field, as resolve_stack(...).model_dump() gives them
         model={"name": spec.name, "display_name": spec.display_name, "params": model["total_params"],
                "trainable_params": trainable},
         gpu={"name": cluster.gpu.name, "memory_bytes": cluster.gpu.memory_bytes, "capacity_only": cluster.capacity_only},
