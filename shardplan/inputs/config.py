@@ -429,8 +429,8 @@ def resolved_knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, 
 
 def columns_for(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Columns:
     """One configuration as 0-d columns (knobs it leaves unstated from its stack)."""
-    from shardplan.inputs.stacks import resolve_stack
+    from shardplan.inputs.stacks import resolved_fields
 
-    config = resolve_stack(config, cluster.world_size)
-    return Columns.build(**model_values(spec, config.lora_rank, config.lora_targets), **cluster_values(cluster),
-                         **knob_values(config, cluster))
+    fields = resolved_fields(config, cluster.world_size)  # the stack read once (knob_values would read it again)
+    return Columns.build(**model_values(spec, fields.lora_rank, fields.lora_targets), **cluster_values(cluster),
+                         **resolved_knob_values(fields, cluster))

@@ -283,7 +283,7 @@ def canonical_config(data: dict[str, Any]) -> dict[str, Any]:
 
 
 # (knob, word, stack, engine) -> (canonical name, knobs the alias also sets): every TrainingConfig
-# resolves its words, twice (its __init__ and its validator), mostly the same few words. Only
+# resolves its words (its validator), mostly the same few words. Only
 # answers are kept (an unknown word raises each time); the vocabulary and stacks are fixed data.
 _resolved: dict[tuple, tuple[str, tuple]] = {}
 

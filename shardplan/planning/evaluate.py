@@ -232,8 +232,11 @@ def query_time(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibr
     (``scalar_twin_pays``), else (a calibration, a process's first query, arithmetic Python
     refuses) as a one-row batch."""
     values = query_values(*_checked_query((spec, cluster, config)))
-    times = checked_scalar_time_columns(scalar_columns(values), cluster, bands) if calibration is None and scalar_twin_pays() else None
-    return times if times is not None else rows_of(checked_time_columns(stack_queries([values]), cluster, calibration, bands), 1)[0]
+    if calibration is None and scalar_twin_pays():
+        times = checked_scalar_time_columns(scalar_columns(values), cluster, bands)
+        if times is not None:
+            return times
+    return rows_of(checked_time_columns(stack_queries([values]), cluster, calibration, bands), 1)[0]
 
 
 def checked_scalar_time_columns(c: Columns, cluster: Cluster, bands) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shardplan.inputs import contradictions
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import Columns, TrainingConfig, knob_values
+from shardplan.inputs.config import Columns, TrainingConfig, resolved_knob_values
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
@@ -106,10 +106,11 @@ def _columns(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Colum
 
 def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> None:
     """Impossible configurations get a one-line error naming the field and value."""
-    from shardplan.inputs.stacks import resolve_stack
+    from shardplan.inputs.stacks import resolved_fields
 
-    check_precision(cluster.gpu, resolve_stack(config, cluster.world_size).precision)
-    knobs = knob_values(config, cluster)
+    fields = resolved_fields(config, cluster.world_size)
+    check_precision(cluster.gpu, fields.precision)
+    knobs = resolved_knob_values(fields, cluster)
     if not bool(st.is_valid(knobs["strategy"], knobs["engine"])):
         raise ShardplanError("strategy", config.strategy, f"not expressible with engine {config.engine!r} "
                                                           f"(zero1/zero2 need --engine deepspeed)")
@@ -231,7 +232,7 @@ def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calib
     times = query_time(spec, cluster, config, calibration, bands)
     if times["overflow"]:
         check_one(_columns(spec, cluster, config), times, config)  # the one-line error of an overflowed result
-    return {name: float(times[name]) for name in TIME_FIELDS + TIME_BAND_FIELDS}
+    return _time_record(times)
 
 
 def step_timings(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], calibration=None,
@@ -245,7 +246,12 @@ def step_timings(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingCo
     for i, (config, row) in enumerate(zip(configs, rows)):
         if row["overflow"]:
             check_one(take_row(c, i), row, config)  # the one-line error of an overflowed result
-    return [{name: float(row[name]) for name in TIME_FIELDS + TIME_BAND_FIELDS} for row in rows]
+    return [_time_record(row) for row in rows]
+
+
+def _time_record(times: dict[str, Any]) -> dict[str, float]:
+    """The time columns ``step_timing`` reports, as floats."""
+    return {name: float(times[name]) for name in TIME_FIELDS + TIME_BAND_FIELDS}
 
 
 def default_offload(engine: str) -> str:
