@@ -102,7 +102,8 @@ def plan_spec(obj: Any, block_class: str | None = None) -> PlanSpec:
     ``cluster``, ``gpu``, ``per_gpu``); planner records may carry the knobs at the top level.
     """
     if isinstance(obj, PlanSpec):
-        return obj if block_class is None else obj.model_copy(update={"block_class": block_class})
+        # model_copy(update=...) would skip the validators that keep values out of generated code
+        return obj if block_class is None else PlanSpec(**{**obj.model_dump(), "block_class": block_class})
     if hasattr(obj, "model_dump"):
         obj = obj.model_dump(mode="json")
     if not isinstance(obj, dict):
@@ -112,7 +113,7 @@ def plan_spec(obj: Any, block_class: str | None = None) -> PlanSpec:
         data = dict(obj)
         if block_class:
             data["block_class"] = block_class
-        return PlanSpec.model_validate(data)
+        return PlanSpec(**data)
     config = {**{k: obj[k] for k in KNOBS if k in obj}, **dict(obj.get("config") or {})}
     cluster = dict(obj.get("cluster") or {})
     gpu = obj.get("gpu") or cluster.get("gpu") or {}

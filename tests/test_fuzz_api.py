@@ -293,6 +293,15 @@ def run_api_call(label, fn, args, kwargs, folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def api_root():
+    # transformers' first import and its lazy config table take seconds on a loaded 2-core machine:
+    # under the hang guard's deadline that import was judged a hang, and the interrupted import left
+    # a half-initialised module behind (an AttributeError on the next call). Import it once first.
+    try:
+        import transformers
+
+        transformers.AutoConfig.for_model("llama")
+    except ImportError:
+        pass
     root = Path(tempfile.mkdtemp(prefix="shardplan-apifuzz-"))
     census = {"cases": 0, "verdicts": collections.Counter(), "examples": {}}
     yield root, census

@@ -29,10 +29,9 @@ _OPTIMIZERS = {
 
 
 def _comment(spec: PlanSpec, engine: str) -> str:
-    lines = spec.header_lines()
-    if spec.engine != engine:
-        lines.insert(2, f"NOTE: the plan's memory was predicted for engine {spec.engine}; this is the {engine} form")
-    return "\n".join("# " + line for line in lines)
+    note = (f"NOTE: the plan's memory was predicted for engine {spec.engine}; this is the {engine} form"
+            if spec.engine != engine else None)
+    return spec.comment_header(note)
 
 
 def _check_engine(spec: PlanSpec, engine: str) -> None:
@@ -45,7 +44,8 @@ def _checkpoint_every(spec: PlanSpec) -> int:
 
 
 def _constants(spec: PlanSpec, mesh: bool) -> str:
-    lines = [f'BLOCK_CLASS = "{spec.block_class}"  # one FSDP unit per transformer block']
+    # Values from the plan are emitted as Python literals (repr), never pasted into code.
+    lines = [f"BLOCK_CLASS = {spec.block_class!r}  # one FSDP unit per transformer block"]
     if mesh:
         if spec.hybrid or spec.strategy == "no_shard":
             lines.append(f"MESH_SHAPE = ({spec.replicate_size}, {spec.shard_size})  # (replicate, shard)")
@@ -56,7 +56,7 @@ def _constants(spec: PlanSpec, mesh: bool) -> str:
               f"GRAD_ACCUM = {spec.grad_accum}  # micro-batches per optimizer step",
               f"SEQ_LEN = {spec.seq_len}"]
     if spec.hf_id:
-        lines.append(f'MODEL_ID = "{spec.hf_id}"')
+        lines.append(f"MODEL_ID = {spec.hf_id!r}")
     if spec.peft:
         targets = LORA_TARGET_MODULES.get(spec.lora_targets, spec.lora_targets)
         lines += [f"LORA_RANK = {spec.lora_rank}", f"LORA_TARGETS = {targets!r}"]

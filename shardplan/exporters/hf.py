@@ -29,7 +29,7 @@ HF_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor", "ada
 
 
 def _comment(spec: PlanSpec) -> str:
-    return "\n".join("# " + line for line in spec.header_lines()) + "\n"
+    return spec.comment_header() + "\n"
 
 
 def _fsdp_engine(spec: PlanSpec) -> int:

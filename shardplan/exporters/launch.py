@@ -25,7 +25,7 @@ def launcher_prefix(spec: PlanSpec) -> str:
 
 
 def torchrun_lines(spec: PlanSpec) -> str:
-    header = "\n".join("# " + line for line in spec.header_lines())
+    header = spec.comment_header()
     env = ""
     if spec.nodes > 1:
         env = ("# run on every node; MASTER_ADDR = node 0's address, JOB_ID = any id shared by the nodes\n")

@@ -8,9 +8,10 @@ global batch) are properties here so every exporter spells them the same way.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, PositiveInt, model_validator
+from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
@@ -38,6 +39,21 @@ STACK_FIELDS = ("stack", "logits_fp32", "ce_chunks", "optimizer_in_backward", "a
                 "paged_optimizer", "lora_dropout", "reentrant_checkpointing", "quant_state_sharded", "quant_format",
                 "load_mode")
 
+# What may reach generated code. Exports are read by Python, shells and YAML parsers, so a value
+# from a plan file is either one of these shapes or refused: a block class is a Python (dotted)
+# identifier as transformers names its decoder layers; a hub id is the Hub's owner/name form
+# (huggingface_hub validate_repo_id: letters, digits, '-', '_', '.', at most 96 characters a part).
+BLOCK_CLASS_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+HF_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+MAX_TEXT = 200  # free-text fields (model name, GPU name, breakdown keys) are shown in comment lines
+
+
+def check_text(field: str, value: str) -> str:
+    """A free-text value that is shown inside comment lines: printable, one line, bounded."""
+    if len(value) > MAX_TEXT or not value.isprintable():
+        raise ShardplanError(field, value[:40], f"must be printable text on one line, at most {MAX_TEXT} characters")
+    return value
+
 
 class PlanSpec(TrainingConfig):
     """A plan as the exporters need it: TrainingConfig's knobs plus the model, the cluster and the prediction."""
@@ -61,6 +77,32 @@ class PlanSpec(TrainingConfig):
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     breakdown: dict[str, int] = {}
+
+    @field_validator("block_class")
+    @classmethod
+    def _block_class(cls, value: str) -> str:
+        if len(value) > MAX_TEXT or not BLOCK_CLASS_PATTERN.fullmatch(value):
+            raise ShardplanError("block_class", value[:40], "must be a Python class name, e.g. LlamaDecoderLayer")
+        return value
+
+    @field_validator("hf_id")
+    @classmethod
+    def _hf_id(cls, value: str | None) -> str | None:
+        if value is not None and (not HF_ID_PATTERN.fullmatch(value) or ".." in value):
+            raise ShardplanError("hf_id", value[:40], "must be a Hugging Face repo id, e.g. meta-llama/Llama-3.1-8B")
+        return value
+
+    @field_validator("model_name", "gpu")
+    @classmethod
+    def _text(cls, value: str, info: Any) -> str:
+        return check_text(info.field_name, value)
+
+    @field_validator("breakdown")
+    @classmethod
+    def _breakdown(cls, value: dict[str, int]) -> dict[str, int]:
+        for key in value:
+            check_text("breakdown", key)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "PlanSpec":
@@ -147,6 +189,16 @@ class PlanSpec(TrainingConfig):
         on += [f"quant_format={self.quant_format}"] if self.method == "qlora" and self.quant_format else []
         return (f"stack: {self.stack} (shardplan's numbers assume this stack's code: docs/stacks.md)"
                 + (f"; {', '.join(on)}" if on else ""))
+
+    def comment_header(self, note: str | None = None) -> str:
+        """The header as comment lines ('# ...'), for Python and shell exports alike; ``note`` goes
+        after the summary. The fields are validated to one printable line each; this escapes
+        anything else once more, so no value can end a comment and become code."""
+        lines = self.header_lines()
+        if note:
+            lines.insert(2, note)
+        return "\n".join("# " + (line if line.isprintable() else line.encode("unicode_escape").decode("ascii"))
+                         for line in lines)
 
     def header_lines(self) -> list[str]:
         """Human summary + one machine-readable line, for comment headers of code/shell exports."""
