@@ -1,0 +1,478 @@
+"""Published runs as shardplan queries: each row of a runs CSV (the columns of
+``tests/data/published_runs/runs.csv``, described in its README) becomes the model, cluster and
+``TrainingConfig`` that ``fit`` evaluates, or a named reason it cannot be expressed.
+
+A row's settings are free text written by whoever transcribed the source ("bf16 mixed (FSDP2
+param bf16 / reduce fp32; fp32 master)"). They are read by ordered tables of patterns, the first
+match winning; text no table recognises is a reason (``unrecognised_<field>``), never a guess.
+Settings a row leaves unstated are left to the stack's defaults (``stacks.resolve_stack``), as a
+user's query would; what the reading assumed is listed in ``RunQuery.assumed``.
+
+The counter a row's peak memory was read from decides what it is compared with
+(``COUNTER_CLASSES``): ``max_memory_allocated`` (and torch's ``active`` peak, which the caching
+allocator keeps within a block's rounding of it) -> peak allocated; ``max_memory_reserved`` and
+torchtitan's memory field -> peak reserved; nvidia-smi / NVML -> the device total; a number whose
+counter the source does not name -> ``unnamed``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Union
+
+from shardplan.inputs.config import TrainingConfig
+from shardplan.inputs.hardware import Cluster, get_gpu, parse_gpus
+from shardplan.inputs.model import ModelSpec
+from shardplan.support.errors import ShardplanError
+
+GIB = 2 ** 30
+COUNTER_CLASSES = ("allocated", "reserved", "device_total", "unnamed")
+
+# Every reason a row cannot be expressed, with what it means (the report counts rows per reason).
+REASONS: dict[str, str] = {
+    "not_a_run": "a capacity claim: the source gives no run details",
+    "architecture_not_stated": "the row's architecture columns are empty and its model is no catalogue profile",
+    "architecture_not_decoder": "not a decoder-only transformer (an encoder-decoder demo model)",
+    "mixture_of_experts": "a mixture-of-experts model: the architecture columns cannot state its experts",
+    "model_parallel": "tensor, pipeline or context parallelism: shardplan plans data-parallel sharding only",
+    "fp8_training": "fp8 / MX linears (torchao, TransformerEngine): not modelled",
+    "optimizer_not_modelled": "an optimizer shardplan does not model (4-bit AdamW)",
+    "seq_len_not_stated": "the sequence length is not stated",
+    "micro_batch_not_stated": "the micro-batch is not stated",
+    "gpus_not_stated": "the GPU count is not stated",
+    "gpu_not_stated": "the GPU is not stated",
+    "gpu_capacity_not_stated": "the GPU's memory size is not stated",
+    "ac_fraction_not_stated": "selective checkpointing of a fraction of blocks whose fraction is not stated",
+    "rejected_by_shardplan": "shardplan refuses the configuration (its one-line error is the detail)",
+    "unrecognised_framework": "the framework text matches no stack pattern",
+    "unrecognised_strategy": "the strategy text matches no strategy pattern",
+    "unrecognised_precision": "the precision text matches no precision pattern",
+    "unrecognised_act_ckpt": "the activation-checkpointing text matches no pattern",
+    "unrecognised_offload": "the offload text matches no pattern",
+    "unrecognised_optimizer": "the optimizer text matches no pattern",
+    "unrecognised_gpu": "the GPU text matches no hardware profile pattern",
+}
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """One row as ``fit`` evaluates it, with what it measured."""
+
+    row_id: str
+    source: str                       # the row-id prefix (README: it names the source)
+    row_type: str
+    spec: ModelSpec
+    cluster: Cluster
+    config: TrainingConfig
+    counter: str | None               # one of COUNTER_CLASSES, None without a memory number
+    measured_bytes: int | None
+    measured_tokens_per_s_per_gpu: float | None
+    assumed: tuple[str, ...] = ()     # what the reading assumed for settings the row does not state
+    row: dict[str, str] = field(default_factory=dict, repr=False)  # the CSV row as read
+
+    @property
+    def oom(self) -> bool:
+        return self.row_type == "measured_oom"
+
+
+@dataclass(frozen=True)
+class Unexpressible:
+    row_id: str
+    source: str
+    row_type: str
+    reason: str                        # a key of REASONS
+    detail: str = ""
+    row: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+Row = Union[RunQuery, Unexpressible]
+REQUIRED_COLUMNS = ("row_id", "row_type", "model", "params_b", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn",
+                    "vocab", "framework", "strategy", "dp_shard", "tp", "pp", "cp", "offload", "precision", "act_ckpt",
+                    "optimizer", "gpu", "n_gpus", "n_nodes", "gpus_per_node", "seq_len", "micro_batch", "grad_accum",
+                    "measured_mem_gib", "mem_counter", "measured_tokens_per_s_per_gpu")
+
+
+class _Refused(Exception):
+    """A row that cannot be expressed: ``reason`` (a REASONS key) and the text that decided it."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+def read_runs(path: str | Path) -> list[Row]:
+    """Every row of a runs CSV as a ``RunQuery`` or an ``Unexpressible`` (none dropped), in file order."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ShardplanError(f"{path.name}: columns", ", ".join(missing), "missing (see tests/data/published_runs/README.md)")
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError) as err:
+        raise ShardplanError("runs", str(path), f"cannot be read ({type(err).__name__})") from None
+    return [express(row) for row in rows]
+
+
+def express(row: dict[str, str]) -> Row:
+    """One row as a ``RunQuery``, or an ``Unexpressible`` naming why not."""
+    row = {k: (v or "").strip() for k, v in row.items() if k is not None}
+    ident = dict(row_id=row["row_id"], source=source_of(row["row_id"]), row_type=row["row_type"])
+    try:
+        return _query(row, ident)
+    except _Refused as refused:
+        return Unexpressible(**ident, reason=refused.reason, detail=refused.detail[:160], row=row)
+
+
+def source_of(row_id: str) -> str:
+    """'TTN012' -> 'TTN': the row-id prefix names the source (README)."""
+    match = re.match(r"[A-Za-z]+", row_id)
+    return match.group() if match else row_id
+
+
+def _query(row: dict[str, str], ident: dict[str, str]) -> RunQuery:
+    if row["row_type"] == "capacity_claim":
+        raise _Refused("not_a_run", row["row_type"])
+    assumed: list[str] = []
+    _check_data_parallel(row)
+    spec = model_spec(row, assumed)
+    cluster = cluster_of(row, assumed)
+    config = training_config(row, cluster, assumed)
+    counter, measured = measured_memory(row)
+    return RunQuery(**ident, spec=spec, cluster=cluster, config=config, counter=counter, measured_bytes=measured,
+                    measured_tokens_per_s_per_gpu=_float(row.get("measured_tokens_per_s_per_gpu", "")),
+                    assumed=tuple(assumed), row=row)
+
+
+def _float(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _int(text: str) -> int | None:
+    value = _float(text)
+    return int(value) if value is not None and value == int(value) else None
+
+
+def _first(table: Iterable[tuple[str, Any]], text: str) -> Any:
+    """The value of the first pattern in ``table`` that matches ``text`` (case-insensitive), or None."""
+    for pattern, value in table:
+        if re.search(pattern, text, re.IGNORECASE):
+            return value
+    return None
+
+
+def _check_data_parallel(row: dict[str, str]) -> None:
+    degrees = [_int(row[k]) or 1 for k in ("tp", "pp", "cp")]
+    text = f"{row['strategy']} {row['framework']}"
+    if max(degrees) > 1 or re.search(r"\bx tp\b|\btp\b x|context parallel|tensor parallel|4d parallel", text, re.I):
+        raise _Refused("model_parallel", row["strategy"])
+
+
+# --- the model -----------------------------------------------------------------------------------------
+
+def model_spec(row: dict[str, str], assumed: list[str]) -> ModelSpec:
+    """The catalogue profile the row's model names when its dimensions agree with the row's columns
+    (it knows the family's layout: Gemma's norms, Mixtral's experts, Falcon's fused attention);
+    otherwise a spec built from the columns; a row with neither is refused."""
+    dims = {k: _int(row[k]) for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab")}
+    if re.search(r"nn\.Transformer|enc-dec|encoder-decoder", row["model"], re.I):
+        raise _Refused("architecture_not_decoder", row["model"])
+    profile = _catalogue_profile(row["model"])
+    if profile is not None and _agrees(profile, dims):
+        if profile.moe is None or dims["n_layers"] is not None:
+            assumed.append(f"model: catalogue profile {profile.name} (its dimensions agree with the row's)")
+            return profile
+    if re.search(r"mixtral|\bmoe\b|experts", row["model"], re.I):
+        raise _Refused("mixture_of_experts", row["model"])
+    if any(dims[k] is None for k in ("n_layers", "hidden", "n_heads", "vocab")):
+        if profile is not None:
+            assumed.append(f"model: catalogue profile {profile.name} (the row states no architecture)")
+            return profile
+        raise _Refused("architecture_not_stated", row["model"])
+    return _spec_from_columns(row["model"], dims, assumed)
+
+
+def _catalogue_profile(name: str) -> ModelSpec | None:
+    """The profile a model name resolves to by name or hub id (never by a bare size: a row's
+    'GPT-like 13B' is no particular model)."""
+    from shardplan.inputs.models import resolve_model
+
+    cleaned = re.sub(r"\s*\(.*?\)\s*", " ", name).strip()
+    bare = re.sub(r"-(gptq|awq|instruct|chat|hf)\b", "", cleaned.split("/")[-1], flags=re.I)  # a quantized upload's base
+    for text in dict.fromkeys((name, cleaned, bare)):
+        if not text or re.fullmatch(r"[\w\s-]*\d+(\.\d+)?\s*[mbt]", text, re.I) and " " in text:
+            continue
+        try:
+            return resolve_model(text).spec
+        except ShardplanError:
+            continue
+    return None
+
+
+def _agrees(spec: ModelSpec, dims: dict[str, int | None]) -> bool:
+    ours = dict(n_layers=spec.num_layers, hidden=spec.hidden_size, n_heads=spec.num_heads,
+                n_kv_heads=spec.num_kv_heads, vocab=spec.vocab_size)
+    return all(dims[k] is None or dims[k] == v for k, v in ours.items())
+
+
+def _spec_from_columns(name: str, dims: dict[str, int | None], assumed: list[str]) -> ModelSpec:
+    """A decoder from the row's dimensions. A 4h MLP is a GELU MLP with LayerNorm and tied
+    embeddings, without learned positions (MPT: ALiBi; GPT-3-style models are counted the same
+    way, their learned positions are < 0.1 % of the parameters); any other width is a gated SwiGLU
+    MLP with RMSNorm (the Llama layout)."""
+    h, ffn = dims["hidden"], dims["ffn"] or 4 * dims["hidden"]
+    gelu = ffn == 4 * h
+    kv = dims["n_kv_heads"] or dims["n_heads"]
+    layout = (dict(family="gpt2", mlp="gelu", norm="layernorm", tie_word_embeddings=True) if gelu
+              else dict(family="llama", mlp="swiglu", norm="rmsnorm"))
+    assumed.append(f"model: built from the row's columns with the {'GELU/LayerNorm' if gelu else 'Llama'} layout")
+    try:
+        return ModelSpec(name=re.sub(r"[^\w.-]+", "-", name).strip("-").lower() or "run", display_name=name,
+                         vocab_size=dims["vocab"], hidden_size=h, num_layers=dims["n_layers"], num_heads=dims["n_heads"],
+                         num_kv_heads=kv, intermediate_size=ffn, max_position_embeddings=1 << 17, **layout)
+    except ValueError as err:
+        raise _Refused("rejected_by_shardplan", str(err).splitlines()[0]) from None
+
+
+# --- the cluster ---------------------------------------------------------------------------------------
+
+# (pattern, profile): the first that matches the row's gpu text. A card emulated by capping an
+# A100's memory (torchtune's footnote) is planned as the card it emulates: only capacity differs.
+GPU_PATTERNS = (
+    (r"^not stated$", None), (r"emulate rtx 4090|rtx 4090", "rtx4090"), (r"a10g", "a10g"),
+    (r"rtx a6000", "rtx-a6000"), (r"titan rtx|4070 ti", "capacity"), (r"v100", "v100-32gb"),
+    (r"mi300x", "mi300x"), (r"b200|blackwell", "b200"), (r"h200", "h200"), (r"h100", "h100-sxm"),
+    (r"a100.*(40/80|size not stated)", "a100-unsized"), (r"a100.*80\s*gb", "a100-80gb"), (r"a100.*40\s*gb", "a100-40gb"),
+    (r"a100", "a100-unsized"),
+)
+
+
+def cluster_of(row: dict[str, str], assumed: list[str]) -> Cluster:
+    """GPU x count (in nodes of ``gpus_per_node`` when the row has several nodes), at the row's
+    stated memory size when it differs from the profile's nominal one."""
+    text = row["gpu"]
+    name = _first(GPU_PATTERNS, text)
+    if name is None:
+        raise _Refused("gpu_not_stated" if re.fullmatch(r"(not stated)?", text, re.I) else "unrecognised_gpu", text)
+    if name == "a100-unsized":
+        if not re.search(r"(\d+)\s*GB\s*(implied|\))|implies\s*80", text, re.I):
+            raise _Refused("gpu_capacity_not_stated", text)
+        name = "a100-80gb"
+    n_gpus, nodes = _int(row["n_gpus"]), _int(row["n_nodes"]) or 1
+    if not n_gpus:
+        raise _Refused("gpus_not_stated", row["n_gpus"])
+    per_node = _int(row["gpus_per_node"]) or n_gpus // nodes
+    stated_gb = _stated_gb(text)
+    gpu_text = f"{stated_gb:g}GB" if name == "capacity" else name
+    layout = f"{nodes}x{per_node}x{gpu_text}" if nodes > 1 else f"{n_gpus}x{gpu_text}"
+    try:
+        cluster = parse_gpus(layout)
+    except ShardplanError as err:
+        raise _Refused("rejected_by_shardplan", str(err)) from None
+    gpu = cluster.gpu
+    if stated_gb and name not in ("capacity", "rtx4090") and abs(stated_gb - gpu.nominal_memory_gb) >= 1:
+        gpu = gpu.model_copy(update={"memory_bytes": int(gpu.memory_bytes * stated_gb / gpu.nominal_memory_gb)})
+        assumed.append(f"gpu: {gpu.name} at the stated {stated_gb:g} GB")
+        cluster = cluster.model_copy(update={"gpu": gpu})
+    if not re.search(r"\d+\s*GB", text, re.I) and name != "capacity":
+        assumed.append(f"gpu: {text!r} read as {gpu.name}")
+    return cluster
+
+
+def _stated_gb(text: str) -> float:
+    """The card's memory as the row states it ('H100 SXM 96GB', '~184 GiB implied'), 0 if none."""
+    match = re.search(r"(\d+(?:\.\d+)?)\s*Gi?B", text, re.I)
+    return float(match.group(1)) if match else 0.0
+
+
+# --- the configuration ---------------------------------------------------------------------------------
+
+STACK_PATTERNS = (
+    (r"torchtitan", "torchtitan"), (r"torchtune", "torchtune"), (r"litgpt|lightning", "lightning"),
+    (r"hf |hugging ?face|accelerate|transformers|llama-factory|peft", "hf"),
+    (r"composer|fms-fsdp|fairseq|fairscale|deepspeed|megatron|plain pytorch|pytorch fsdp|torchao", "plain"),
+)
+# (pattern, (strategy, engine or None: the stack's)) over "strategy framework"
+STRATEGY_PATTERNS = (
+    (r"zero3|zero-3", ("full_shard", "deepspeed")), (r"zero2|zero-2", ("zero2", "deepspeed")),
+    (r"zero1|zero-1", ("zero1", "deepspeed")), (r"none \(1 gpu\)", ("single", None)),
+    (r"\bddp\b", ("ddp", None)), (r"hybrid_shard", ("hybrid_shard", "fsdp")), (r"shard_grad_op", ("shard_grad_op", "fsdp")),
+    (r"no_shard", ("no_shard", "fsdp")), (r"full_shard", ("full_shard", "fsdp")),
+)
+PRECISION_PATTERNS = (
+    (r"fp8|float8|mxfp8", "fp8"), (r"compute not stated", "stack"),
+    (r"bf16-true|no fp32 master|full bf16|bfloat16 params, grads|params, grads(, optimizer states)? bf16|"
+     r"\(params/grads/adamw states bf16|full bf16 weights|^bf16$", "bf16-pure"),
+    (r"fp32 master|bf16 mixed|bf16 autocast|autocast|mixed_precision=pure|bf16 frozen base|lora|"
+     r"bf16 \(baseline\)|bf16 compute|^bf16\b", "bf16-mixed"),
+    (r"fp16", "fp16-mixed"), (r"fp32", "fp32"), (r"4-bit base", "stack"),
+)
+AC_PATTERNS = (
+    (r"fraction not stated", "refuse"), (r"every 2nd|every nth|layer-level", "every-k"),
+    (r"selective", "selective"), (r"^full|gradient_checkpointing|default enables|default true", "full"),
+    (r"^none", "none"), (r"^na$|not stated|^$", "stack"),
+)
+OFFLOAD_PATTERNS = (
+    (r"^none|activation cpu offload: false|^na$|^$", "none"), (r"activations to cpu", "activations"),
+    (r"param|zero-3 offload|^cpu$", "optimizer+params"), (r"optimizer", "optimizer"),
+)
+OPTIMIZER_PATTERNS = (
+    (r"4-bit", "refuse"), (r"8bit|8-bit", "adamw-8bit"), (r"sgd", "sgd"), (r"adam", "adamw"),
+    (r"^na$|not stated|^$", "stack"),
+)
+
+
+def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -> TrainingConfig:
+    """The row's settings as a ``TrainingConfig``; what the row leaves unstated is the stack's."""
+    knobs: dict[str, Any] = {"stack": _stack(row, assumed)}
+    for part in (_strategy(row, cluster), _precision_and_method(row, assumed), _checkpointing(row, assumed), _offload(row),
+                 _optimizer(row, assumed), _workload(row)):
+        knobs.update(part)  # two columns may both say activations go to the CPU
+    try:
+        return TrainingConfig(**knobs)
+    except ShardplanError as err:
+        raise _Refused("rejected_by_shardplan", str(err)) from None
+
+
+def _stack(row: dict[str, str], assumed: list[str]) -> str:
+    stack = _first(STACK_PATTERNS, row["framework"])
+    if stack is None:
+        raise _Refused("unrecognised_framework", row["framework"])
+    if stack == "plain" and not re.search(r"plain pytorch|pytorch fsdp", row["framework"], re.I):
+        assumed.append(f"stack: {row['framework']!r} has no profile: counted as a plain loop")
+    return stack
+
+
+def _strategy(row: dict[str, str], cluster: Cluster) -> dict[str, Any]:
+    found = _first(STRATEGY_PATTERNS, f"{row['strategy']} {row['framework']}")
+    if found is None:
+        raise _Refused("unrecognised_strategy", row["strategy"])
+    strategy, engine = found
+    if engine == "fsdp":
+        engine = "fsdp2" if re.search(r"fsdp2|fully_shard", f"{row['strategy']} {row['framework']}", re.I) else "fsdp1"
+    out: dict[str, Any] = {"strategy": strategy} if engine is None else {"strategy": strategy, "engine": engine}
+    if strategy == "hybrid_shard" and (_int(row["dp_shard"]) or 0) > 1:
+        out["shard_group_size"] = _int(row["dp_shard"])
+    if strategy == "single" and cluster.world_size != 1:
+        raise _Refused("unrecognised_strategy", f"{row['strategy']} on {cluster.world_size} GPUs")
+    return out
+
+
+def _precision_and_method(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+    text = row["precision"]
+    precision = _first(PRECISION_PATTERNS, text)
+    if precision is None:
+        raise _Refused("unrecognised_precision", text)
+    if precision == "fp8":
+        raise _Refused("fp8_training", text)
+    quantized = re.search(r"q-?lora|4-bit|nf4|gptq", text, re.I)
+    method = "qlora" if quantized else "lora" if re.search(r"lora", text, re.I) else "full"
+    out: dict[str, Any] = {"method": method}
+    if method == "qlora" and re.search(r"gptq", text, re.I):
+        out["quant_format"] = "gptq"
+    if precision == "stack":  # a 4-bit base whose compute dtype the row does not state
+        assumed.append("precision: compute dtype not stated, the stack's default")
+    else:
+        out["precision"] = precision
+    if method != "full":
+        out.update(_lora(text))
+    return out
+
+
+def _lora(text: str) -> dict[str, Any]:
+    rank = re.search(r"\br(?:ank)?\s*(\d+)", text, re.I)
+    targets = _first(((r"all linear|mlp|w1,w2|all attention projections \+ mlp|q,k,v,proj", "all-linear"),
+                      (r"k_proj v_proj o_proj|q,k,v\b|q_proj k_proj", "attention"),
+                      (r"q_proj,v_proj|query,value|q_proj\b", "qv")), text)
+    out: dict[str, Any] = {"lora_rank": int(rank.group(1))} if rank else {}
+    return out if targets is None else {**out, "lora_targets": targets}
+
+
+def _checkpointing(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+    text = row["act_ckpt"]
+    mode = _first(AC_PATTERNS, text)
+    if mode is None:
+        raise _Refused("unrecognised_act_ckpt", text)
+    if mode == "refuse":
+        raise _Refused("ac_fraction_not_stated", text)
+    out: dict[str, Any] = {}
+    if re.search(r"activation offloading", text, re.I):
+        out["activation_offload"] = True
+    if mode == "stack":
+        assumed.append("activation checkpointing: not stated, the stack's default")
+        return out
+    return {**out, "ac": mode, **({"ac_every_k": 2} if mode == "every-k" else {})}
+
+
+def _offload(row: dict[str, str]) -> dict[str, Any]:
+    mode = _first(OFFLOAD_PATTERNS, row["offload"])
+    if mode is None:
+        raise _Refused("unrecognised_offload", row["offload"])
+    return {"activation_offload": True} if mode == "activations" else {"offload": mode}
+
+
+def _optimizer(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+    text = row["optimizer"]
+    name = _first(OPTIMIZER_PATTERNS, text)
+    if name is None:
+        raise _Refused("unrecognised_optimizer", text)
+    if name == "refuse":
+        raise _Refused("optimizer_not_modelled", text)
+    out: dict[str, Any] = {}
+    if name == "stack":
+        assumed.append("optimizer: not stated, the stack's default")
+    else:
+        out["optimizer"] = name
+    if re.search(r"paged", text, re.I):
+        out["paged_optimizer"] = True
+    if re.search(r"optimizer_in_bwd=true|step fused into backward", text, re.I):
+        out["optimizer_in_backward"] = True
+    return out
+
+
+def _workload(row: dict[str, str]) -> dict[str, Any]:
+    seq, micro = _int(row["seq_len"]), _int(row["micro_batch"])
+    if not seq:
+        raise _Refused("seq_len_not_stated", row["seq_len"])
+    if not micro:
+        raise _Refused("micro_batch_not_stated", row["micro_batch"])
+    return dict(seq_len=seq, micro_batch=micro, grad_accum=_int(row["grad_accum"]) or 1)
+
+
+# --- what was measured ---------------------------------------------------------------------------------
+
+COUNTER_PATTERNS = (
+    (r"^oom|failed run|caching allocator fill", None), (r"nvidia-smi|nvml", "device_total"),
+    (r"max_memory_reserved|max_reserved|reserved_bytes|peak reserved", "reserved"),
+    (r"max_memory_allocated|peak allocated|active_bytes|memory allocated", "allocated"),
+)
+
+
+def measured_memory(row: dict[str, str]) -> tuple[str | None, int | None]:
+    """(counter class, bytes) of the row's peak memory, (None, None) when it has none or when it
+    is no measure of need (an OOM, a screenshot of a full card)."""
+    gib = _float(row["measured_mem_gib"])
+    if gib is None or row["row_type"] == "measured_oom":
+        return None, None
+    counter = _first(COUNTER_PATTERNS, row["mem_counter"]) if row["mem_counter"] else "unnamed"
+    if counter is None and not _first(COUNTER_PATTERNS[:1], row["mem_counter"]):
+        counter = "unnamed"
+    return counter, (None if counter is None else int(round(gib * GIB)))
+
+
+def summary(rows: list[Row]) -> dict[str, int]:
+    """How many rows became queries and how many each reason refused (every row counted once)."""
+    out = {"expressed": sum(isinstance(r, RunQuery) for r in rows)}
+    for r in rows:
+        if isinstance(r, Unexpressible):
+            out[r.reason] = out.get(r.reason, 0) + 1
+    return out

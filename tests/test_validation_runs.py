@@ -1,0 +1,98 @@
+"""Published runs as queries (shardplan/validation/runs.py): every row becomes a query or a named
+reason, and the free-text settings are read as the README describes them."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from shardplan.support.errors import ShardplanError
+from shardplan.validation.runs import (COUNTER_CLASSES, GIB, REASONS, RunQuery, Unexpressible, express, read_runs,
+                                       summary)
+
+RUNS = Path(__file__).parent / "data" / "published_runs" / "runs.csv"
+
+
+def _row(**changes):
+    base = dict(row_id="X001", row_type="measured_run", model="Llama 3.1 8B", params_b="8.03", n_layers="32",
+                hidden="4096", n_heads="32", n_kv_heads="8", ffn="14336", vocab="128256",
+                framework="HF Trainer + accelerate FSDP (fsdp1)", strategy="FULL_SHARD", dp_shard="4", dp_replicate="1",
+                tp="1", pp="1", cp="1", offload="none", precision="bf16 mixed", act_ckpt="full", optimizer="AdamW",
+                gpu="A100 SXM4 80GB", n_gpus="4", n_nodes="1", gpus_per_node="4", seq_len="4096", micro_batch="2",
+                grad_accum="1", measured_mem_gib="40.0", mem_counter="torch.cuda.max_memory_allocated() GiB",
+                measured_tokens_per_s_per_gpu="1000")
+    return {**base, **changes}
+
+
+def test_every_row_is_a_query_or_a_named_reason():
+    rows = read_runs(RUNS)
+    with RUNS.open() as handle:
+        assert len(rows) == sum(1 for _ in csv.DictReader(handle))
+    counts = summary(rows)
+    assert sum(counts.values()) == len(rows)
+    assert all(r.reason in REASONS for r in rows if isinstance(r, Unexpressible))
+    queries = [r for r in rows if isinstance(r, RunQuery)]
+    assert {r.counter for r in queries if r.counter} <= set(COUNTER_CLASSES)
+    # the measured OOMs are what a false fit is counted over: nearly all of them must be expressible
+    ooms = [r for r in rows if r.row_type == "measured_oom"]
+    assert sum(isinstance(r, RunQuery) for r in ooms) >= 0.9 * len(ooms)
+
+
+def test_a_stated_row_reads_as_stated():
+    q = express(_row(precision="QLoRA (bitsandbytes 4-bit) LoRA r16 on q_proj k_proj v_proj o_proj; bf16 autocast"))
+    assert isinstance(q, RunQuery)
+    c = q.config
+    assert (c.stack, c.strategy, c.engine, c.method, c.lora_rank, c.lora_targets) == (
+        "hf", "full_shard", "fsdp1", "qlora", 16, "attention")
+    assert (c.precision, c.ac, c.seq_len, c.micro_batch) == ("bf16-mixed", "full", 4096, 2)
+    assert q.cluster.world_size == 4 and q.cluster.gpu.name == "a100-80gb"
+    assert q.counter == "allocated" and q.measured_bytes == 40 * GIB
+    assert q.spec.name == "llama-3.1-8b"  # the catalogue profile whose dimensions agree
+
+
+@pytest.mark.parametrize("changes, strategy, engine", [
+    (dict(strategy="zero3", framework="HF Trainer + DeepSpeed"), "full_shard", "deepspeed"),
+    (dict(strategy="zero2", framework="DeepSpeed"), "zero2", "deepspeed"),
+    (dict(strategy="FULL_SHARD (FSDP2 fully_shard)", framework="torchtitan (FSDP2)"), "full_shard", "fsdp2"),
+    (dict(strategy="HYBRID_SHARD", dp_shard="2"), "hybrid_shard", "fsdp1"),
+])
+def test_strategies_and_engines(changes, strategy, engine):
+    q = express(_row(**changes))
+    assert (q.config.strategy, q.config.engine) == (strategy, engine)
+
+
+@pytest.mark.parametrize("changes, reason", [
+    (dict(tp="4"), "model_parallel"),
+    (dict(precision="float8 rowwise linears + bf16 elsewhere"), "fp8_training"),
+    (dict(precision="int4 weight-only magic"), "unrecognised_precision"),
+    (dict(n_layers="", hidden="", model="Some Unknown Model"), "architecture_not_stated"),
+    (dict(seq_len=""), "seq_len_not_stated"),
+    (dict(gpu="A100 (40/80GB not stated)"), "gpu_capacity_not_stated"),
+    (dict(row_type="capacity_claim"), "not_a_run"),
+])
+def test_rows_that_cannot_be_expressed_say_why(changes, reason):
+    r = express(_row(**changes))
+    assert isinstance(r, Unexpressible) and r.reason == reason
+
+
+@pytest.mark.parametrize("counter, expected", [
+    ("torchtitan memory log = peak reserved GiB", "reserved"),
+    ("nvidia-smi peak 81166 MiB", "device_total"),
+    ("'Peak Memory per GPU' (which counter not stated)", "unnamed"),
+    ("'Peak Memory Active (GiB)' = active_bytes.all.peak/1024**3 (stated)", "allocated"),
+])
+def test_counter_classes(counter, expected):
+    assert express(_row(mem_counter=counter)).counter == expected
+
+
+def test_an_unstated_setting_is_left_to_the_stack_and_said():
+    q = express(_row(act_ckpt="not stated", precision="QLoRA: 4-bit base, LoRA r8; bf16/fp16 compute not stated"))
+    assert "ac" not in q.config.model_fields_set and "precision" not in q.config.model_fields_set
+    assert any("checkpointing" in a for a in q.assumed) and any("precision" in a for a in q.assumed)
+
+
+def test_a_file_without_the_columns_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "runs.csv"
+    bad.write_text("row_id,model\nA1,llama\n")
+    with pytest.raises(ShardplanError, match="missing"):
+        read_runs(bad)
