@@ -30,6 +30,9 @@ GPU_NAMES = {
     # GPUs people rent (issue 11): tests/test_gpu_profiles.py checks each against its datasheet
     "a10g", "l4", "l40", "rtx-a6000", "rtx6000-ada", "v100-16gb", "v100-32gb", "t4", "h20",
     "gh200-96gb", "gh200-144gb", "mi250x", "mi325x", "rtx5080",
+    # consumer and workstation cards people fine-tune on (issue 22 item 8)
+    "rtx3060", "rtx3080", "rtx3080-12gb", "rtx4060ti", "rtx4070", "rtx4070ti", "rtx4080", "rtx-a4000",
+    "rtx-a5000", "rx7900xtx",
 }
 LINK_NAMES = {
     "pcie3", "pcie4", "pcie5", "pcie4-nop2p", "pcie5-nop2p", "nvlink3", "nvlink4", "nvlink5",

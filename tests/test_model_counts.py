@@ -13,10 +13,11 @@ from shardplan.inputs.models import get_model, model_profiles, resolve_model
 from tools.make_model_profiles import NAMES, hf_config
 
 DATA = Path(__file__).parent / "data"
-ROWS = {row["model"]: row for name in ("hf_model_counts.csv", "hf_model_counts_new.csv")
+ROWS = {row["model"]: row for name in ("hf_model_counts.csv", "hf_model_counts_new.csv", "hf_model_counts_2025.csv")
         for row in csv.DictReader(open(DATA / name))}
 CONFIGS = {**json.loads((DATA / "hf_configs.json").read_text())["models"],
-           **json.loads((DATA / "hf_configs_new.json").read_text())["models"]}
+           **json.loads((DATA / "hf_configs_new.json").read_text())["models"],
+           **json.loads((DATA / "hf_configs_2025.json").read_text())["models"]}
 
 
 def _int(row, key):
@@ -91,7 +92,7 @@ CURRENT = {
 
 
 def test_profiles_ship():
-    assert len(model_profiles()) == 19 + 26
+    assert len(model_profiles()) == 19 + 26 + 16  # hf_configs.json, hf_configs_new.json, hf_configs_2025.json
 
 
 @pytest.mark.parametrize("name", sorted(CURRENT))

@@ -80,10 +80,12 @@ def test_models_show_plan_and_sweep_take_the_same_forms(tmp_path, capsys, typed,
 
 
 def test_a_fine_tune_word_never_stands_in_for_a_different_architecture(capsys):
-    # Mistral-7B-Instruct-v0.3 has a 32768-token vocabulary (v0.1: 32000): dropping "Instruct" gives
-    # "Mistral-7B-v0.3", which no profile names, so it is an error that points at v0.1, not an answer.
-    err = one_line_error(capsys, "fit", "mistralai/Mistral-7B-Instruct-v0.3 on 8xh100-sxm")
-    assert "Mistral-7B-Instruct-v0.3" in err and "did you mean 'mistral-7b-v0.1'" in err
+    # Mistral-7B-Instruct-v0.2 has a 32k context (v0.1: 8k sliding window): dropping "Instruct" gives
+    # "Mistral-7B-v0.2", which no profile names, so it is an error that points at a profile, not an answer
+    # (v0.3, a 32768-token vocabulary, has its own profile since issue 22).
+    err = one_line_error(capsys, "fit", "mistralai/Mistral-7B-Instruct-v0.2 on 8xh100-sxm")
+    assert "Mistral-7B-Instruct-v0.2" in err and "did you mean 'mistral-7b-v0.3' or 'mistral-7b-v0.1'" in err
+    assert get_model("mistral-7b-v0.3").vocab_size == 32768
     # a fine-tune word alone, or as the first word, is a name, not a variant
     assert [f.text for f in name_forms("Instruct")] == ["Instruct"]
     assert all(not f.dropped_variants for f in name_forms("chat-7b"))

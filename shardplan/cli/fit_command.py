@@ -69,11 +69,15 @@ def run_fit(args: dict) -> None:
         export_option(args["export_to"])
     parsed = parse_query(args["query"]) if args["query"] else None
     q = parsed.options if parsed else {}
-    resolved, cluster = _model_and_cluster(args, parsed)
+    resolved, cluster, countless = _model_and_cluster(args, parsed)
     # an option beats the query's word; what neither gives takes TrainingConfig's default
     config, precision_notes = adapt_precision(TrainingConfig(**stated({k: args[k] for k in FIT_KNOBS}, q)), cluster)
     strategy_name = args["strategy"] or q.get("strategy")
-    notes = [f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes]
+    count_notes = []
+    if countless:  # "on h100": the fewest GPUs that fit, per strategy, said in the answer
+        cluster, count_notes = _fewest_cluster(resolved.spec, cluster, config, strategy_name, args)
+    notes = [f"model: {resolved.how}", *(parsed.notes if parsed else []), *count_notes, *cluster_notes(cluster),
+             *precision_notes]
     if config.seq_len > resolved.spec.max_position_embeddings:
         notes.append(f"seq_len {config.seq_len} exceeds the model's context of {resolved.spec.max_position_embeddings}")
     timed = args["global_batch_tokens"] is not None
@@ -91,17 +95,32 @@ def run_fit(args: dict) -> None:
 
 
 def _model_and_cluster(args: dict, parsed):
-    """The model and cluster an option or the query names (a one-line error when neither does)."""
+    """The model and cluster an option or the query names (a one-line error when neither does),
+    and whether the GPUs came without a count (then the cluster is one node, the search's unit)."""
+    from shardplan.inputs.hardware import gpu_without_count
     from shardplan.inputs.models import resolve_model
+    from shardplan.inputs.query import GRAMMAR_HINT
 
     model_text = args["model"] or (parsed.model if parsed else None)
     gpus_text = args["gpus"] or (parsed.gpus if parsed else None)
     if not model_text:
-        raise ShardplanError("model", None, "give a query like '70B on 4x24GB' or --model")
+        raise ShardplanError("model", None, f"give a query ({GRAMMAR_HINT}) or --model")
     if not gpus_text:
-        raise ShardplanError("gpus", None, "give a query like '70B on 4x24GB' or --gpus")
+        raise ShardplanError("gpus", None, f"give a query ({GRAMMAR_HINT}) or --gpus")
     resolved = resolve_model(model_text)
-    return resolved, cluster_of(gpus_text, args)
+    gpu = gpu_without_count(gpus_text)
+    if gpu is not None:
+        return resolved, cluster_of(f"{gpu.default_gpus_per_node}x{gpus_text}", args), True
+    return resolved, cluster_of(gpus_text, args), False
+
+
+def _fewest_cluster(spec, node, config, strategy_name: Optional[str], args: dict):
+    """The cluster of the fewest GPUs that fit (``planning.gpu_count``) and the note that says so."""
+    from shardplan.planning.gpu_count import fewest_per_strategy
+
+    found = fewest_per_strategy(spec, node, config, [strategy_name] if strategy_name else None)
+    count = found.fewest or node.gpus_per_node
+    return cluster_of(f"{count}x{node.gpu_text}", args), [found.note(node.gpu_text, node.gpus_per_node)]
 
 
 def _with_global_batch(config, cluster, global_batch_tokens: str, notes: list[str]):

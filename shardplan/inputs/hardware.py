@@ -172,7 +172,9 @@ def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
     """A GPU named only by its memory ('24GB'): the built-in profile with that nominal capacity.
 
     ASSUMPTION: among GPUs of equal capacity the most common training card is listed first in
-    ``CAPACITY_DEFAULTS``; its compute and link figures stand in, and the answer says which.
+    ``CAPACITY_DEFAULTS``; its compute and link figures stand in, and the answer says which. A
+    capacity no card people train on has ('64GB': only an MI250X GCD, half a package) is refused
+    with the capacities that do stand for a card, rather than answered for an unrelated one.
     """
     gpus = entries(GPU_KIND)
     if float(nominal_gb).is_integer():  # '24.5GB' must not fall through to the 24 GB cards
@@ -180,25 +182,28 @@ def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
         for name in CAPACITY_DEFAULTS.get(size, ()):
             return get_gpu(name)
         for gpu in gpus:  # a size CAPACITY_DEFAULTS does not list, e.g. a user profile
-            if gpu.nominal_memory_gb == size:
+            if gpu.nominal_memory_gb == size and gpu.name not in NOT_A_CAPACITY:
                 return profile_of(GPU_KIND, gpu)
-    sizes = sorted({g.nominal_memory_gb for g in gpus})
-    raise ShardplanError("gpus", f"{nominal_gb:g}GB", f"no GPU profile has that capacity; known: {sizes} GB")
+    sizes = sorted({g.nominal_memory_gb for g in gpus if g.name not in NOT_A_CAPACITY})
+    raise ShardplanError("gpus", f"{nominal_gb:g}GB", f"no GPU profile stands for that capacity; name the card, "
+                                                      f"or one of {', '.join(map(str, sizes))} GB ({APPLE_NOTE})")
 
 
 # ASSUMPTION per capacity: among GPUs of equal memory, the card people most often train on is
 # listed first; its compute and link figures stand in and the answer says which (gpu_for_capacity).
-# 16 GB: the T4 of the free Colab / Kaggle tiers (no bf16: fp16-mixed is chosen, and said);
-# 24 GB: the RTX 4090 of single-box fine-tuning; 96 GB: the H20, an 8-GPU HGX board, because
-# 'Nx96GB' describes GPUs sharing a box, which a one-superchip-per-node GH200 is not.
+# 12 GB: the RTX 3060 of hobby fine-tuning; 16 GB: the T4 of the free Colab / Kaggle tiers (no
+# bf16: fp16-mixed is chosen, and said); 24 GB: the RTX 4090 of single-box fine-tuning; 96 GB: the
+# H20, an 8-GPU HGX board, because 'Nx96GB' describes GPUs sharing a box, which a
+# one-superchip-per-node GH200 is not.
 # 128 GB names no torch device: an MI250X package is two 64 GB GCDs (write 'Nx64GB' or 'Nxmi250x').
 CAPACITY_DEFAULTS: dict[int, tuple[str, ...]] = {
-    16: ("t4", "v100-16gb", "rtx5080"),
-    24: ("rtx4090", "rtx3090", "a10g", "l4"),
+    10: ("rtx3080",),
+    12: ("rtx3060", "rtx4070", "rtx4070ti", "rtx3080-12gb"),
+    16: ("t4", "v100-16gb", "rtx4060ti", "rtx4080", "rtx-a4000", "rtx5080"),
+    24: ("rtx4090", "rtx3090", "a10g", "l4", "rtx-a5000", "rx7900xtx"),
     32: ("rtx5090", "v100-32gb"),
     40: ("a100-40gb",),
     48: ("l40s", "rtx6000-ada", "rtx-a6000", "l40"),
-    64: ("mi250x",),
     80: ("h100-sxm", "a100-80gb"),
     96: ("h20", "gh200-96gb"),
     141: ("h200",),
@@ -207,12 +212,21 @@ CAPACITY_DEFAULTS: dict[int, tuple[str, ...]] = {
     192: ("mi300x",),
     256: ("mi325x",),
 }
+# Profiles a bare capacity never stands for: a 64 GB MI250X GCD is half of a package nobody buys by
+# the GCD; '1x64GB' is far more often a Mac's unified memory (not supported) or a typo.
+NOT_A_CAPACITY = frozenset({"mi250x"})
+# Apple silicon: torch's MPS backend has no NCCL, FSDP or DeepSpeed, the subject of every answer.
+APPLE_WORDS = frozenset({"mps", "apple", "mac", "macbook", "m1", "m2", "m3", "m4", "m1max", "m2max", "m3max", "m4max",
+                         "m1ultra", "m2ultra", "m3ultra", "m4pro", "m3pro", "m2pro", "m1pro"})
+APPLE_NOTE = "Apple silicon / MPS is not supported: shardplan plans CUDA and ROCm FSDP/DeepSpeed training"
+
 
 # The one grammar of a GPU string: [NODES SEP] COUNT SEP GPU, where SEP is 'x', '×' or '*' (spaces
 # around it allowed) or plain whitespace, and GPU is a profile name/alias or a capacity ('24GB',
 # '24 GB'). 'GB' alone is never a GPU, so '4x24 GB' is 4 GPUs of 24 GB, not 24 GPUs of 'GB'.
 _SEP = r"(?:\s*[x×*]\s*|\s+)"
 _GPUS = re.compile(rf"^\s*(?:(\d+){_SEP})?(\d+){_SEP}((?!gi?b\s*$)\S.*?)\s*$", re.IGNORECASE)
+_ONE_LEVEL = re.compile(rf"^\s*(\d+){_SEP}(\S.*?)\s*$", re.IGNORECASE)
 _CAPACITY_GPU = re.compile(r"^(\d+(?:\.\d+)?)\s*gi?b?$", re.IGNORECASE)
 # ASSUMPTION: no training cluster reaches a million GPUs (the largest announced hold a few hundred
 # thousand); a count above it is a typo, refused before any arithmetic on it (limits.MAX_GPUS).
@@ -257,6 +271,58 @@ def default_nics(gpu: GPUProfile, gpus_per_node: int) -> int:
     return max(1, gpus_per_node if gpu.default_gpus_per_node >= 8 else 1)
 
 
+def _named_gpu(gpu_text: str) -> GPUProfile | None:
+    """The profile a GPU phrase names ('7900xtx', 'h100', '24GB'), None where it names none."""
+    try:
+        return _gpu_of(gpu_text, gpu_text)
+    except ShardplanError:
+        return None
+
+
+def _gpu_of(gpu_text: str, text: str) -> GPUProfile:
+    """The GPU of a phrase's GPU part: a capacity ('24GB'), a card named by digits ('4090'), a name."""
+    if normalize(gpu_text) in APPLE_WORDS:
+        raise ShardplanError("gpus", text, APPLE_NOTE)
+    capacity = _CAPACITY_GPU.match(gpu_text)
+    if capacity:
+        return gpu_for_capacity(float(capacity.group(1)))
+    if gpu_text.isdigit():  # '4x24': a capacity without its unit, unless a card is named by digits ('4090')
+        try:
+            return get_gpu(gpu_text)
+        except ShardplanError:
+            raise ShardplanError("gpus", text, f"'{gpu_text}' is neither a GPU name nor a capacity; write "
+                                               f"'{gpu_text}GB' for cards of {gpu_text} GB") from None
+    return get_gpu(gpu_text)
+
+
+def gpu_without_count(text: str) -> GPUProfile | None:
+    """The GPU a phrase with no count names ('h100', '4090', 'RTX 4090'), else None: ``fit`` then
+    looks for the fewest GPUs that fit (a phrase with a count goes to ``parse_gpus``)."""
+    text = str(text).strip()
+    if not text or text[0].isdigit() and _GPUS.match(text):
+        return None
+    if normalize(text) in APPLE_WORDS:
+        raise ShardplanError("gpus", text, APPLE_NOTE)
+    return _named_gpu(text)
+
+
+def _groups(text: str) -> tuple[str | None, str, str]:
+    """(nodes, count, GPU) of a GPU phrase. A two-number reading whose GPU part is a card's name is
+    taken first: '1x7900xtx' is one RX 7900 XTX, not 1 node of 7900 'xtx' cards."""
+    single = _ONE_LEVEL.match(text)
+    if single and _named_gpu(single.group(2)) is not None:
+        return None, single.group(1), single.group(2)
+    match = _GPUS.match(text)
+    if not match:
+        if normalize(text) in APPLE_WORDS or any(normalize(w) in APPLE_WORDS for w in re.split(r"[\sx×*]+", text)):
+            raise ShardplanError("gpus", text, APPLE_NOTE)
+        if _named_gpu(text) is not None:
+            raise ShardplanError("gpus", text, f"no GPU count; write '8x{text}' ('shardplan fit' without a count "
+                                               f"finds the fewest GPUs that fit)")
+        raise ShardplanError("gpus", text, f"expected {GPUS_GRAMMAR}")
+    return match.groups()
+
+
 def parse_gpus(
     text: str,
     *,
@@ -266,29 +332,17 @@ def parse_gpus(
     nics_per_node: int | None = None,
 ) -> Cluster:
     """'4x24GB', '4 x 24 GB', '8xh100-sxm', '8 h100', '8×H100', '2x8xa100-80gb' (nodes × GPUs per
-    node × GPU), '1xa10g'. One grammar (``_GPUS``); counts are bounded by ``MAX_GPUS``.
+    node × GPU), '1xa10g', '1x7900xtx'. One grammar (``_GPUS``); counts are bounded by ``MAX_GPUS``.
 
     A bare count above the GPU's usual node size is split into nodes of that size.
     """
-    match = _GPUS.match(str(text))
-    if not match:
-        raise ShardplanError("gpus", text, f"expected {GPUS_GRAMMAR}")
-    nodes_text, count_text, gpu_text = match.groups()
+    nodes_text, count_text, gpu_text = _groups(str(text))
     count = _bounded_count(count_text, text, "a GPU count")
     nodes = _bounded_count(nodes_text, text, "a node count")
     if count * nodes > MAX_GPUS:
         raise ShardplanError("gpus", text, f"{count * nodes:,} GPUs is above the {MAX_GPUS:,} shardplan plans for")
     capacity = _CAPACITY_GPU.match(gpu_text)
-    if capacity:
-        gpu = gpu_for_capacity(float(capacity.group(1)))
-    elif gpu_text.isdigit():  # '4x24': a capacity without its unit, unless a card is named by digits ('4090')
-        try:
-            gpu = get_gpu(gpu_text)
-        except ShardplanError:
-            raise ShardplanError("gpus", text, f"'{gpu_text}' is neither a GPU name nor a capacity; write "
-                                               f"'{gpu_text}GB' for cards of {gpu_text} GB") from None
-    else:
-        gpu = get_gpu(gpu_text)
+    gpu = _gpu_of(gpu_text, text)
     per_node = count
     node_size = gpu.default_gpus_per_node
     if nodes_text is None and count > node_size:
