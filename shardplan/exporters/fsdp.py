@@ -43,9 +43,14 @@ def _checkpoint_every(spec: PlanSpec) -> int:
     return {"none": 0, "full": 1, "selective": 1, "every-k": spec.ac_every_k}[spec.ac]
 
 
+def _literal(value: str) -> str:
+    """A string from the plan as a Python literal, never pasted between hand-made quotes: JSON's
+    string escapes mean the same in Python, and its double quotes match the rest of the script."""
+    return json.dumps(value)
+
+
 def _constants(spec: PlanSpec, mesh: bool) -> str:
-    # Values from the plan are emitted as Python literals (repr), never pasted into code.
-    lines = [f"BLOCK_CLASS = {spec.block_class!r}  # one FSDP unit per transformer block"]
+    lines = [f"BLOCK_CLASS = {_literal(spec.block_class)}  # one FSDP unit per transformer block"]
     if mesh:
         if spec.hybrid or spec.strategy == "no_shard":
             lines.append(f"MESH_SHAPE = ({spec.replicate_size}, {spec.shard_size})  # (replicate, shard)")
@@ -56,7 +61,7 @@ def _constants(spec: PlanSpec, mesh: bool) -> str:
               f"GRAD_ACCUM = {spec.grad_accum}  # micro-batches per optimizer step",
               f"SEQ_LEN = {spec.seq_len}"]
     if spec.hf_id:
-        lines.append(f"MODEL_ID = {spec.hf_id!r}")
+        lines.append(f"MODEL_ID = {_literal(spec.hf_id)}")
     if spec.peft:
         targets = LORA_TARGET_MODULES.get(spec.lora_targets, spec.lora_targets)
         lines += [f"LORA_RANK = {spec.lora_rank}", f"LORA_TARGETS = {targets!r}"]
