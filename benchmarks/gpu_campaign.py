@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -36,6 +37,9 @@ LLAMA_32_1B = {"config_class": "LlamaConfig", "kwargs": {
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
     "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": True,
     "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}}
+# Llama-3.2-3B (HF hub meta-llama/Llama-3.2-3B config.json; shardplan/data/model_profiles/llama-3.2-3b.json).
+LLAMA_32_3B = {"config_class": "LlamaConfig", "kwargs": dict(
+    LLAMA_32_1B["kwargs"], hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, head_dim=128)}
 SMOKE = {"config_class": "LlamaConfig", "kwargs": {
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
@@ -45,6 +49,8 @@ SMOKE = {"config_class": "LlamaConfig", "kwargs": {
 def model_config(name: str) -> dict:
     if name == "Llama-3.2-1B":
         return LLAMA_32_1B
+    if name == "Llama-3.2-3B":
+        return LLAMA_32_3B
     if name == "smoke":
         return SMOKE
     return json.loads(HF_CONFIGS.read_text())["models"][name]
@@ -452,6 +458,7 @@ def _build_fsdp(cfg: dict, dev: str):
     mc = model_config(cfg["model"])
     config = getattr(transformers, mc["config_class"])(**mc["kwargs"])
     config._attn_implementation = cfg.get("attention", "sdpa")
+    config.use_cache = cfg.get("use_cache", config.use_cache)  # the earlier runs: Transformers' default (True)
     cls = getattr(transformers, mc["config_class"].replace("Config", "ForCausalLM"))
     with torch.device("meta"):
         model = cls._from_config(config, dtype=torch.float32)
@@ -556,22 +563,60 @@ def fsdp_grid(smoke: bool) -> list[dict]:
     return g
 
 
-def run_grid(grid: list[dict], out: Path, timeout_s: int) -> None:
-    for cfg in grid:
+def wait_for_turn() -> None:
+    """A prewarmed child (``run_grid(prewarm=True)``): import the heavy libraries (no CUDA context yet),
+    then wait until the previous configuration's process has exited, so its NVML reading and the
+    GPU are this process's alone while the next one's imports overlap it."""
+    turn = os.environ.get("SP_TURN")
+    if not turn:
+        return
+    import accelerate  # noqa: F401
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import Trainer  # noqa: F401
+
+    while not os.path.exists(turn):
+        time.sleep(0.05)
+
+
+def _start(cfg: dict, turn: Path | None) -> subprocess.Popen:
+    env = dict(os.environ, **({"SP_TURN": str(turn)} if turn else {}))
+    return subprocess.Popen([sys.executable, str(HERE), "one", "--config", json.dumps(cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _collect(p: subprocess.Popen, cfg: dict, timeout_s: int) -> dict:
+    """The child's last JSON line, or its status (oom / error / timeout) with the end of its stderr."""
+    try:
+        stdout, stderr = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        return {"config": cfg, "status": "timeout"}
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if p.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    err = (stderr or stdout)[-1500:]
+    return {"config": cfg, "status": "oom" if "out of memory" in err.lower() else "error", "error": err}
+
+
+def run_grid(grid: list[dict], out: Path, timeout_s: int, prewarm: bool = False) -> None:
+    """Each configuration in its own process, one at a time on the GPU. ``prewarm``: the next process
+    starts (and imports) while the current one runs, and begins only once it has exited."""
+    turns = Path(tempfile.mkdtemp(prefix="sp_turns_"))
+    nxt = None
+    for i, cfg in enumerate(grid):
         if cfg.get("method") == "qlora" and cfg["kind"] == "hf":
             make_checkpoint(cfg["model"])
+        if prewarm:
+            p = nxt or _start(cfg, turns / str(i))
+            (turns / str(i)).touch()
+            nxt = _start(grid[i + 1], turns / str(i + 1)) if i + 1 < len(grid) else None
+        else:
+            p = _start(cfg, None)
         t = time.perf_counter()
-        try:
-            p = subprocess.run([sys.executable, str(HERE), "one", "--config", json.dumps(cfg)], capture_output=True,
-                               text=True, timeout=timeout_s)
-            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-            if p.returncode == 0 and lines:
-                rec = json.loads(lines[-1])
-            else:
-                err = (p.stderr or p.stdout)[-1500:]
-                rec = {"config": cfg, "status": "oom" if "out of memory" in err.lower() else "error", "error": err}
-        except subprocess.TimeoutExpired:
-            rec = {"config": cfg, "status": "timeout"}
+        rec = _collect(p, cfg, timeout_s)
         rec["wall_s"] = time.perf_counter() - t
         write(out, rec)
         short = {k: rec.get(k) for k in ("status", "max_allocated_bytes", "max_reserved_bytes", "nvml_used_after_steps",
@@ -623,7 +668,8 @@ def load_one(cfg: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=("probes", "hf", "qlora", "fsdp", "load", "one", "loadone", "mkckpt", "list"))
+    ap.add_argument("part", choices=("probes", "hf", "qlora", "fsdp", "load", "one", "loadone", "mkckpt", "list",
+                                     "userscripts"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--config")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: check the code paths")
@@ -631,7 +677,14 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=240)
     a = ap.parse_args(argv)
     if a.part == "one":
-        print(json.dumps(run_one(json.loads(a.config))), flush=True)
+        cfg = json.loads(a.config)
+        if cfg["kind"] == "user":  # the scripts users launch (gpu_userscripts.py)
+            from gpu_userscripts import run_user
+
+            wait_for_turn()
+            print(json.dumps(run_user(cfg)), flush=True)
+            return 0
+        print(json.dumps(run_one(cfg)), flush=True)
         return 0
     if a.part == "mkckpt":
         _make_checkpoint_here(json.loads(a.config)["model"])
@@ -644,6 +697,14 @@ def main(argv=None) -> int:
         return 0
     if a.part == "load":
         load_grid(a.out, a.smoke)
+        return 0
+    if a.part == "userscripts":
+        from gpu_userscripts import user_grid
+
+        if not a.smoke:
+            make_checkpoint("Llama-3.2-1B")  # QLoRA loads it quantized; made before any run is timed
+        grid = user_grid(a.smoke)
+        run_grid([grid[i] for i in a.only] if a.only else grid, a.out / "userscripts.jsonl", a.timeout, prewarm=True)
         return 0
     grid = {"hf": [c for c in hf_grid(a.smoke) if c["method"] != "qlora"],
             "qlora": [c for c in hf_grid(a.smoke) if c["method"] == "qlora"], "fsdp": fsdp_grid(a.smoke)}.get(a.part, [])
