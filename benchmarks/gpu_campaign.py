@@ -496,6 +496,15 @@ def _build_fsdp(cfg: dict, dev: str):
                                                     buffer_dtype=torch.float32),
                      device_id=torch.device(dev, 0) if dev == "cuda" else None,
                      param_init_fn=lambda m: m.to_empty(device=dev, recurse=False), use_orig_params=cfg["method"] != "full")
+    random_init(model, config)
+    return model, config
+
+
+def random_init(model, config) -> None:
+    """Weights ~ N(0, 0.02) and RoPE's inv_freq recomputed, after ``to_empty`` (meta -> device): far
+    faster than Transformers' per-module init on the CPU, and the same bytes."""
+    import torch
+
     with torch.no_grad():
         for p in model.parameters():
             (p.to_local() if hasattr(p, "to_local") else p).normal_(0, 0.02)
@@ -504,7 +513,6 @@ def _build_fsdp(cfg: dict, dev: str):
                 d = buf.numel() * 2
                 theta = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
                 buf.copy_(1.0 / (theta ** (torch.arange(0, d, 2, device=buf.device, dtype=torch.float32) / d)))
-    return model, config
 
 
 # --- the grids ----------------------------------------------------------------------------------

@@ -119,8 +119,13 @@ def hf_model(cfg: dict, dev: str):
         model.config.use_cache = cfg["use_cache"]
         return model
     dtype = torch.bfloat16 if cfg["method"] == "lora" else torch.float32
-    model = cls._from_config(config, dtype=dtype)
-    # FSDP moves the model to the GPU itself (accelerate.prepare); a single-GPU Trainer moves it too
+    with torch.device("meta"):
+        model = cls._from_config(config, dtype=dtype)
+    # on the CPU, as from_pretrained leaves it: FSDP (accelerate.prepare) or the single-GPU Trainer
+    # moves it to the GPU itself
+    model.to_empty(device="cpu")
+    gc.random_init(model, config)
+    model.tie_weights()
     return model
 
 

@@ -8,7 +8,10 @@ accelerate's FSDP plugin (param and reduce dtype bf16, ``MixedPrecisionPolicy`` 
 ``FullyShardedDataParallelPlugin.set_mixed_precision``), torchtitan's loop -> stack ``torchtitan``
 (bf16 params, fp32 reduce). The Transformers KV cache left per finished block under a
 non-reentrant ``checkpoint_wrapper`` with ``use_cache`` on (issue 21) is the ``checkpoint_wrapper``
-knob; HF's own gradient checkpointing turns ``use_cache`` off, so it has none. Counters:
+knob. Only torchtitan's loop keeps the model config's ``use_cache``: ``Trainer.__init__`` sets
+``model.config.use_cache = args.use_cache`` (transformers 5.17 ``trainer.py``; TrainingArguments'
+``use_cache`` defaults to False), which the runs confirm (``use_cache_at_train`` False, and the same
+bytes with the config's ``use_cache`` on or off). Counters:
 ``max_memory_allocated`` / ``max_memory_reserved`` over the steps after the first, NVML used less
 NVML before the process (device), and the forward / backward / optimizer phase peaks.
 torch-free.
@@ -43,7 +46,7 @@ def user_training_config(cfg: dict) -> TrainingConfig:
         lora_targets=cfg.get("lora_targets", "all-linear"), lora_dropout=0.05 if cfg["method"] != "full" else None,
         reduce_dtype=("fp32" if titan else "bf16") if sharded else None,
         load_mode="meta_init" if titan else None,
-        checkpoint_wrapper=cfg["ac"] in ("fsdp", "full") and bool(cfg["use_cache"]),
+        checkpoint_wrapper=cfg["ac"] in ("fsdp", "full") and bool(cfg["use_cache"]) and titan,
     )
 
 
