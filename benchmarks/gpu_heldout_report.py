@@ -33,6 +33,60 @@ COMMAND = "python benchmarks/gpu_heldout_report.py"
 OVERLAY = gpu_split.FOLDER / "calibrate" / "calibration.json"
 
 
+RUN_COLUMNS = ("row_id", "row_type", "source", "source_locator", "source_commit_or_url", "model", "params_b", "n_layers",
+               "hidden", "n_heads", "n_kv_heads", "ffn", "vocab", "arch_source", "framework", "strategy", "dp_shard",
+               "dp_replicate", "tp", "pp", "cp", "offload", "precision", "act_ckpt", "compile", "optimizer", "gpu",
+               "n_gpus", "n_nodes", "gpus_per_node", "interconnect", "seq_len", "micro_batch", "grad_accum",
+               "global_batch", "global_batch_tokens", "measured_mem_gib", "mem_counter",
+               "measured_tokens_per_s_per_gpu", "throughput_basis", "confidence", "notes")
+COUNTER_TEXT = (("max_allocated_bytes", "max_memory_allocated (torch.cuda, max over the steps after the first)"),
+                ("max_reserved_bytes", "max_memory_reserved (torch.cuda, max over the steps after the first)"),
+                ("device", "nvidia-smi / NVML used after the steps - NVML used before the process"))
+
+
+def published_dims(name: str) -> dict:
+    """The architecture columns of the published-runs format, from the model's profile."""
+    from shardplan.calibrate.gpu_compare import campaign_spec
+
+    m = campaign_spec(name)
+    return {"params_b": round(m.total_params / 1e9, 3), "n_layers": m.num_layers, "hidden": m.hidden_size,
+            "n_heads": m.num_heads, "n_kv_heads": m.num_kv_heads, "ffn": m.intermediate_size, "vocab": m.vocab_size}
+
+
+def run_rows(records: list[dict], prefix: str, split_name: str) -> list[dict]:
+    """The runs as rows of the published-runs format (tests/data/published_runs/README.md), one per
+    counter, so that ``shardplan accuracy`` and the band derivation read them as one more source
+    (``prefix``: GPUH = the held-out third, GPUT = the train split)."""
+    rows = []
+    for rec in (r for r in records if r.get("status") == "ok"):
+        cfg, env = rec["config"], rec["env"]
+        w, mb, s = cfg["world_size"], cfg["micro_batch"], cfg["seq_len"]
+        engine = "FSDP2 fully_shard" if cfg.get("fsdp") == 2 or cfg["script"] == "titan" else "FSDP1"
+        ac = {"fsdp": "full (accelerate fsdp_config activation_checkpointing)", "hf": "full (HF gradient_checkpointing)",
+              "full": "full (checkpoint_wrapper)", "kbit": "full (prepare_model_for_kbit_training)"}.get(cfg["ac"], "none")
+        step = statistics.median(rec["step_times_s"][1:])
+        for key, counter in COUNTER_TEXT:
+            value = rec["nvml_used_after_steps"] - rec["nvml_before"] if key == "device" else rec[key]
+            rows.append({
+                "row_id": f"{prefix}{len(rows) + 1:03d}", "row_type": "measured_run",
+                "source": f"shardplan issue 25: H100 runs of the scripts users launch ({split_name})",
+                "source_locator": f"data/calibration/gpu/userscripts/ config sha256 {gpu_split.config_digest(cfg)[:12]}",
+                "source_commit_or_url": f"torch {env['torch']}, transformers {env['transformers']}, accelerate {env['accelerate']}",
+                "model": cfg["model"], **published_dims(cfg["model"]), "arch_source": "HF hub config.json (random init)",
+                "framework": f"HF Trainer + accelerate {engine} (transformers {env['transformers']})",
+                "strategy": f"FULL_SHARD ({engine})", "dp_shard": w, "dp_replicate": 1, "tp": 1, "pp": 1, "cp": 1,
+                "offload": "none", "precision": "bf16 mixed (fp32 params; accelerate param/reduce bf16)", "act_ckpt": ac,
+                "compile": "no", "optimizer": f"AdamW ({rec.get('optim', '').split('.')[-1].lower()})",
+                "gpu": "H100 SXM 80GB", "n_gpus": w, "n_nodes": max(w // 8, 1), "gpus_per_node": min(w, 8),
+                "interconnect": "fake process group: no NCCL communicator, no collectives", "seq_len": s,
+                "micro_batch": mb, "grad_accum": 1, "global_batch": w * mb, "global_batch_tokens": w * mb * s,
+                "measured_mem_gib": round(value / 2 ** 30, 4), "mem_counter": counter,
+                "measured_tokens_per_s_per_gpu": round(mb * s / step, 1),
+                "throughput_basis": "rank 0 of a fake process group (no collectives): mb*seq / median step after the first",
+                "confidence": "high", "notes": "one GPU as rank 0 of W: no NCCL buffers, no other ranks, no comm time"})
+    return rows
+
+
 def fit_cli(rec: dict, calibration: bool) -> dict:
     """``shardplan fit`` (the CLI, as a user runs it) for one run's configuration, with or without the
     overlay ``calibrate compute`` wrote on the same GPU."""
@@ -73,6 +127,35 @@ def fit_checks(held_records: list[dict]) -> list[dict]:
     return rows
 
 
+def refit_rows(held_records: list[dict], train_records: list[dict]) -> tuple[dict, list[dict]]:
+    """Reserved on the held-out third, before (allocator.json: k from the earlier campaign) and after
+    the allocator's k is refit on the train split alone."""
+    from shardplan.calibrate.gpu_heldout import compare, refit_fragmentation, reserved_with
+
+    k = refit_fragmentation(train_records)
+    rows = []
+    for rec in held_records:
+        row = compare(rec)
+        if row is None:
+            continue
+        after = reserved_with(rec, k)
+        rows.append({"run": f"{row['model']} {row['class']} ac={row['ac']} use_cache={row['use_cache']}",
+                     "measured": row["measured_reserved_bytes"], "before_error": row["reserved_error"],
+                     "after_error": None if after is None else after / row["measured_reserved_bytes"] - 1})
+    return k, rows
+
+
+def refit_table(k: dict, rows: list[dict]) -> list[str]:
+    ks = ", ".join(f"{name} {v:.2f}" for name, v in sorted(k.items()))
+    lines = [f"k refit on the train split (median per allocator class): {ks}.", "",
+             "| held-out run | measured reserved | before (allocator.json) | after (k from the train split) |",
+             "| --- | ---: | ---: | ---: |"]
+    for r in rows:
+        after = "no train run of its class" if r["after_error"] is None else pct(r["after_error"])
+        lines.append(f"| {r['run']} | {r['measured'] / 2 ** 30:.2f} GiB | {pct(r['before_error'])} | {after} |")
+    return lines
+
+
 def fit_table(rows: list[dict]) -> list[str]:
     lines = ["| run | measured step | fit (built-in H100) | fit --calibration (this GPU's overlay) | allocated error (both) |",
              "| --- | ---: | ---: | ---: | ---: |"]
@@ -105,7 +188,7 @@ def table(stats: list[dict], first: str) -> list[str]:
     return lines
 
 
-def section(held: list[dict], train: list[dict], fits: list[dict]) -> str:
+def section(held: list[dict], train: list[dict], fits: list[dict], refit: tuple[dict, list[dict]]) -> str:
     overall, by_class = summary(held), summary(held, by="class")
     tr = summary(train)
     return "\n".join([
@@ -114,6 +197,8 @@ def section(held: list[dict], train: list[dict], fits: list[dict]) -> str:
         "", "**Held out, all runs, per counter**", "", *table(overall, "split"), "",
         "**Held out, per class (stack × method × engine)**", "", *table(by_class, "class"), "",
         "**Train split, per counter (for comparison; not out of sample)**", "", *table(tr, "split"), "",
+        "**Reserved: the allocator's k refit on the train split, judged on the held-out third**", "",
+        *refit_table(*refit), "",
         "**`shardplan fit --calibration` on the overlay `calibrate compute` wrote on the same H100, against "
         "the held-out runs** (time: compute + optimizer, since the fake process group sends nothing; the "
         "measured step is the median after the first, Trainer's host work included)", "", *fit_table(fits), "",
@@ -131,7 +216,18 @@ def main() -> int:
     write_text_atomic(gpu_split.FOLDER / "train_errors.csv", rows_csv(train))
     doc = DOC.read_text()
     write_text_atomic(gpu_split.FOLDER / "heldout_fit_check.csv", rows_csv(fits))
-    new = section(held, train, fits)
+    for prefix, name, split_name in (("GPUH", gpu_split.HELDOUT_NAME, "held-out third"),
+                                     ("GPUT", gpu_split.TRAIN_NAME, "train split")):
+        rows = run_rows(gpu_split.read(gpu_split.FOLDER / name), prefix, split_name)
+        write_text_atomic(gpu_split.FOLDER / f"runs_{name.split('.')[0]}.csv", rows_csv(rows))
+    refit = refit_rows(gpu_split.read(gpu_split.FOLDER / gpu_split.HELDOUT_NAME),
+                       gpu_split.read(gpu_split.FOLDER / gpu_split.TRAIN_NAME))
+    write_text_atomic(gpu_split.FOLDER / "allocator_refit_train.json", json.dumps(
+        {"fragmentation_per_transient_median": refit[0], "fitted_from": f"data/calibration/gpu/userscripts/{gpu_split.TRAIN_NAME}",
+         "how": "shardplan.calibrate.gpu_heldout.refit_fragmentation: median per allocator class of (reserved - allocated - "
+                "side-stream pools) / largest transient over the train split; judged on the held-out third in docs/accuracy.md"},
+        indent=1) + "\n")
+    new = section(held, train, fits, refit)
     if BEGIN in doc:
         doc = doc[:doc.index(BEGIN)] + new + doc[doc.index(END) + len(END):]
     else:
