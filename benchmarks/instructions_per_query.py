@@ -6,8 +6,8 @@ moves by ~3 % between processes: address layout changes how identity-keyed cache
     python benchmarks/instructions_per_query.py --time     # evaluate_query(..., time=True)
 
 Runs ``single_query_peers.py``'s configurations under valgrind's callgrind twice, with 0 and with
-``--passes`` timed passes after the same warm-up (set-up, first-call costs and the scalar twin's
-build are in both), and prints (difference) / (passes × configurations). Needs valgrind on the PATH
+``--passes`` timed passes after the same warm-up (set-up and first-call costs are in both), and
+prints (difference) / (passes × configurations). Needs valgrind on the PATH
 (``apt-get install valgrind``); takes about a minute. ``PYTHONHASHSEED`` is fixed so both runs hash
 strings alike. To compare with another tree, run this script with that tree first on ``PYTHONPATH``.
 """

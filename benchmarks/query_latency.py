@@ -11,9 +11,8 @@ and the same defining one pydantic model, run alternately with it so all see the
 the difference is shardplan's own share (its imports and the work fit does). Python writes no bytecode cache when
 PYTHONDONTWRITEBYTECODE is set (then every run compiles shardplan from source, as a first run
 after an edit does); ``--bytecode`` (default on) runs it with the cache as an installed package has it.
-Evaluator: one configuration per call through ``planning.evaluate.evaluate_query`` (the formulas
-over Python numbers, ``formulas/scalar_twin.py``), ``planning.evaluate.evaluate_queries`` (a one-row
-batch) and ``planning.fit.evaluate`` (the record fit prints), then ``--batch`` configurations in one call.
+Evaluator: one configuration per call through ``planning.evaluate.evaluate_query`` (a one-row
+batch, answered in Python numbers), ``planning.evaluate.evaluate_queries`` (a one-row batch, arrays) and ``planning.fit.evaluate`` (the record fit prints), then ``--batch`` configurations in one call.
 """
 
 from __future__ import annotations
@@ -91,7 +90,7 @@ def evaluator_times(single: int, batch: int) -> dict:
         return (specs[rng.integers(3)], clusters[rng.integers(3)],
                 TrainingConfig(method=("full", "lora", "qlora")[rng.integers(3)], ac=("none", "full")[rng.integers(2)],
                                micro_batch=int(rng.integers(1, 5)), seq_len=int((1024, 4096)[rng.integers(2)])))
-    evaluate_queries([one()]), evaluate(*one()), evaluate(*one())  # caches, the scalar twin's build out of the timing
+    evaluate_queries([one()]), evaluate(*one()), evaluate(*one())  # caches and first-call costs out of the timing
     queries = [one() for _ in range(single)]
     t0 = time.perf_counter()
     for q in queries:
@@ -125,7 +124,7 @@ def main(argv=None) -> int:
     times = process_times(args.query, args.runs, args.bytecode)
     print_process_times(args.query, times, args.bytecode)
     e = evaluator_times(args.single, args.batch)
-    print(f"evaluate one configuration per call: {e['single_scalar_s'] * 1e3:.3f} ms (evaluate_query, Python numbers: "
+    print(f"evaluate one configuration per call: {e['single_scalar_s'] * 1e3:.3f} ms (evaluate_query: "
           f"{1 / e['single_scalar_s']:,.0f}/s), {e['single_query_s'] * 1e3:.2f} ms (evaluate_queries, a one-row batch), "
           f"{e['single_fit_evaluate_s'] * 1e3:.2f} ms (fit.evaluate, with its record)", flush=True)
     print(f"evaluate {e['batch']:,} configurations in one call: {e['batched_configs_per_s']:,.0f} configurations/s",

@@ -27,7 +27,7 @@ import time
 
 def best_seconds(call, items, passes: int) -> float:
     for item in items[:5]:
-        call(item)  # caches and first-call costs (shardplan's scalar twin is built at the second query)
+        call(item)  # caches and first-call costs
     best = float("inf")
     for _ in range(passes):
         t0 = time.perf_counter()

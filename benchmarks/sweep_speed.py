@@ -1,10 +1,10 @@
 """How fast is ``shardplan.sweep``? Configurations per second and peak RSS for a ~10^7 sweep,
-against the same configurations evaluated one at a time through the scalar path.
+against the same configurations evaluated one call each (a one-row batch per call).
 
-    python benchmarks/sweep_speed.py                 # the ~10^7 grid, both column sets, 2,000-config scalar sample
+    python benchmarks/sweep_speed.py                 # the ~10^7 grid, both column sets, 2,000-config one-call-each sample
     python benchmarks/sweep_speed.py --quick         # a ~10^6 grid (CI smoke run)
     python benchmarks/sweep_speed.py --json out.json
-    python benchmarks/sweep_speed.py --no-sweeps     # only the scalar and query paths (no 10^7 sweeps)
+    python benchmarks/sweep_speed.py --no-sweeps     # only the one-call-each and query paths (no 10^7 sweeps)
 
 Each sweep runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own; the number
 includes the interpreter, numpy/pandas/pydantic imports (~150 MB) and the returned DataFrame.
@@ -19,8 +19,8 @@ timed loop) through the shared evaluator, ``shardplan.planning.evaluate.evaluate
 row per query, the vectorized formulas run once over all of them, memory and verdict per query.
 The one-at-a-time rows (``one     [memory]``, and ``[summary]`` with step time, tokens/s and MFU:
 ``time=True``) answer the same sample one call per configuration through
-``shardplan.planning.evaluate.evaluate_query``: the same formulas over Python numbers
-(``formulas/scalar_twin.py``), each ``TrainingConfig`` built inside the timed loop. ``fit.evaluate``
+``shardplan.planning.evaluate.evaluate_query``: the same formulas as a one-row batch, each
+``TrainingConfig`` built inside the timed loop. ``fit.evaluate``
 (the ``scalar`` rows) takes that path too, and builds its ``FitResult`` record on top. The
 one-at-a-time rows (memory) time ``--passes`` passes over the sample after an untimed first pass
 and report the best (``_passes``); the first pass's rate is printed beside it.
@@ -80,7 +80,7 @@ def _scalar(grid_name: str, sample: int, with_time: bool, passes: int, seed: int
         from shardplan.formulas import comm
         from shardplan.formulas import throughput as tp
     # model and cluster profiles resolved once, outside the timed loop (favours the scalar path); one-off
-    # costs (the per-model cache, the scalar twin's build at a process's second single query) too
+    # costs (the per-model cache) too
     for _ in range(2):
         evaluate(specs[picks[0]["models"]], clusters[(picks[0]["gpus"], picks[0]["gpu_counts"])], TrainingConfig())
 
@@ -160,13 +160,13 @@ def _queries(grid_name: str, sample: int, seed: int = 0) -> dict:
 
 
 def _one_at_a_time(grid_name: str, sample: int, passes: int, with_time: bool = False, seed: int = 0) -> dict:
-    """The sample one configuration per call through ``evaluate_query`` (Python numbers); with
+    """The sample one configuration per call through ``evaluate_query`` (a one-row batch); with
     ``with_time`` also its step time, tokens/s and MFU (``evaluate_query(..., time=True)``)."""
     from shardplan.inputs.config import TrainingConfig
     from shardplan.planning.evaluate import evaluate_query
 
     picks, specs, clusters = _sample(grid_name, sample, seed)
-    for _ in range(2):  # the second single query of a process builds the scalar twin: out of the timing
+    for _ in range(2):  # one-off costs (the per-model cache) out of the timing
         evaluate_query(specs[picks[0]["models"]], clusters[(picks[0]["gpus"], picks[0]["gpu_counts"])], TrainingConfig())
     fits = []
 
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     for columns, with_time in (("memory", False), ("summary", True)):
         o = _one_at_a_time(grid_name, args.sample, args.passes, with_time)
         results["one_at_a_time"][columns] = o
-        print(f"one     [{columns:7}] {o['sample']:>11,} configurations: {_rate(o)} (one call each, Python numbers: "
+        print(f"one     [{columns:7}] {o['sample']:>11,} configurations: {_rate(o)} (one call each, a one-row batch: "
               f"evaluate_query{'(..., time=True)' if with_time else ''})", flush=True)
     q = _queries(grid_name, args.queries)
     results["queries"] = {"memory": q}

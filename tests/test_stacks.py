@@ -351,7 +351,7 @@ def test_resolved_fields_read_as_resolve_stack_writes_them():
     import warnings
 
     from shardplan.inputs.stacks import resolved_fields
-    from tests.test_scalar_twin import _every_knob_queries
+    from tests.test_one_row import _every_knob_queries
 
     warnings.simplefilter("ignore", RuntimeWarning)
     stacks = set()

@@ -94,9 +94,8 @@ def stack_relative_error(c, bands: AccuracyBands):
 
 
 def stack_error_table(bands: AccuracyBands, stacks):
-    """Each stack's relative error (``bands.stack_error``), in ``stacks`` order (``once_per_bands``;
-    keyed by the array module too: the scalar twin, formulas/scalar_twin.py, keeps a list)."""
-    return once_per_bands(bands, ("stack errors", tuple(stacks), np.__name__),
+    """Each stack's relative error (``bands.stack_error``), in ``stacks`` order (``once_per_bands``)."""
+    return once_per_bands(bands, ("stack errors", tuple(stacks)),
                           lambda: np.array([bands.stack_error(name) for name in stacks], dtype=np.float64))
 
 
@@ -124,7 +123,7 @@ def row_errors(c, bands: AccuracyBands) -> RowErrors:
     One configuration's are its stack's, read once per bands object and stack."""
     stack = getattr(c, "stack", None) if c is not None else None
     if stack is not None and np.ndim(stack) == 0:
-        return once_per_bands(bands, ("row errors", int(stack), np.__name__), lambda: _row_errors(c, bands))
+        return once_per_bands(bands, ("row errors", int(stack)), lambda: _row_errors(c, bands))
     return _row_errors(c, bands)
 
 

@@ -12,19 +12,17 @@ cost one formula evaluation, not one each.
 
 from __future__ import annotations
 
-import types
 from dataclasses import fields
 from typing import Any, Sequence
 
 import numpy as np
 
-from shardplan.formulas import comm, scalar_twin, throughput
-from shardplan.formulas import verdict as verdict_module
+from shardplan.formulas import comm, throughput
 from shardplan.formulas.accuracy_bands import AccuracyBands
 from shardplan.formulas.comm import link_rates
 from shardplan.formulas.memory import estimate_memory
 from shardplan.formulas.throughput import compute_rates
-from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge
+from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_band
 from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, model_values, resolved_knob_values
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import ModelSpec
@@ -57,42 +55,17 @@ def time_columns(c: Columns, cluster: Cluster, sync=None, calibration=None,
     ``sync``: gradients reduced every micro-batch (None: each row's ``sync_every_micro_batch``)."""
     links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
     with quiet_numpy():
-        return _timed(_ARRAY_FORMULAS, c, links, rates, sync, bands)
+        return _timed(c, links, rates, sync, bands)
 
 
-# The formula modules a step time reads: the arrays' own, or their scalar twins (``_timed``).
-_ARRAY_FORMULAS = types.SimpleNamespace(comm=comm, throughput=throughput, verdict=verdict_module)
-
-
-def _scalar_formulas() -> types.SimpleNamespace:
-    twins = scalar_twin.twin()
-    return types.SimpleNamespace(**{name: twins[f"shardplan.formulas.{name}"] for name in ("comm", "throughput", "verdict")})
-
-
-def _timed(formulas, c, links, rates, sync, bands) -> dict[str, Any]:
-    """``time_columns`` through ``formulas`` (the arrays' modules or the twin's)."""
-    volume = formulas.comm.comm_volume(c, sync)
-    times = formulas.throughput.step_time(c, links, rates, sync, volume=volume)
+def _timed(c, links, rates, sync, bands) -> dict[str, Any]:
+    """``time_columns`` of ``c`` at the given link and compute rates."""
+    volume = comm.comm_volume(c, sync)
+    times = throughput.step_time(c, links, rates, sync, volume=volume)
     out = {**volume, **times, "calibrated": bool(links.calibrated or rates.calibrated)}
     for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
-        out[f"{name}_low"], out[f"{name}_high"] = formulas.verdict.throughput_band(times[name], bands)
+        out[f"{name}_low"], out[f"{name}_high"] = throughput_band(times[name], bands)
     return out
-
-
-_nameplate_rates = IdentityCache(64)  # the twin's (link, compute) rates per cluster
-
-
-def scalar_time_columns(c: Columns, cluster: Cluster, bands: AccuracyBands | None = None) -> dict[str, Any] | None:
-    """``time_columns`` of one configuration (``scalar_columns``) in Python numbers through the
-    formulas' scalar twin, at nameplate rates (a calibration's per-size tables are evaluated with
-    arrays), each configuration's own sync; None where Python's arithmetic raises."""
-    formulas = _scalar_formulas()
-    links, rates = _nameplate_rates.get(cluster, None, lambda: (formulas.comm.link_rates(cluster),
-                                                                formulas.throughput.compute_rates(cluster)))
-    try:
-        return _timed(formulas, c, links, rates, None, bands)
-    except SCALAR_ARITHMETIC_ERRORS:
-        return None
 
 
 # --- single configurations, as rows of one vectorized evaluation ---------------------------------
@@ -137,8 +110,18 @@ def take_row(c: Columns, i: int) -> Columns:
 def rows_of(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """A result over ``n`` rows as one dict per row, of Python scalars (a column that does not
     vary, e.g. a term that is 0 for every row, broadcast first); each column converted once."""
-    lists = {k: np.broadcast_to(np.asarray(v), (n,)).tolist() for k, v in columns.items()}
+    lists = {k: _as_list(np.asarray(v), n) for k, v in columns.items()}
     return [{k: values[i] for k, values in lists.items()} for i in range(n)]
+
+
+def _as_list(a: np.ndarray, n: int) -> list:
+    """A column of ``n`` rows as a list of Python scalars (a 0-d or one-element column repeated:
+    cheaper than ``np.broadcast_to``, which a one-row answer would pay for each of ~90 columns)."""
+    if a.shape == (n,):
+        return a.tolist()
+    if a.size == 1:
+        return [a.reshape(-1)[0].item()] * n
+    return np.broadcast_to(a, (n,)).tolist()
 
 
 def memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = None,
@@ -151,75 +134,13 @@ def memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = Non
     return m, verdict, bad_results(c, m)
 
 
-# Python's arithmetic raises where numpy's gives inf or nan with a warning (a division by zero,
-# int(inf), ceil(nan)): such a configuration is evaluated again as a one-row array.
-SCALAR_ARITHMETIC_ERRORS = (ArithmeticError, ValueError)
-
-
-_single_queries = 0
-
-
-def scalar_twin_pays() -> bool:
-    """Whether this single configuration goes through the scalar twin: from the second one a process
-    asks about on. Building the twin compiles the formula modules again (~8 ms from its cache beside
-    the bytecode, ~0.2 s where none can be written), which a loop of queries earns back at once and
-    a one-shot command (``shardplan fit ... --strategy X``) never does. The answers are the same."""
-    global _single_queries
-    _single_queries += 1
-    return _single_queries > 1 or scalar_twin.twin.cache_info().currsize > 0
-
-
-def scalar_columns(values: dict[str, Any]) -> Columns:
-    """``query_values`` of one configuration as a ``Columns`` of Python numbers (``Columns.build``'s
-    completion, twinned: formulas/scalar_twin.py)."""
-    c = object.__new__(Columns)  # completed_values checked every field is there; its extra keys are unread
-    object.__setattr__(c, "__dict__", scalar_twin.module("inputs.config").completed_values(values))  # a new dict
-    return c
-
-
-def scalar_memory_verdict(c: Columns, allocator=None, bands: AccuracyBands | None = None,
-                          per_class: bool = True) -> tuple[dict[str, Any], dict[str, Any], bool] | None:
-    """``memory_verdict`` of one configuration (``scalar_columns``) in Python numbers, through the
-    formulas' scalar twin; None where Python's arithmetic raises (``SCALAR_ARITHMETIC_ERRORS``)."""
-    twins = scalar_twin.twin()
-    memory, verdict, overflow = (twins["shardplan.formulas.memory"], twins["shardplan.formulas.verdict"],
-                                 twins["shardplan.support.overflow"])
-    try:
-        m = memory.estimate_memory(c, allocator=allocator)
-        judged = verdict.judge(m, c, bands, per_class=per_class)
-        return m, judged, bool(overflow.bad_results(c, m))
-    except SCALAR_ARITHMETIC_ERRORS:
-        return None
-
-
-def scalar_evaluation(values: dict[str, Any], allocator=None, bands: AccuracyBands | None = None):
-    """(columns, memory, verdict, overflow) of one configuration's ``query_values`` through the
-    scalar twin, or None where the twin does not pay yet (``scalar_twin_pays``) or Python's
-    arithmetic raises: the caller evaluates it as a one-row batch."""
-    if not scalar_twin_pays():
-        return None
-    c = scalar_columns(values)
-    one = scalar_memory_verdict(c, allocator, bands)
-    return None if one is None else (c, *one)
-
-
 def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, allocator=None,
                    bands: AccuracyBands | None = None, *, time: bool = False, calibration=None) -> dict[str, Any]:
-    """Memory and verdict of ONE configuration as Python numbers: the columns ``evaluate_queries``
-    gives (and ``overflow``), through the formulas' scalar twin (no arrays: ~15x faster than a
-    one-row batch) from a process's second single query on (``scalar_twin_pays``); the first, and
-    a configuration whose Python arithmetic raises, go through the arrays. ``time``: also the
-    ``time_columns`` (step time, tokens/s with its band, MFU, communication) at nameplate rates,
-    or ``calibration``'s (an overlay, ``calibrate.overlay.load_calibration``: its per-size tables
-    are evaluated with arrays)."""
-    values = query_values(*_checked_query((spec, cluster, config)))
-    one = None if time and calibration is not None else scalar_evaluation(values, allocator, bands)
-    if one is not None:
-        c, m, verdict, overflow = one
-        times = checked_scalar_time_columns(c, cluster, bands) if time else {"overflow": False}
-        if times is not None:
-            return {**m, **verdict, **times, "overflow": overflow or times["overflow"]}
-    c = stack_queries([values])
+    """Memory and verdict of ONE configuration as Python numbers: a one-row ``evaluate_queries``
+    (the same formulas, the same columns, and ``overflow``). ``time``: also the ``time_columns``
+    (step time, tokens/s with its band, MFU, communication) at nameplate rates, or
+    ``calibration``'s (an overlay, ``calibrate.overlay.load_calibration``)."""
+    c = stack_queries([query_values(*_checked_query((spec, cluster, config)))])
     m, verdict, overflow = memory_verdict(c, allocator, bands)
     times = checked_time_columns(c, cluster, calibration, bands) if time else {"overflow": False}
     return rows_of({**m, **verdict, **times, "overflow": overflow | times["overflow"]}, 1)[0]
@@ -228,24 +149,9 @@ def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, al
 def query_time(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibration=None,
                bands: AccuracyBands | None = None) -> dict[str, Any]:
     """The ``time_columns`` of ONE configuration as Python numbers, and ``overflow`` (the guard on
-    its inputs and times): through the scalar twin at nameplate rates once it pays
-    (``scalar_twin_pays``), else (a calibration, a process's first query, arithmetic Python
-    refuses) as a one-row batch."""
-    values = query_values(*_checked_query((spec, cluster, config)))
-    if calibration is None and scalar_twin_pays():
-        times = checked_scalar_time_columns(scalar_columns(values), cluster, bands)
-        if times is not None:
-            return times
-    return rows_of(checked_time_columns(stack_queries([values]), cluster, calibration, bands), 1)[0]
-
-
-def checked_scalar_time_columns(c: Columns, cluster: Cluster, bands) -> dict[str, Any] | None:
-    """``scalar_time_columns`` with ``overflow`` (the twin's guard on its inputs and times), or None
-    (evaluate it with arrays)."""
-    times = scalar_time_columns(c, cluster, bands)
-    if times is None:
-        return None
-    return {**times, "overflow": bool(scalar_twin.module("support.overflow").bad_results(c, times))}
+    its inputs and times): a one-row batch."""
+    c = stack_queries([query_values(*_checked_query((spec, cluster, config)))])
+    return rows_of(checked_time_columns(c, cluster, calibration, bands), 1)[0]
 
 
 def checked_time_columns(c: Columns, cluster: Cluster, calibration, bands) -> dict[str, Any]:

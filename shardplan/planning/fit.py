@@ -23,10 +23,9 @@ from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.overflow import check_one
-from shardplan.formulas import scalar_twin
 from shardplan.planning.evaluate import (cached_model_values, checked_time_columns, memory_verdict, query_time,
-                                         query_values, resolved_query_values, rows_of, scalar_evaluation,
-                                         stack_queries, take_row)
+                                         query_values, resolved_query_values, rows_of, stack_queries,
+                                         take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS
 
 
@@ -130,12 +129,15 @@ def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: l
     return evaluate_many(spec, [(cluster, config, notes)], allocator=allocator, bands=bands)[0]
 
 
-def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConfig, list[str] | None]],
-                  allocator=None, bands: AccuracyBands | None = None) -> list[FitResult]:
-    """``evaluate`` of several configurations of one model, (cluster, config, notes) each, in one
-    vectorized pass (``planning/evaluate.py``); the same results as one call each."""
+def evaluate_many(spec: ModelSpec, queries: Sequence[tuple], allocator=None,
+                  bands: AccuracyBands | None = None) -> list[FitResult]:
+    """``evaluate`` of several configurations of one model, (cluster, config) or (cluster, config,
+    notes) each, in one vectorized pass (``planning/evaluate.py``); the same results as one call each."""
     from shardplan.inputs.stacks import resolved_fields
 
+    if isinstance(queries, (str, bytes)) or not hasattr(queries, "__iter__"):
+        raise ShardplanError("queries", safe_repr(queries)[:60], "expected a list of (cluster, config) tuples")
+    queries = [_with_notes(q) for q in queries]
     if not queries:  # fit(..., strategies=[]) asks for nothing
         return []
     resolved = []  # each config's fields with its stack's knobs (read-only; no pydantic copy)
@@ -152,16 +154,16 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple[Cluster, TrainingConf
     return results
 
 
+def _with_notes(query: Any) -> tuple[Cluster, TrainingConfig, list[str] | None]:
+    """(cluster, config, notes) of a query given as (cluster, config) or (cluster, config, notes)."""
+    if not isinstance(query, (tuple, list)) or len(query) not in (2, 3):
+        raise ShardplanError("queries", safe_repr(query)[:60], "expected (Cluster, TrainingConfig[, notes]) tuples")
+    return (query[0], query[1], query[2] if len(query) == 3 else None)
+
+
 def _judged_rows(values: list[dict[str, Any]], allocator, bands):
-    """Memory rows, verdict rows, overflow flags and trainable parameters of ``query_values`` rows,
-    and a function giving row i's columns: one configuration through the formulas' scalar twin
-    (from a process's second single query on: ``evaluate.scalar_twin_pays``), several (or one
-    whose Python arithmetic raised) as one vectorized batch."""
-    one = scalar_evaluation(values[0], allocator, bands) if len(values) == 1 else None
-    if one is not None:
-        c, m, judged, overflow = one
-        trainable = scalar_twin.module("formulas.model_states").trainable_params(c)
-        return [m], [judged], [overflow], [trainable], lambda i: c
+    """Memory rows, verdict rows, overflow flags and trainable parameters of ``query_values`` rows
+    (one configuration or many, one vectorized batch), and a function giving row i's columns."""
     c = stack_queries(values)
     m, judged, overflow = memory_verdict(c, allocator, bands)
     n = len(values)
@@ -169,14 +171,14 @@ def _judged_rows(values: list[dict[str, Any]], allocator, bands):
             np.broadcast_to(trainable_params(c), c.shape).tolist(), lambda i: take_row(c, i))
 
 
-def _fit_result(spec: ModelSpec, cluster: Cluster, config, scalar: dict[str, Any],
+def _fit_result(spec: ModelSpec, cluster: Cluster, config, row: dict[str, Any],
                 verdict: dict[str, Any], notes: list[str], trainable: int) -> FitResult:
     """One row of the memory model and its verdict as the ``FitResult`` record (``config``: the
     configuration's fields with its stack's knobs, ``stacks.resolved_fields``)."""
     from shardplan.inputs.stacks import stack_label
 
     model = cached_model_values(spec, config.lora_rank, config.lora_targets)  # spec.total_params walks every block
-    if not scalar["valid"]:
+    if not row["valid"]:
         notes.append(f"{config.strategy} with engine {config.engine}, offload {config.offload}, "
                      f"method {config.method} is not a combination the framework offers")
     return FitResult(
@@ -184,9 +186,9 @@ def _fit_result(spec: ModelSpec, cluster: Cluster, config, scalar: dict[str, Any
         band_bytes=verdict["band_bytes"], risk_term=BAND_CLASSES[verdict["risk_term"]], advice=ADVICE[verdict["advice"]],
         judged_peak=PEAKS[verdict["judged_peak"]], judged_bytes=verdict["judged_bytes"],
         band={k: verdict[f"band_{k}_bytes"] for k in BAND_CLASSES},
-        fits_gpu=bool(scalar["fits_gpu"]), fits_host=bool(scalar["fits_host"]),
-        valid=bool(scalar["valid"]), strategy=config.strategy, engine=config.engine,
-        stack=stack_label(config.stack), fits_load=bool(scalar["fits_load"]),
+        fits_gpu=bool(row["fits_gpu"]), fits_host=bool(row["fits_host"]),
+        valid=bool(row["valid"]), strategy=config.strategy, engine=config.engine,
+        stack=stack_label(config.stack), fits_load=bool(row["fits_load"]),
         config=dict(vars(config)),  # every field, as resolve_stack(...).model_dump() gives them
         model={"name": spec.name, "display_name": spec.display_name, "params": model["total_params"],
                "trainable_params": trainable},
@@ -194,14 +196,14 @@ def _fit_result(spec: ModelSpec, cluster: Cluster, config, scalar: dict[str, Any
         cluster={"label": cluster.label, "world_size": cluster.world_size, "gpus_per_node": cluster.gpus_per_node,
                  "nodes": cluster.nodes, "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name},
         per_gpu=PerGPU(
-            load_peak_bytes=int(scalar["load_peak_bytes"]), peak_allocated_bytes=int(scalar["peak_allocated_bytes"]), peak_reserved_bytes=int(scalar["peak_reserved_bytes"]),
-            non_torch_bytes=int(scalar["non_torch_bytes"]), device_total_bytes=int(scalar["device_total_bytes"]),
-            headroom_bytes=int(scalar["headroom_bytes"]), peak_moment=PEAK_MOMENTS[int(scalar["peak_moment"])],
-            model_state_bytes=int(scalar["model_state_bytes"]),
-            breakdown={term: int(scalar[term]) for term in BREAKDOWN_TERMS},
+            load_peak_bytes=int(row["load_peak_bytes"]), peak_allocated_bytes=int(row["peak_allocated_bytes"]), peak_reserved_bytes=int(row["peak_reserved_bytes"]),
+            non_torch_bytes=int(row["non_torch_bytes"]), device_total_bytes=int(row["device_total_bytes"]),
+            headroom_bytes=int(row["headroom_bytes"]), peak_moment=PEAK_MOMENTS[int(row["peak_moment"])],
+            model_state_bytes=int(row["model_state_bytes"]),
+            breakdown={term: int(row[term]) for term in BREAKDOWN_TERMS},
         ),
-        per_node=PerNode(host_bytes=int(scalar["host_bytes_per_node"]), host_ram_bytes=int(scalar["host_ram_bytes_per_node"]),
-                         host_offloaded_bytes_per_gpu=int(scalar["host_offloaded_bytes_per_gpu"])),
+        per_node=PerNode(host_bytes=int(row["host_bytes_per_node"]), host_ram_bytes=int(row["host_ram_bytes_per_node"]),
+                         host_offloaded_bytes_per_gpu=int(row["host_offloaded_bytes_per_gpu"])),
         notes=notes,
     )
 
