@@ -12,7 +12,9 @@ the difference is shardplan's own share (its imports and the work fit does). Pyt
 PYTHONDONTWRITEBYTECODE is set (then every run compiles shardplan from source, as a first run
 after an edit does); ``--bytecode`` (default on) runs it with the cache as an installed package has it.
 Evaluator: one configuration per call through ``planning.evaluate.evaluate_query`` (a one-row
-batch, answered in Python numbers), ``planning.evaluate.evaluate_queries`` (a one-row batch, arrays) and ``planning.fit.evaluate`` (the record fit prints), then ``--batch`` configurations in one call.
+batch, answered in Python numbers), ``planning.evaluate.evaluate_queries`` (a one-row batch,
+arrays) and ``planning.fit.evaluate`` (the record fit prints), then ``--batch`` configurations in
+one call.
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def _child(grid_name: str, columns: str, chunk: int) -> dict:
 
 
 def _scalar(grid_name: str, sample: int, with_time: bool, passes: int, seed: int = 0) -> dict:
-    from shardplan.inputs.config import TrainingConfig, columns_for
+    from shardplan.formulas.columns import columns_for
+    from shardplan.inputs.config import TrainingConfig
     from shardplan.planning.fit import evaluate
 
     picks, specs, clusters = _sample(grid_name, sample, seed)

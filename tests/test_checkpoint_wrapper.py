@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from shardplan.calibrate.gpu_compare import compare_folder, training_config
-from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.formulas.columns import columns_for
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.hf_config import spec_from_hf_config
 from shardplan.formulas.memory import estimate_memory, wrapper_leftover_bytes

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import Columns, TrainingConfig, columns_for, model_values
+from shardplan.formulas.columns import Columns, columns_for, model_values
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import get_model
 from shardplan.planning import fit as fit_module

@@ -125,9 +125,3 @@ def test_fsdp_bad_config_file_exits_2(tmp_path):
     out = tmp_path / "r.jsonl"
     one_line_error(run_cli("calibrate", "fsdp", "--config", cfg, "--out", out, "--launch", "fake"), "config")
     assert not out.exists()
-
-
-def test_standalone_calibrate_module_speaks_the_same_way(tmp_path):
-    from shardplan.calibrate.cli import main as calibrate_main
-
-    assert calibrate_main(["compare", str(tmp_path / "missing.jsonl")]) == 2

@@ -358,7 +358,8 @@ def test_fsdp_snippet_runs_and_matches_predicted_state_bytes(engine, strategy, a
     import torch
 
     from shardplan.calibrate.tiny_model import build_tiny_model, tiny_spec
-    from shardplan.inputs.config import TrainingConfig, columns_for
+    from shardplan.formulas.columns import columns_for
+    from shardplan.inputs.config import TrainingConfig
     from shardplan.formulas.model_states import model_states
     from shardplan.planning.fit import evaluate
     from shardplan.inputs.hardware import parse_gpus

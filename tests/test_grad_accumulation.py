@@ -8,7 +8,8 @@ import pytest
 
 from shardplan.formulas.comm import no_sync_grad_bytes
 from shardplan.formulas.memory import estimate_memory
-from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.formulas.columns import columns_for
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model
 from shardplan.planning.fit import evaluate

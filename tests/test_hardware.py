@@ -336,7 +336,8 @@ def test_renamed_gpu_profile_predicts_exactly_the_same(tmp_path, monkeypatch):
 
     import numpy as np
 
-    from shardplan.inputs.config import TrainingConfig, columns_for
+    from shardplan.formulas.columns import columns_for
+    from shardplan.inputs.config import TrainingConfig
     from shardplan.inputs.models import resolve_model
     from shardplan.planning.evaluate import evaluate_grid
     from shardplan.inputs.profiles import DATA_DIR

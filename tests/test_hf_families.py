@@ -255,7 +255,7 @@ def test_block_activations_equal_autograd_saves(model_type, method):
     pytest.importorskip("transformers")
     from shardplan.inputs import strategy as st
     from shardplan.formulas.activations import layer_bytes_per_token
-    from shardplan.inputs.config import Columns, model_values
+    from shardplan.formulas.columns import Columns, model_values
     from tests.helpers import DEFAULT_KNOBS
 
     frozen = method == "lora"

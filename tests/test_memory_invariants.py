@@ -6,7 +6,7 @@ from hypothesis import strategies as hs
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import block_activation_bytes, compute_dtype_bytes, recompute_extra_bytes_per_token
-from shardplan.inputs.config import Columns
+from shardplan.formulas.columns import Columns
 from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
 from tests.helpers import DEFAULT_KNOBS
 
@@ -160,7 +160,8 @@ def test_fsdp_units_has_the_same_terms_with_and_without_fsdp_rows():
     """``buffers.fsdp_units`` answers a batch without FSDP rows with zeros and no sizes computed:
     the same keys as with FSDP rows (``FSDP_UNIT_TERMS`` is the list it fills), all zero."""
     from shardplan.formulas.buffers import FSDP_UNIT_TERMS, fsdp_units
-    from shardplan.inputs.config import TrainingConfig, columns_for
+    from shardplan.formulas.columns import columns_for
+    from shardplan.inputs.config import TrainingConfig
     from shardplan.inputs.hardware import parse_gpus
     from shardplan.inputs.models import get_model
 

@@ -10,9 +10,9 @@ from shardplan.formulas import model_states as ms
 from shardplan.formulas.comm import ring_factor
 from shardplan.formulas.load import model_load_bytes
 from shardplan.formulas.throughput import attention_forward_flops_per_token, flops_per_token, model_flops_per_token
-from shardplan.inputs import config
+from shardplan.formulas import columns as columns_module
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import Columns, model_values
+from shardplan.formulas.columns import Columns, model_values
 from shardplan.inputs.model import block_linear_params
 from shardplan.inputs.models import get_model, model_profiles
 from shardplan.support.errors import ShardplanError
@@ -126,7 +126,7 @@ def test_fsdp1_padding_per_unit():
 
 
 def test_pad_groups_defined_once():
-    assert config.PAD_GROUPS is ms.PAD_GROUPS
+    assert columns_module.PAD_GROUPS is ms.PAD_GROUPS
     assert sum(f.name.startswith("pad_dim0_") for f in fields(Columns)) == ms.PAD_GROUPS
 
 

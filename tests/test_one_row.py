@@ -131,7 +131,7 @@ def test_step_time_of_one_row_equals_its_row_inside_a_batch(make, n, seed):
 def test_step_timing_reads_the_configurations_sync_and_agrees_with_the_planners_grid():
     """fit.step_timing: gradients reduced as the configuration says (no_sync: once per step), the
     numbers the planner's grid gives for that sync (evaluate_grid)."""
-    from shardplan.inputs.config import columns_for
+    from shardplan.formulas.columns import columns_for
     from shardplan.inputs.hardware import parse_gpus
     from shardplan.inputs.models import get_model
     from shardplan.planning.fit import TIME_FIELDS, step_timing
@@ -157,7 +157,7 @@ def test_a_calibrations_step_time_is_the_grids(tmp_path):
 
     from shardplan.calibrate.collectives import fit_link, parse_nccl_tests_file
     from shardplan.calibrate.overlay import load_calibration, write_calibration
-    from shardplan.inputs.config import columns_for
+    from shardplan.formulas.columns import columns_for
     from shardplan.inputs.hardware import parse_gpus
     from shardplan.inputs.models import get_model
     from shardplan.planning.fit import TIME_FIELDS

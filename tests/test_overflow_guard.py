@@ -41,11 +41,11 @@ def test_no_guarded_result_is_negative_or_past_int64_in_range_extremes():
     """Every in-range extreme either evaluates to non-negative byte counts below INT64_SAFE or is refused."""
     import numpy as np
 
-    from shardplan.inputs.config import Columns, model_values
+    from shardplan.formulas.columns import Columns, model_values
     from shardplan.support.limits import INT64_SAFE
     from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
     from shardplan.inputs.models import get_model
-    from shardplan.support.overflow import GUARDED_BYTES, bad_results, quiet_numpy
+    from shardplan.formulas.overflow import GUARDED_BYTES, bad_results, quiet_numpy
     from tests.helpers import DEFAULT_KNOBS
 
     for model in ("llama-3.1-405b", "gpt2", "mixtral-8x7b"):
@@ -70,10 +70,10 @@ def test_the_input_bound_covers_every_term():
     import numpy as np
 
     from shardplan.inputs import strategy as st
-    from shardplan.inputs.config import Columns, model_values
+    from shardplan.formulas.columns import Columns, model_values
     from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
     from shardplan.inputs.models import model_profiles
-    from shardplan.support.overflow import GUARDED_BYTES, input_scale_bytes, quiet_numpy
+    from shardplan.formulas.overflow import GUARDED_BYTES, input_scale_bytes, quiet_numpy
     from tests.helpers import DEFAULT_KNOBS
 
     terms = [t for t in BREAKDOWN_TERMS + GUARDED_BYTES if t != "host_bytes_per_node"]

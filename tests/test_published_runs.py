@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from shardplan.formulas.comm import link_rates
-from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.formulas.columns import columns_for
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model
 from shardplan.formulas.throughput import compute_rates, step_time

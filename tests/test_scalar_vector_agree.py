@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import Columns, TrainingConfig, columns_for
+from shardplan.formulas.columns import Columns, columns_for
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model
 from shardplan.planning.planner import evaluate_grid

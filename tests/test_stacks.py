@@ -9,13 +9,13 @@ import math
 import tomllib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from shardplan.formulas.allocator import default_allocator
+from shardplan.inputs.allocator_profile import default_allocator
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import TrainingConfig, columns_for, model_values
+from shardplan.formulas.columns import columns_for, model_values
+from shardplan.inputs.config import TrainingConfig
 from shardplan.support.errors import ShardplanError
 from shardplan.planning.fit import evaluate, fit
 from shardplan.inputs.hardware import parse_gpus
@@ -23,7 +23,7 @@ from shardplan.formulas.memory import estimate_memory
 from shardplan.formulas.model_states import AWQ_BYTES_PER_PARAM, GPTQ_BYTES_PER_PARAM, NF4_BYTES_PER_PARAM
 from shardplan.inputs.models import get_model
 from shardplan.inputs.query import parse_query
-from shardplan.inputs.stacks import ENGINE_DEFAULTS, get_stack, resolve_stack, stack_profiles
+from shardplan.inputs.stacks import ENGINE_DEFAULTS, resolve_stack, stack_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = get_model("llama-2-7b")
@@ -79,7 +79,7 @@ def test_explicit_knobs_beat_the_stack_and_single_gpu_defaults_apply_on_one_gpu(
 def test_plain_stack_with_knobs_off_reproduces_the_stackless_numbers():
     """Columns built without stack knobs (the numbers before stacks) equal an explicit config
     with every knob at ENGINE_DEFAULTS."""
-    from shardplan.inputs.config import Columns, cluster_values
+    from shardplan.formulas.columns import Columns, cluster_values
     cluster = parse_gpus("4xh100-sxm")
     cfg = TrainingConfig(strategy="full_shard", **{k: v for k, v in ENGINE_DEFAULTS.items() if v is not None})
     with_knobs = estimate_memory(columns_for(SPEC, cluster, cfg))
@@ -306,7 +306,8 @@ def test_plan_states_the_stack_and_counts_the_load_peak():
 
 def test_columns_without_an_fp32_master_are_bf16_pure():
     """A library caller building Columns directly gets the same fold as resolve_stack."""
-    from shardplan.inputs.config import Columns, cluster_values, knob_values
+    from shardplan.formulas.columns import Columns, cluster_values
+    from shardplan.inputs.config import knob_values
     cluster = parse_gpus("4xh100-sxm")
     knobs = knob_values(TrainingConfig(strategy="full_shard", stack="plain"), cluster)
     knobs.pop("reduce_dtype")

@@ -112,7 +112,7 @@ def test_random_one_row_sweeps_cover_every_knob_value():
 def test_comm_and_throughput_columns_equal_scalar_path(grid):
     comm = pytest.importorskip("shardplan.formulas.comm")
     tp = pytest.importorskip("shardplan.formulas.throughput")
-    from shardplan.inputs.config import columns_for
+    from shardplan.formulas.columns import columns_for
 
     rng = np.random.default_rng(7)
     sample = grid.iloc[rng.choice(len(grid), size=80, replace=False)]

@@ -5,12 +5,11 @@ atomically, print a short table. torch is imported inside the commands only.
 Errors are raised as ``ShardplanError``, never printed here: ``shardplan.cli.app.main`` turns them
 into one stderr line and exit code 2 (a refused fit, a too-small sample, nothing to compare, no
 configuration measured). Run the commands through ``shardplan.cli.app.main`` (as the ``shardplan``
-script and ``python -m shardplan.calibrate.cli`` do), not by calling ``calibrate_app`` directly."""
+script and ``python -m shardplan`` do), not by calling ``calibrate_app`` directly."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -361,13 +360,3 @@ def _env() -> dict:
 
     env.update(cuda_environment())
     return env
-
-
-def main(argv: list[str] | None = None) -> int:  # standalone: python -m shardplan.calibrate.cli
-    from shardplan.cli.app import main as shardplan_main
-
-    return shardplan_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

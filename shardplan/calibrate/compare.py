@@ -37,11 +37,10 @@ import statistics
 from pathlib import Path
 from typing import Annotated, Iterable, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import Columns, model_values
+from shardplan.formulas.columns import Columns, model_values
 from shardplan.calibrate.config import RunConfig, tiny_spec
 from shardplan.support.limits import MAX_BYTES
 from shardplan.formulas.memory import estimate_memory

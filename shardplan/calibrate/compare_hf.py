@@ -27,7 +27,7 @@ from typing import Iterable
 
 from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import block_activation_bytes, head_activation_bytes, logits_forward_bytes
-from shardplan.inputs.config import Columns, model_values
+from shardplan.formulas.columns import Columns, model_values
 from shardplan.inputs.hf_config import spec_from_hf_config
 from shardplan.formulas.memory import estimate_memory
 from shardplan.inputs.model import ModelSpec

@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 
 from shardplan.inputs import strategy as st
-from shardplan.formulas.allocator import default_allocator
-from shardplan.inputs.config import Columns, TrainingConfig, columns_for
+from shardplan.inputs.allocator_profile import default_allocator
+from shardplan.formulas.columns import Columns, columns_for
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.hf_config import spec_from_hf_config
 from shardplan.formulas.memory import estimate_memory

@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardplan.formulas.allocator import FragmentationCoefficient
+from shardplan.inputs.allocator_profile import FragmentationCoefficient
 
 from shardplan.formulas.accuracy_bands import AccuracyOverlay
 from shardplan.calibrate.results import write_json_atomic
@@ -133,8 +133,8 @@ class Calibration(_Frozen):
     accuracy: AccuracyOverlay | None = None
 
     def allocator_model(self):
-        """The shipped ``allocator.AllocatorModel`` with this overlay's measured terms in place."""
-        from shardplan.formulas.allocator import default_allocator
+        """The shipped ``allocator_profile.AllocatorModel`` with this overlay's measured terms in place."""
+        from shardplan.inputs.allocator_profile import default_allocator
 
         base = default_allocator()
         if self.allocator is None:

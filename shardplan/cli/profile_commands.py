@@ -101,7 +101,7 @@ def _validate_one(path: Path) -> str:
         from shardplan.inputs.engines import EngineProfile
         return f"{path}: ok (EngineProfile {load_profile(path, EngineProfile).name})"
     if "fragmentation_per_transient" in data:  # the caching-allocator model (allocator.py)
-        from shardplan.formulas.allocator import AllocatorModel
+        from shardplan.inputs.allocator_profile import AllocatorModel
         load_profile(path, AllocatorModel)
         return f"{path}: ok (AllocatorModel)"
     if data.get("schema") == "shardplan.accuracy/1":

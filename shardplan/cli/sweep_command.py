@@ -77,7 +77,7 @@ def run_sweep_command(args: dict) -> None:
     """``sweep``'s work: check the output, evaluate, write atomically, report the rate."""
     import time
 
-    from shardplan.cli.progress import progress_bar
+    from shardplan.support.progress import progress_bar
     from shardplan.planning.grid_sweep import sweep
 
     output = _checked_output(args["output"])

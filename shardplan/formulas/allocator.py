@@ -32,45 +32,14 @@ measured (``allocator.json``). NCCL buffers are added per link (``overheads.py``
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from importlib import resources
-
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
+from shardplan.inputs.allocator_profile import AllocatorModel, default_allocator
 from shardplan.support.identity_cache import IdentityCache
 
 CLASSES = ("no_side_streams", "fsdp2", "fsdp1", "expandable_segments")
-
-
-class FragmentationCoefficient(BaseModel):
-    """Measured (reserved − allocated − pools) / largest transient, per allocator class."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    median: float = Field(ge=0)
-    low: float = Field(ge=0)
-    high: float = Field(ge=0)
-    runs: int = Field(ge=0)
-
-
-class AllocatorModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    cuda_context_bytes: int = Field(ge=0)
-    fragmentation_per_transient: dict[str, FragmentationCoefficient]
-    sources: dict[str, str]
-    calibrated: bool = False
-
-    def coefficient(self, name: str) -> FragmentationCoefficient:
-        return self.fragmentation_per_transient[name]
-
-
-@lru_cache(maxsize=1)
-def default_allocator() -> AllocatorModel:
-    text = resources.files("shardplan").joinpath("data/allocator.json").read_text()
-    return AllocatorModel.model_validate(json.loads(text))
 
 
 def allocator_class(c, expandable_segments=False):

@@ -45,7 +45,8 @@ from shardplan.formulas.activations import (
     layer_bytes_per_token, layers_on_device, logits_backward_bytes, logits_forward_bytes, lora_recompute_bytes_per_token,
     offloaded_activation_bytes, position_ids_bytes, recompute_extra_bytes_per_token, rope_bytes,
 )
-from shardplan.formulas.allocator import default_allocator, reserved_terms
+from shardplan.formulas.allocator import reserved_terms
+from shardplan.inputs.allocator_profile import default_allocator
 from shardplan.formulas.buffers import (engine_buffers, fsdp_units, optimizer_step_temporaries,
                                        trainable_fraction)
 from shardplan.formulas.comm import no_sync_grad_bytes
@@ -435,7 +436,6 @@ def _block_backward_moments(c, states, units, n_p, n_g, grads_held, common, in_b
     """Inside block k's backward for k in {0, 1, L-2, L-1}, a checkpointed LoRA/QLoRA block's
     recomputation, FSDP1's gradient moments (``_backward_moments``)."""
     L = c.num_layers
-    fsdp = units["fsdp"]
     moments = []
     ctx = _backward_context(c, states, n_g, grads_held, acts)
     peft_recompute = bool(np.any((c.method != st.FULL) & (ctx["n_ckpt"] > 0)))
@@ -539,7 +539,7 @@ def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):
 
 def _verdicts(c, out):
     """Validity and the three capacity checks (device, load, host)."""
-    out["valid"] = (st.is_valid(c.strategy, c.engine) & valid_offload(c) & valid_method(c) & valid_stack_knobs(c)
+    out["valid"] = (st.is_valid(c.strategy, c.engine) & eng.valid_offload(c) & valid_method(c) & valid_stack_knobs(c)
                     & st.valid_world_size(c.strategy, c.world_size))
     out["fits_gpu"] = out["device_total_bytes"] <= c.gpu_memory_bytes
     out["fits_load"] = out["load_peak_bytes"] <= c.gpu_memory_bytes
@@ -598,13 +598,6 @@ def valid_stack_knobs(c):
     single_ok = (c.strategy != st.SINGLE) | (c.world_size == 1)
     oib_ok = np.logical_not(np.asarray(c.optimizer_in_backward, dtype=bool)) | ((c.grad_accum == 1) & (c.offload == st.OFFLOAD_NONE))
     return single_ok & oib_ok
-
-
-def valid_offload(c):
-    """Offload each engine can express, as its declaration lists per strategy (``offloads``): FSDP
-    offloads params+grads+optimizer together (``CPUOffloadPolicy`` / ``CPUOffload(offload_params=True)``);
-    DeepSpeed offloads the optimizer at stage 1–3 and parameters only at stage 3; DDP offloads nothing."""
-    return eng.tables().offload_ok[np.asarray(c.engine), np.asarray(c.strategy), np.asarray(c.offload)]
 
 
 def valid_method(c):

@@ -190,7 +190,7 @@ def zero_paper_model_state_bytes(params, world_size, stage, k=12):
 
 
 # Distinct dim-0 sizes a model's tensors are summarised by for FSDP2's per-tensor padding: the
-# ``pad_*`` columns of ``shardplan.inputs.config.Columns`` (described there) hold PAD_GROUPS groups.
+# ``pad_*`` columns of ``shardplan.formulas.columns.Columns`` (described there) hold PAD_GROUPS groups.
 PAD_GROUPS = 6
 # (dim-0 column, elements column) of each padding group, per unit
 PAD_COLUMNS = {unit: tuple((f"pad_dim0_{k}", f"pad_{unit}_{k}") for k in range(PAD_GROUPS))

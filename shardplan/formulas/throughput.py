@@ -151,7 +151,7 @@ def nccl_sm_fraction(sm_count, nccl_ctas=NCCL_CTAS):
 # --- FLOPs ------------------------------------------------------------------------------------
 def matmul_params_per_token(c):
     """N_matmul of each configuration's model: the ``matmul_params`` column, which
-    ``shardplan.inputs.config.model_values`` takes from ``ModelSpec.matmul_params_per_token`` (one
+    ``shardplan.formulas.columns.model_values`` takes from ``ModelSpec.matmul_params_per_token`` (one
     definition: ``shardplan.inputs.model.matmul_params_per_token``)."""
     return c.matmul_params
 

@@ -211,8 +211,9 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
     """Verdict columns for ``estimate_memory`` output ``m`` (with its breakdown) and the ``Columns``
     ``c`` it came from (read for the stack and the knobs the advice names; None: defaults).
 
-    Every device byte is in ``m`` (no_sync gradients included: ``estimate_memory``). Returns ``verdict`` (codes into ``VERDICTS``), ``band_bytes``, ``margin_bytes`` (capacity −
-    judged peak − band: the room left once the band is counted), ``judged_bytes``, ``judged_peak``
+    Every device byte is in ``m`` (no_sync gradients included: ``estimate_memory``). Returns
+    ``verdict`` (codes into ``VERDICTS``), ``band_bytes``, ``margin_bytes`` (capacity − judged peak
+    − band: the room left once the band is counted), ``judged_bytes``, ``judged_peak``
     (codes into ``PEAKS``), ``risk_term`` (codes into ``BAND_CLASSES``), ``advice`` (codes into
     ``ADVICE``; left out with ``with_advice=False``) and, with ``per_class``, ``band_<class>_bytes``.
     """

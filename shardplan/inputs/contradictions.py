@@ -5,7 +5,7 @@ whether shardplan refuses it (``error``: the framework raises, or the setting wo
 ignored so the answer would describe a run the user did not ask for) or says it (``note``: the
 framework runs it as stated, with a consequence worth knowing). ``check`` runs them for one
 configuration (``fit`` per strategy, ``plan``'s base); sweeps keep their vectorized ``valid``
-column (memory.valid_offload and friends), which the offload rule here reuses rather than restates.
+column (engines.valid_offload and friends), which the offload rule here reuses rather than restates.
 docs/errors.md lists the table.
 """
 
@@ -29,7 +29,7 @@ class Rule:
 
 
 def _offload_invalid(cfg, stated, cluster, spec) -> bool:
-    from shardplan.formulas.memory import valid_offload
+    from shardplan.inputs.engines import valid_offload
 
     codes = SimpleNamespace(engine=st.code(st.ENGINES, cfg.engine, "engine"),
                             strategy=st.code(st.STRATEGIES, cfg.strategy, "strategy"),

@@ -338,6 +338,13 @@ def layout_is(code: int, engine):
     return per_engine("layout", engine) == code
 
 
+def valid_offload(c):
+    """Offload each engine can express, as its declaration lists per strategy (``offloads``): FSDP
+    offloads params+grads+optimizer together (``CPUOffloadPolicy`` / ``CPUOffload(offload_params=True)``);
+    DeepSpeed offloads the optimizer at stage 1–3 and parameters only at stage 3; DDP offloads nothing."""
+    return tables().offload_ok[np.asarray(c.engine), np.asarray(c.strategy), np.asarray(c.offload)]
+
+
 def framework_name(strategy: str, engine: str) -> str:
     """What ``engine`` calls ``strategy`` ("stage 3", "ShardingStrategy.FULL_SHARD"); "" if it cannot run it."""
     run = get_engine(engine).strategies.get(strategy)

@@ -12,7 +12,7 @@ applied in order on top of ``defaults`` when their ``when`` matches (GPU count, 
 ``resolve_stack(config, world_size)`` fills every knob the user did not state (pydantic
 ``model_fields_set``) from the profile, then the remaining stack knobs from ``ENGINE_DEFAULTS``
 (the values that reproduce shardplan's numbers before stacks existed). The memory formulas never
-look at the stack: they read the knob columns (``config.Columns``).
+look at the stack: they read the knob columns (``formulas.columns.Columns``).
 """
 
 from __future__ import annotations

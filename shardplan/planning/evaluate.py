@@ -23,12 +23,13 @@ from shardplan.formulas.comm import link_rates
 from shardplan.formulas.memory import estimate_memory
 from shardplan.formulas.throughput import compute_rates
 from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_band
-from shardplan.inputs.config import Columns, TrainingConfig, cluster_values, model_values, resolved_knob_values
+from shardplan.formulas.columns import Columns, cluster_values, model_values
+from shardplan.inputs.config import TrainingConfig, resolved_knob_values
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.support.identity_cache import IdentityCache
-from shardplan.support.overflow import bad_results, quiet_numpy
+from shardplan.formulas.overflow import bad_results, quiet_numpy
 
 
 def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,

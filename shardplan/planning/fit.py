@@ -15,14 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from shardplan.inputs import contradictions
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import Columns, TrainingConfig, resolved_knob_values
+from shardplan.formulas.columns import Columns
+from shardplan.inputs.config import TrainingConfig, resolved_knob_values
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
 from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.model import ModelSpec
-from shardplan.support.overflow import check_one
+from shardplan.formulas.overflow import check_one
 from shardplan.planning.evaluate import (cached_model_values, checked_time_columns, memory_verdict, query_time,
                                          query_values, resolved_query_values, rows_of, stack_queries,
                                          take_row)
@@ -196,7 +197,8 @@ def _fit_result(spec: ModelSpec, cluster: Cluster, config, row: dict[str, Any],
         cluster={"label": cluster.label, "world_size": cluster.world_size, "gpus_per_node": cluster.gpus_per_node,
                  "nodes": cluster.nodes, "intra_link": cluster.intra_link.name, "inter_link": cluster.inter_link.name},
         per_gpu=PerGPU(
-            load_peak_bytes=int(row["load_peak_bytes"]), peak_allocated_bytes=int(row["peak_allocated_bytes"]), peak_reserved_bytes=int(row["peak_reserved_bytes"]),
+            load_peak_bytes=int(row["load_peak_bytes"]), peak_allocated_bytes=int(row["peak_allocated_bytes"]),
+            peak_reserved_bytes=int(row["peak_reserved_bytes"]),
             non_torch_bytes=int(row["non_torch_bytes"]), device_total_bytes=int(row["device_total_bytes"]),
             headroom_bytes=int(row["headroom_bytes"]), peak_moment=PEAK_MOMENTS[int(row["peak_moment"])],
             model_state_bytes=int(row["model_state_bytes"]),
@@ -441,7 +443,7 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
         notes: list[str] | None = None, allocator=None, bands: AccuracyBands | None = None) -> list[FitResult]:
     """One result per strategy (all valid ones for the engine when ``strategies`` is None; on one
     GPU that is ``single``: no wrapper, as a one-GPU run is launched); alternatives for every one
-    that is not ``fits`` (``tight`` included). ``allocator``: an ``allocator.AllocatorModel`` (a
+    that is not ``fits`` (``tight`` included). ``allocator``: an ``allocator_profile.AllocatorModel`` (a
     calibration overlay's), else the measured defaults; ``bands``: the verdict's band data."""
     _check_arguments(spec, cluster, config)
     if strategies is not None and (isinstance(strategies, str) or not all(isinstance(x, str) for x in strategies)):

@@ -38,7 +38,7 @@ from shardplan.planning.sweep_plan import plan_sweep
 from shardplan.planning.sweep_analysis import minimum_gpus, pareto  # noqa: F401
 from shardplan.planning.sweep_frame import MEMORY_COLUMNS, SUMMARY_COLUMNS  # noqa: F401
 from shardplan.support.limits import MAX_SWEEP_CONFIGURATIONS, bounded_int
-from shardplan.support.overflow import OVERFLOW_NOTE
+from shardplan.formulas.overflow import OVERFLOW_NOTE
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 # sweep's arguments that are not knob axes
@@ -72,7 +72,7 @@ def sweep(models: Any = "llama-3.1-8b", gpus: Any = "h100-sxm", gpu_counts: Any 
     each stack's profile (one-GPU rows its ``single_gpu`` values). ``columns``: None/"all",
     "summary", or column names (labels always kept). ``bands``: the verdict's band data.
     ``progress``: a callable ``progress(rows_done, rows_total)`` called after each chunk; True a
-    stderr bar (``shardplan.cli.progress``), None that bar when stderr is a terminal and the sweep
+    stderr bar (``shardplan.support.progress``), None that bar when stderr is a terminal and the sweep
     big, False nothing. ``max_configurations`` (default 10^7, ~765 B a row with all columns): a
     larger product is refused before anything is evaluated, naming its count.
     """
@@ -106,13 +106,13 @@ def _link_options(intra_link: str | None, inter_link: str | None, host_ram: str 
 
 
 def _progress_callback(progress: Callable[[int, int], None] | bool | None) -> Callable[[int, int], None] | None:
-    """The callback ``progress`` names: itself, nothing (False), or the command line's stderr bar
-    (True, or None: drawn only on a terminal for a big sweep). This module never writes to stderr."""
+    """The callback ``progress`` names: itself, nothing (False), or the stderr bar
+    (``support/progress.py``; True, or None: drawn only on a terminal for a big sweep)."""
     if callable(progress):
         return progress
     if progress is False:
         return None
-    from shardplan.cli.progress import StderrBar
+    from shardplan.support.progress import StderrBar
 
     return StderrBar(None if progress is None else bool(progress))
 

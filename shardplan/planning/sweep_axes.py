@@ -39,7 +39,8 @@ INTEGER_KNOBS = ("ac_every_k", "micro_batch", "seq_len", "grad_accum")
 AXES = ("models", "gpus", "nodes", "gpu_counts", "engines", "strategies", "method", "lora_rank", "lora_targets",
         "precision", "optimizer", "offload", "ac", "ac_every_k", "micro_batch", "seq_len", "grad_accum",
         "shard_group_size", "attention", "dropout", "reduce_dtype", "stack") + STACK_KNOB_AXES + ("sync_every_micro_batch",)
-AXIS_COLUMN = {**{k: k for k in STACK_KNOB_AXES}, "stack": "stack", "models": "model", "gpus": "gpu", "nodes": "nodes", "gpu_counts": "world_size", "engines": "engine",
+AXIS_COLUMN = {**{k: k for k in STACK_KNOB_AXES}, "stack": "stack", "models": "model", "gpus": "gpu", "nodes": "nodes",
+               "gpu_counts": "world_size", "engines": "engine",
                "strategies": "strategy", "method": "method", "lora_rank": "lora_rank", "lora_targets": "lora_targets",
                "precision": "precision", "optimizer": "optimizer", "offload": "offload", "ac": "ac",
                "ac_every_k": "ac_every_k", "micro_batch": "micro_batch", "seq_len": "seq_len",

@@ -20,7 +20,8 @@ from shardplan.support.limits import _shown
 
 MEMORY_COLUMNS = BREAKDOWN_TERMS + (
     "peak_allocated_bytes", "peak_reserved_bytes", "stream_pool_bytes", "fragmentation_bytes", "allocator_band_bytes",
-    "non_torch_bytes", "device_total_bytes", "gpu_memory_bytes", "headroom_bytes", "load_peak_bytes", "model_state_bytes", "host_offloaded_bytes_per_gpu", "host_bytes_per_node",
+    "non_torch_bytes", "device_total_bytes", "gpu_memory_bytes", "headroom_bytes", "load_peak_bytes", "model_state_bytes",
+    "host_offloaded_bytes_per_gpu", "host_bytes_per_node",
     "host_ram_bytes_per_node", "peak_moment", "valid", "fits_gpu", "fits_load", "fits_host", "fits",
 )
 # Columns holding codes, exposed as pandas categoricals with these names.

@@ -1,4 +1,4 @@
-"""The sweep's progress, drawn on stderr: the command line's renderer for ``sweep(progress=...)``."""
+"""The sweep's progress, drawn on stderr: `sweep(progress=True)`'s bar and the `--progress` flag's."""
 
 from __future__ import annotations
 
