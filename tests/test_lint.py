@@ -46,6 +46,10 @@ def test_the_contracts_are_the_architectures():
     torch = CONTRACTS["torch-in-calibrate-only"]
     assert torch["type"] == "forbidden" and torch["forbidden_modules"] == ["torch"]
     assert set(torch["source_modules"]) == LIBRARY and not torch.get("ignore_imports")
+    io = CONTRACTS["formulas-do-no-io"]
+    assert io["type"] == "forbidden" and io["source_modules"] == ["shardplan.formulas"]
+    assert {"json", "pathlib", "io", "os", "importlib"} <= set(io["forbidden_modules"])
+    assert io.get("ignore_imports", []) == ["shardplan.formulas.accuracy_bands -> pathlib"]
 
 
 def test_ruff_checks_what_it_says():

@@ -15,7 +15,7 @@ Bytes per parameter and which ranks share each state, per engine:
 * DeepSpeed: 16-bit params (2/N_p), 16-bit grads (2/N_g; not kept at stage 3), and per optimizer
   partition fp32 grads + fp32 master + Adam moments = 16/N_o. This reproduces
   ``estimate_zero2_model_states_mem_needs`` (2Ψ + 18Ψ/N) and ``estimate_zero3_...`` (18Ψ/N + 4L)
-  exactly (tests/test_deepspeed_reference.py).
+  exactly (tests/test_model_states.py, ``test_deepspeed_estimators_reproduced_exactly``).
 
 All functions broadcast over numpy arrays; codes come from ``shardplan.inputs.strategy``.
 """
