@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Union
 
 from shardplan.inputs.config import TrainingConfig
-from shardplan.inputs.hardware import Cluster, get_gpu, parse_gpus
+from shardplan.inputs.hardware import Cluster, parse_gpus
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.errors import ShardplanError
 
