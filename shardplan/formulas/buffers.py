@@ -82,11 +82,8 @@ FSDP_UNIT_TERMS = ("root_unsharded", "block_unsharded", "all_gather_block", "all
 
 def fsdp_units(c, n_p):
     """Sizes FSDP's transient terms are made of (bytes; 0 for other engines), see module docstring;
-    ``fsdp1_buffers``: ``fsdp1_unit_buffers`` when some row is FSDP1, else None."""
+    ``fsdp1_buffers``: ``fsdp1_unit_buffers`` (read by FSDP1 rows only)."""
     fsdp = eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy)
-    if not np.any(fsdp):  # DDP, DeepSpeed, one GPU: every term is 0 (no sizes need computing)
-        zero = np.zeros(np.shape(fsdp), dtype=np.int64)
-        return dict(dict.fromkeys(FSDP_UNIT_TERMS, zero), keep_unsharded=fsdp, fsdp=fsdp, fsdp1_buffers=None)
     a = compute_dtype_bytes(c.precision)
     r = reduce_dtype_bytes(c.precision, c.reduce_dtype)
     w = unsharded_block_bytes_per_param(c)
@@ -124,8 +121,8 @@ def fsdp_units(c, n_p):
     # its own output shard: input + output, and an unsharded gradient of P·max(a, r)
     # (``fsdp1_unit_buffers``; measured exact, calibrate compare)
     fsdp1 = fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine)
-    one = fsdp1_unit_buffers(c, n) if np.any(fsdp1) else {}  # only rows with FSDP1 need its terms
-    for unit in ("root", "block") if one else ():
+    one = fsdp1_unit_buffers(c, n)
+    for unit in ("root", "block"):
         rs = n * one[f"rs_output_{unit}"] + one[f"rs_output_{unit}"]
         out[f"reduce_scatter_{unit}"] = np.where(fsdp1, np.where(sharded & (full | (unit == "block")), rs, 0),
                                                  out[f"reduce_scatter_{unit}"])
@@ -133,11 +130,11 @@ def fsdp_units(c, n_p):
         out[f"unsharded_grads_{unit}"] = np.where(fsdp1, np.where(full | (unit == "block"), grad, 0),
                                                   out[f"unsharded_grads_{unit}"])
     # FSDP1's all-gather input under MixedPrecision (``_mp_shard``), alive while a unit is gathered
-    out["mp_shard_block"] = np.where(fsdp1 & sharded, one["mp_shard_block"], 0) if one else 0
+    out["mp_shard_block"] = np.where(fsdp1 & sharded, one["mp_shard_block"], 0)
     out = {k: np.asarray(np.ceil(v), dtype=np.int64) for k, v in out.items()}
     out["keep_unsharded"] = keep
     out["fsdp"] = fsdp
-    out["fsdp1_buffers"] = one or None  # FSDP1's gradient moments read them too (memory._block_backward_moments)
+    out["fsdp1_buffers"] = one  # FSDP1's gradient moments read them too (memory._block_backward_moments)
     return out
 
 

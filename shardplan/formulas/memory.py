@@ -113,8 +113,6 @@ def host_bytes_per_node(c, host_offloaded):
     loading = copies * model_load_bytes(c)
     ours = c.gpus_per_node * HOST_PROCESS_BYTES + np.maximum(loading, c.gpus_per_node * host_offloaded)
     is_ds = eng.wrapper_is(eng.W_DEEPSPEED, c.engine, c.strategy)
-    if not np.any(is_ds):  # the estimator only matters for DeepSpeed rows
-        return np.asarray(ours, dtype=np.int64)
     nodes = np.maximum(c.world_size // np.maximum(c.gpus_per_node, 1), 1)
     ds = deepspeed_estimator_host_bytes(c.total_params, c.largest_module_params, c.gpus_per_node, nodes,
                                         c.strategy, c.offload)
@@ -346,20 +344,14 @@ def _fsdp1_gradient_moments(engine_terms, c, k, ctx, units, one, grads_held):
     hook = dict(shared, unsharded_params=units["block_unsharded"] * np.where(keep, k, 0),
                 unsharded_grads=one["flat_grad_block"] + one["upcast_grad_block"],
                 reduce_scatter_buffers=one["rs_input_block"] + one["rs_output_block"])
-    moments = (concat, hook)
-    if not np.all(on):  # rows of other engines hold none of these terms
-        moments = [{name: np.where(on, value, 0) for name, value in m.items()} for m in moments]
-    return [{**engine_terms, **m} for m in moments]
+    return [{**engine_terms, **m, ROWS: on} for m in (concat, hook)]  # rows of other engines have neither moment
 
 
 def _logits_bytes(c):
     """(forward, backward) bytes of the logits and the loss: whole, or chunked cross-entropy's."""
-    logits_fw, logits_bw = logits_forward_bytes(c), logits_backward_bytes(c)
-    if np.any(c.ce_chunks > 0):  # only rows with chunked cross-entropy need its terms
-        chunked = c.ce_chunks > 0
-        logits_fw = np.where(chunked, chunked_logits_forward_bytes(c), logits_fw)
-        logits_bw = np.where(chunked, chunked_logits_backward_bytes(c), logits_bw)
-    return logits_fw, logits_bw
+    chunked = c.ce_chunks > 0
+    return (np.where(chunked, chunked_logits_forward_bytes(c), logits_forward_bytes(c)),
+            np.where(chunked, chunked_logits_backward_bytes(c), logits_backward_bytes(c)))
 
 
 def _engine_terms(c):
@@ -369,10 +361,8 @@ def _engine_terms(c):
     return): it exists in the moments inside a block, not at the loss (measured: QLoRA runs whose
     peak is the logits' backward hold no dequantized weight, hf_stack_cpu.jsonl: +2.3 % before)."""
     other = engine_buffers(c)
-    # a buffer no row has is left out of the moments (an absent term is 0 in them: ``_peak``)
-    held = {name: value for name, value in other.items() if np.any(value)}
-    common = {name: value for name, value in held.items() if name != "qlora_dequant"}
-    return other, common, held
+    common = {name: value for name, value in other.items() if name != "qlora_dequant"}
+    return other, common, other
 
 
 def _forward_moments(c, units, grads_held, common, in_block, acts):
@@ -385,14 +375,11 @@ def _forward_moments(c, units, grads_held, common, in_block, acts):
     forward = dict(common, grads=grads_held, activations=acts["saved"], logits_and_loss=acts["logits"][0],
                    unsharded_params=blocks_held, all_gather_buffers=units["all_gather_block"],
                    root_unsharded=units["root_unsharded"])
-    moments = [forward]
-    applies = units["fsdp"] | (c.strategy == st.SINGLE)
-    if np.any(applies):  # block moments: FSDP and unwrapped runs
-        last = np.maximum(c.num_layers - 1, 0)
-        moments += _only_for(applies, [_block_forward(common, c, 0, units, grads_held, acts, pre=True),
-                                       _block_forward(common, c, last, units, grads_held, acts, pre=True),
-                                       _block_forward(in_block, c, last, units, grads_held, acts, pre=False)])
-    return moments
+    applies = units["fsdp"] | (c.strategy == st.SINGLE)  # block moments: FSDP and unwrapped runs
+    last = np.maximum(c.num_layers - 1, 0)
+    return [forward] + _only_for(applies, [_block_forward(common, c, 0, units, grads_held, acts, pre=True),
+                                           _block_forward(common, c, last, units, grads_held, acts, pre=True),
+                                           _block_forward(in_block, c, last, units, grads_held, acts, pre=False)])
 
 
 ROWS = "_rows"  # a moment's key that is not a term: the rows the moment exists for
@@ -401,14 +388,10 @@ _PRESENT = partial(is_not, None)  # a term the moment holds (dict.get gave no No
 
 def _only_for(applies, moments):
     """Moments that exist only for some rows (inside a block: FSDP and unwrapped runs) carry those
-    rows (``ROWS``); ``_peak`` counts their total as zero elsewhere, so they are never another
-    row's peak and that row comes out as if evaluated alone, where the moments are not evaluated
-    at all: a row's answer never depends on the rows evaluated with it (the buffers common to
-    every moment, e.g. bitsandbytes' dequantized weight, would otherwise add a moment the row
-    does not have)."""
-    if np.all(applies):
-        return moments
-    return [dict(m, **{ROWS: applies}) for m in moments]
+    rows (``ROWS``, and the rows a moment already carries); ``_peak`` counts their total as zero
+    elsewhere, so they are never another row's peak (the buffers common to every moment, e.g.
+    bitsandbytes' dequantized weight, would otherwise add a moment the row does not have)."""
+    return [dict(m, **{ROWS: applies & m.get(ROWS, True)}) for m in moments]
 
 
 def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, acts):
@@ -426,8 +409,6 @@ def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, 
                  unsharded_params=blocks_held + fsdp1_prefetch,
                  all_gather_buffers=np.where(keep, 0, units["all_gather_block"]), root_unsharded=units["root_unsharded"])
     applies = fsdp | (c.strategy == st.SINGLE)
-    if not np.any(applies):
-        return [start]
     return [start] + _only_for(applies, _block_backward_moments(c, states, units, n_p, n_g, grads_held, common,
                                                                 in_block, acts))
 
@@ -438,18 +419,15 @@ def _block_backward_moments(c, states, units, n_p, n_g, grads_held, common, in_b
     L = c.num_layers
     moments = []
     ctx = _backward_context(c, states, n_g, grads_held, acts)
-    peft_recompute = bool(np.any((c.method != st.FULL) & (ctx["n_ckpt"] > 0)))
-    if peft_recompute:  # per token, the same in every block
-        ctx["lora_recompute"] = lora_recompute_bytes_per_token(c, ctx["a"])
+    ctx["lora_recompute"] = lora_recompute_bytes_per_token(c, ctx["a"])  # per token, the same in every block
+    recomputing = (c.method != st.FULL) & (ctx["n_ckpt"] > 0)  # a checkpointed LoRA/QLoRA block is recomputed
     # FSDP1's gradient moments have no buffer ending at L-2: linear in k from 1 to L-1
-    one = units["fsdp1_buffers"]  # None when no row is FSDP1 (buffers.fsdp_units)
     for which, k in enumerate((0, 1, L - 2, L - 1)):
         kk = np.clip(k, 0, np.maximum(L - 1, 0))
         moments.append(_block_backward(in_block, c, kk, ctx, units, grads_held))
-        if peft_recompute:
-            moments.append(_block_backward(common, c, kk, ctx, units, grads_held, recompute=True))
-        if one is not None and which != 2:
-            moments += _fsdp1_gradient_moments(common, c, kk, ctx, units, one, grads_held)
+        moments.append({**_block_backward(common, c, kk, ctx, units, grads_held, recompute=True), ROWS: recomputing})
+        if which != 2:
+            moments += _fsdp1_gradient_moments(common, c, kk, ctx, units, units["fsdp1_buffers"], grads_held)
     return moments
 
 
@@ -469,8 +447,6 @@ def _with_accumulated_grads(moments, held):
     micro-batch's backward to the last one's reduction, so in every forward and backward moment;
     reduced before the optimizer step. ASSUMPTION: counted on top of the sharded gradients held
     across micro-batches, an upper bound by at most those (the planner's earlier count)."""
-    if not np.any(held):  # the default (sync every micro-batch) adds nothing
-        return moments
     return [dict(m, unsharded_grads=m.get("unsharded_grads", 0) + held) for m in moments]
 
 
@@ -501,20 +477,15 @@ def _peak(moments, first_bw, step, persistent, zero):
 
 def _terms_at_peak(names, moments, step, peak, zero):
     """The breakdown terms at the peak moment: each row takes its winning moment's value (the
-    optimizer step's where that is the peak). Each moment's rows are found once, and a moment that
-    is no row's peak is skipped (sweeps evaluate many moments, few of which win)."""
-    if np.ndim(peak["moment"]) == 0:  # one configuration: its winning moment, read directly
-        winner = step if peak["moment"] == OPTIMIZER_STEP else moments[peak["which"]]
-        return {name: np.asarray(winner.get(name, 0) + zero, dtype=np.int64) for name in names}
-    candidates = [(step, peak["moment"] == OPTIMIZER_STEP)] + [(m, peak["which"] == i) for i, m in enumerate(moments)]
-    winners = [(m, rows) for m, rows in candidates if np.any(rows)]
-    if len(winners) == 1:  # every row's peak is one moment (always so for one configuration)
-        return {name: np.asarray(winners[0][0].get(name, 0) + zero, dtype=np.int64) for name in names}
+    optimizer step's where that is the peak). Only the moments some row peaks at are read (a
+    count of the winners per moment; sweeps evaluate many moments, few of which win)."""
+    candidates = [*moments, step]
+    winner = np.where(peak["moment"] == OPTIMIZER_STEP, len(moments), peak["which"])
+    read = np.flatnonzero(np.bincount(np.ravel(winner), minlength=len(candidates))).tolist()
     out = {}
     for name in names:  # the winning moments are disjoint: which of them np.select tries first is moot
-        holding = [(rows, m[name]) for m, rows in winners if name in m]
-        value = np.select([r for r, _ in holding], [v for _, v in holding], zero) if holding else zero
-        out[name] = np.asarray(value, dtype=np.int64)
+        holding = [(winner == i, candidates[i].get(name, 0)) for i in read]
+        out[name] = np.asarray(np.select([r for r, _ in holding], [v for _, v in holding], 0) + zero, dtype=np.int64)
     return out
 
 
@@ -579,7 +550,7 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
     live = {name: at_peak[name] for name in ("grads", "all_gather_buffers")}
     out.update(peak_allocated_bytes=peak_allocated,
                **_device_totals(c, peak_allocated, units, states, live, allocator or default_allocator(), n_p))
-    host_acts = offloaded_activation_bytes(c) if np.any(c.activation_offload) else 0
+    host_acts = np.where(c.activation_offload, offloaded_activation_bytes(c), 0)
     out.update(
         model_state_bytes=(persistent + step["grads"] + other["gathered_params"]),  # OIB: one gradient at a time
         host_offloaded_bytes_per_gpu=states["host_offloaded"] + host_acts,
