@@ -251,7 +251,7 @@ def forward_hook(phases: Phases):
 
 def run_trainer(cfg: dict, dev: str, rec: dict) -> dict:
     """One Trainer / SFTTrainer run: load (+ adapters), Trainer built, ``trainer.train()``."""
-    import torch
+    import torch  # noqa: F401
 
     if cfg.get("fsdp"):
         fake_world(cfg["world_size"], dev)
