@@ -48,6 +48,21 @@ COLLECTIVES = ("ag_fwd", "ag_bwd", "rs_grad", "ar_grad", "ar_replica", "ag_post_
 # with the ring length here.
 NCCL_BASE_LATENCY_S = 6.6e-6
 PROFILE_RING_STEPS = 7
+# What NCCL picks per call (tuning.cc, 2.2x, ``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime``): for
+# each protocol, latency = baseLat + intra steps · hwLat(intra) + inter-node steps · hwLat(NET),
+# time = latency + S / algbw, and the fastest protocol runs. Ring baseLat (µs): LL 6.6, LL128 14.0,
+# Simple 8.4; hwLat per ring step (µs, LL / LL128 / Simple): NVLink .6 / 1.9 / 3.4, PCI 1.0 / 2.5 /
+# 5.7, NET 2.7 / 4.0 / 14.0. Bandwidth: LL ×1/3 (all-gather / reduce-scatter in one node) or ×1/4
+# (all-reduce, or more than one node); LL128 ×0.92, only on NVLink inside a node (LL128 is enabled
+# by default only where the path is NVLink); Simple ×1. LL's intra-node hop is ×1.8 when the ring
+# spans nodes. The LL hop is the profile's (α − 6.6 µs)/7; LL128 and Simple hops come from the
+# link's kind (``NCCL_RING_HOPS_S``; ASSUMPTION: AMD xGMI priced as NVLink, RCCL's own table not used).
+NCCL_RING_BASE_S = {"ll": 6.6e-6, "ll128": 14.0e-6, "simple": 8.4e-6}
+NCCL_RING_HOPS_S = {"nvlink": (0.6e-6, 1.9e-6, 3.4e-6), "pcie": (1.0e-6, 2.5e-6, 5.7e-6),
+                    "net": (2.7e-6, 4.0e-6, 14.0e-6)}
+NCCL_HW_OF_KIND = {"nvlink": "nvlink", "infinity_fabric": "nvlink", "pcie": "pcie",
+                   "infiniband": "net", "ethernet": "net", "roce": "net"}
+NCCL_LL128_BW = 0.92
 
 
 # --- nccl-tests conventions -----------------------------------------------------------------
@@ -145,6 +160,11 @@ class LinkRates:
     inter_alpha_s: np.ndarray
     inter_nic_bytes_per_s: np.ndarray
     nics_per_node: np.ndarray
+    # NCCL's LL128 and Simple per-step latencies of each tier (``NCCL_RING_HOPS_S``); LL128 is inf
+    # where NCCL does not enable it (not NVLink)
+    intra_ll128_hop_s: np.ndarray = np.inf
+    intra_simple_hop_s: np.ndarray = NCCL_RING_HOPS_S["nvlink"][2]
+    inter_simple_hop_s: np.ndarray = NCCL_RING_HOPS_S["net"][2]
     calibrated: bool = False
     tables: dict = field(default_factory=dict)
     intra_alpha_measured: bool = False
@@ -200,21 +220,60 @@ def link_rates(cluster, calibration=None) -> LinkRates:
             values["intra_bus_bytes_per_s" if prefix == "intra" else "inter_nic_bytes_per_s"] = (
                 bw if prefix == "intra" else bw / cluster.nics_per_node)
             measured[prefix] = True
+    values.update(nccl_hops(intra.kind, inter.kind))
     return LinkRates(**{k: np.asarray(v, dtype=np.float64) for k, v in values.items()},
                      nics_per_node=np.asarray(cluster.nics_per_node), calibrated=bool(tables), tables=tables,
                      intra_alpha_measured=measured["intra"], inter_alpha_measured=measured["inter"])
 
 
+def nccl_hops(intra_kind: str, inter_kind: str) -> dict:
+    """LinkRates' LL128 / Simple per-step latencies for two link kinds (``NCCL_RING_HOPS_S``)."""
+    intra = NCCL_RING_HOPS_S[NCCL_HW_OF_KIND[intra_kind]]
+    inter = NCCL_RING_HOPS_S[NCCL_HW_OF_KIND[inter_kind]]
+    ll128 = intra[1] if NCCL_HW_OF_KIND[intra_kind] == "nvlink" else np.inf
+    return {"intra_ll128_hop_s": ll128, "intra_simple_hop_s": intra[2], "inter_simple_hop_s": inter[2]}
+
+
+def _ll_hop_s(profile_alpha_s):
+    """NCCL's LL per-step latency inside a profile's α (6.6 µs + 7 hops, the 8-rank ring)."""
+    return np.maximum(np.asarray(profile_alpha_s, dtype=np.float64) - NCCL_BASE_LATENCY_S, 0) / PROFILE_RING_STEPS
+
+
+def nccl_ring_time_s(op: str, message_bytes, calls, n, nodes, bus_bytes_per_s, rates: LinkRates):
+    """``calls`` ring collectives of S/calls bytes each on ``n`` ranks over ``nodes`` nodes, each at
+    the fastest of NCCL's three protocols (``NCCL_RING_BASE_S``, tuning.cc's latency and bandwidth
+    model); ``bus_bytes_per_s`` is the ring's achievable bus bandwidth. Zero for one rank."""
+    n = np.asarray(n, dtype=np.float64)
+    nodes = np.asarray(nodes, dtype=np.float64)
+    calls = np.maximum(np.asarray(calls, dtype=np.float64), 1)
+    moved = ring_factor(op, n) * np.asarray(message_bytes, dtype=np.float64) / calls / bus_bytes_per_s
+    inter = ring_steps(op, nodes)
+    intra = ring_steps(op, n) - inter
+    spans = nodes > 1
+    ll = (NCCL_RING_BASE_S["ll"] + intra * _ll_hop_s(rates.intra_alpha_s) * np.where(spans, 1.8, 1.0)
+          + inter * _ll_hop_s(rates.inter_alpha_s) + moved * np.where(spans | (op == "all_reduce"), 4.0, 3.0))
+    # LL128 off (inf hop) or across nodes: priced out (a finite stand-in keeps 0 steps × hop defined)
+    ll128_hop = np.where(np.isfinite(rates.intra_ll128_hop_s), rates.intra_ll128_hop_s, 1.0)
+    ll128 = np.where(spans | ~np.isfinite(rates.intra_ll128_hop_s), np.inf,
+                     NCCL_RING_BASE_S["ll128"] + intra * ll128_hop + moved / NCCL_LL128_BW)
+    simple = NCCL_RING_BASE_S["simple"] + intra * rates.intra_simple_hop_s + inter * rates.inter_simple_hop_s + moved
+    return np.where(n > 1, calls * np.minimum(np.minimum(ll, ll128), simple), 0.0)
+
+
 def ring_collective_time_s(op: str, message_bytes, calls, group_size, gpus_per_node, rates: LinkRates):
     """Time of ``calls`` collectives of one flat ring moving ``message_bytes`` (S summed over the
-    calls): α and B of the ring's slowest tier (``ring_alpha_s``, ``ring_bus_bytes_per_s``) at the
-    per-call message size S/calls (calibrated tiers: the fitted segment of that size)."""
+    calls) at the per-call message size S/calls: a calibrated tier with its fitted α and B of that
+    size (``collective_time_s``), otherwise NCCL's protocol choice on the ring's bus bandwidth
+    (``nccl_ring_time_s``; ``ring_bus_bytes_per_s``)."""
     per_call = np.asarray(message_bytes, dtype=np.float64) / np.maximum(calls, 1)
     r = rates.for_message(op, per_call)
     spans = np.asarray(group_size) > np.asarray(gpus_per_node)
     measured = np.where(spans, r.inter_alpha_measured, r.intra_alpha_measured)
-    return collective_time_s(op, message_bytes, group_size, ring_alpha_s(group_size, gpus_per_node, r),
-                             ring_bus_bytes_per_s(group_size, gpus_per_node, r), calls, measured)
+    bus = ring_bus_bytes_per_s(group_size, gpus_per_node, r)
+    fitted = collective_time_s(op, message_bytes, group_size, ring_alpha_s(group_size, gpus_per_node, r), bus, calls,
+                               measured)
+    nodes = np.ceil(np.asarray(group_size, dtype=np.float64) / np.maximum(gpus_per_node, 1))
+    return np.where(measured, fitted, nccl_ring_time_s(op, message_bytes, calls, group_size, nodes, bus, r))
 
 
 def ring_bus_bytes_per_s(group_size, gpus_per_node, rates: LinkRates):
@@ -415,7 +474,9 @@ def comm_times(c, rates: LinkRates, volume=None, sync_every_micro_batch=None):
             spans = shard_group * group > c.gpus_per_node
             alpha = np.where(spans, r.inter_alpha_s, r.intra_alpha_s)
             measured = np.where(spans, r.inter_alpha_measured, r.intra_alpha_measured)
-            out[f"{name}_s"] = collective_time_s(op, S, group, alpha, bus, calls, measured)
+            # replicas of one shard sit on different nodes when the replica group spans nodes
+            nccl = nccl_ring_time_s(op, S, calls, group, np.where(spans, group, 1), bus, r)
+            out[f"{name}_s"] = np.where(measured, collective_time_s(op, S, group, alpha, bus, calls, measured), nccl)
         else:
             out[f"{name}_s"] = ring_collective_time_s(op, S, calls, group, c.gpus_per_node, rates)
     return out

@@ -25,7 +25,8 @@ from shardplan.support.limits import MAX_SWEEP_CONFIGURATIONS, MAX_SWEEP_TABLE_C
 SWEEP_ROW_BYTES = 765
 
 CLUSTER_FIELDS = ("world_size", "gpus_per_node", "gpu_memory_bytes", "host_ram_bytes_per_node", "nccl_buffer_bytes")
-RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter_nic_bytes_per_s", "nics_per_node")
+RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter_nic_bytes_per_s", "nics_per_node",
+               "intra_ll128_hop_s", "intra_simple_hop_s", "inter_simple_hop_s")
 COMPUTE_FIELDS = ("gemm_efficiency", "gemm_m_half", "gemm_p", "attention_efficiency", "hbm_bytes_per_s",
                   "host_link_bytes_per_s", "cpu_optimizer_bytes_per_s_per_node", "nccl_sm_fraction")
 PEAK_FIELD = "peak_flops_by_precision"

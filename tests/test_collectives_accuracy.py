@@ -1,0 +1,85 @@
+"""The α-β collective model (NCCL's protocol choice, ``comm.nccl_ring_time_s``) against published
+nccl-tests lines (``tests/data/published_runs/collectives.csv``; ``shardplan.validation.collectives``).
+
+Tolerances: the bandwidth-bound regime must stay within the issue's target, 10 % median |error|
+out of source (5.2 % when committed); the latency-bound regime is guarded at its committed
+out-of-source median (25.2 %) rounded up to 30 %: the per-call host floor of a benchmark does not
+transfer between sources (24 µs intra-node, 261 µs inter-node fitted; 35 µs vs 48 µs floors
+measured on two NVLink hosts), so 10 % is not reached there (docs/accuracy.md).
+"""
+
+import numpy as np
+import pytest
+
+from shardplan.formulas import comm
+from shardplan.inputs.hardware import LinkProfile
+from shardplan.validation import collectives as vc
+
+ROWS, SKIPPED = vc.load_rows()
+BANDWIDTH_TARGET = 0.10
+LATENCY_GUARD = 0.30
+
+
+def _median_abs(rows, cls, loso=True):
+    e = vc.errors(rows, loso)
+    v = [abs(e[r.row_id]) for r in rows if not r.in_network and vc.regime(r) == cls]
+    return float(np.median(v))
+
+
+def test_rows_cover_both_regimes_links_and_sources():
+    assert len(ROWS) >= 150
+    assert {vc.regime(r) for r in ROWS} == {"latency", "bandwidth"}
+    assert len({r.source for r in ROWS}) >= 4
+    assert {r.fabric[0] for r in ROWS} >= {"nvlink4", "nvlink5", "pcie4"}
+    assert all(why for why in SKIPPED.values())
+
+
+def test_bandwidth_bound_within_target_out_of_source():
+    assert _median_abs(ROWS, "bandwidth") <= BANDWIDTH_TARGET
+
+
+def test_latency_bound_does_not_regress():
+    assert _median_abs(ROWS, "latency") <= LATENCY_GUARD
+
+
+def test_nvlink4_ring_matches_nccl_tests_at_every_size():
+    """The 64-line H100 NVLink4 sweep (together-nccl-tests): NCCL's protocol model with the host
+    floor fitted on the other sources, median |error| over sizes ≥ 16 MiB within 10 %."""
+    rows = [r for r in ROWS if r.fabric[0] == "nvlink4" and r.nodes == 1 and r.size_bytes >= 16 << 20]
+    e = vc.errors(ROWS, loso=True)
+    assert len(rows) >= 30
+    assert float(np.median([abs(e[r.row_id]) for r in rows])) <= BANDWIDTH_TARGET
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_link_efficiency_mis_set_twofold_fails(monkeypatch, factor):
+    real = LinkProfile.achievable_bytes_per_s.fget
+    monkeypatch.setattr(LinkProfile, "achievable_bytes_per_s", property(lambda self: real(self) * factor))
+    assert _median_abs(ROWS, "bandwidth") > BANDWIDTH_TARGET
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_ring_latency_mis_set_twofold_fails(monkeypatch, factor):
+    """NCCL's per-step latencies (all protocols) off by 2×: the mid-size NVLink4 rows (1-64 MiB,
+    where latency and transfer are of one order) leave the 10 % band."""
+    monkeypatch.setattr(comm, "NCCL_RING_BASE_S", {k: v * factor for k, v in comm.NCCL_RING_BASE_S.items()})
+    monkeypatch.setattr(comm, "NCCL_RING_HOPS_S", {k: tuple(h * factor for h in v) for k, v in comm.NCCL_RING_HOPS_S.items()})
+    rows = [r for r in ROWS if r.fabric[0] == "nvlink4" and r.nodes == 1 and (1 << 20) <= r.size_bytes <= (64 << 20)]
+    e = vc.errors(rows, loso=False)
+    assert float(np.median([abs(v) for v in e.values()])) > BANDWIDTH_TARGET
+
+
+def test_protocol_choice_is_nccls():
+    """Small messages run LL (low latency, a third of the bandwidth), large ones Simple."""
+    rates = vc.fabric_rates(("nvlink4", None, 0))
+    bus = comm.ring_bus_bytes_per_s(8, 8, rates)
+    small = float(comm.nccl_ring_time_s("all_gather", 1024, 1, 8, 1, bus, rates))
+    assert small == pytest.approx(6.6e-6 + 7 * 0.6e-6 + 3 * 0.875 * 1024 / float(bus), rel=1e-6)
+    big = float(comm.nccl_ring_time_s("all_gather", 1 << 30, 1, 8, 1, bus, rates))
+    assert big == pytest.approx(8.4e-6 + 7 * 3.4e-6 + 0.875 * (1 << 30) / float(bus), rel=1e-6)
+
+
+def test_report_names_every_regime():
+    text = vc.report_markdown()
+    for cls in ("bandwidth-bound", "latency-bound", "in-network"):
+        assert cls in text
