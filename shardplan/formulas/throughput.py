@@ -30,7 +30,9 @@ max(compute + φ·overlapped comm, comm) (``contended_interval_s``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from importlib import resources
 
 import numpy as np
 
@@ -104,6 +106,13 @@ class ComputeRates:
     # φ = NCCL CTAs / SMs (``nccl_sm_fraction``); a default so callers that build ComputeRates
     # field by field (``shardplan/planning/grid_sweep.py``) keep working: A100's 24/108.
     nccl_sm_fraction: np.ndarray = NCCL_CTAS / DEFAULT_SM_COUNT
+    # 16-bit GEMM efficiency per shape where measured (``shardplan/data/gemm_efficiency.json``,
+    # ``gemm_shape_efficiency``): c0, cm, cn, ck and the best measured efficiency; NaN = nameplate
+    gemm_shape_c0: np.ndarray = np.nan
+    gemm_shape_cm: np.ndarray = np.nan
+    gemm_shape_cn: np.ndarray = np.nan
+    gemm_shape_ck: np.ndarray = np.nan
+    gemm_shape_eff_max: np.ndarray = np.nan
 
 
 def compute_rates(cluster, calibration=None) -> ComputeRates:
@@ -132,13 +141,36 @@ def compute_rates(cluster, calibration=None) -> ComputeRates:
         if bandwidth:
             hbm, calibrated = max(b.bytes_per_s for b in bandwidth), True
     host = get_link(gpu.host_link, "host_link")
+    # a calibration's own matmul curve wins over the shipped shape fit (it measured this cluster)
+    shape = {} if calibrated else gemm_shape_fields(gpu.name)
     return ComputeRates(
         peak_flops_by_precision=peak, gemm_efficiency=np.asarray(eff), gemm_m_half=np.asarray(m_half),
         gemm_p=np.asarray(p), attention_efficiency=np.asarray(gpu.attention_efficiency),
         hbm_bytes_per_s=np.asarray(hbm),
         host_link_bytes_per_s=np.asarray(host.achievable_bytes_per_s),
         cpu_optimizer_bytes_per_s_per_node=np.asarray(CPU_OPTIMIZER_BYTES_PER_S_PER_NODE), calibrated=calibrated,
-        nccl_sm_fraction=np.asarray(nccl_sm_fraction(sm_count)))
+        nccl_sm_fraction=np.asarray(nccl_sm_fraction(sm_count)), **shape)
+
+
+def gemm_shape_table() -> dict:
+    """``shardplan/data/gemm_efficiency.json``'s GPUs (read once)."""
+    global _GEMM_SHAPES
+    if _GEMM_SHAPES is None:
+        _GEMM_SHAPES = json.loads(resources.files("shardplan").joinpath("data/gemm_efficiency.json").read_text())["gpus"]
+    return _GEMM_SHAPES
+
+
+_GEMM_SHAPES = None
+
+
+def gemm_shape_fields(gpu_name: str) -> dict:
+    """ComputeRates' ``gemm_shape_*`` fields of a GPU with measured GEMM shapes; {} (nameplate) otherwise."""
+    entry = gemm_shape_table().get(gpu_name)
+    if entry is None:
+        return {}
+    c0, cm, cn, ck = entry["coefficients"]
+    return {"gemm_shape_c0": np.asarray(c0), "gemm_shape_cm": np.asarray(cm), "gemm_shape_cn": np.asarray(cn),
+            "gemm_shape_ck": np.asarray(ck), "gemm_shape_eff_max": np.asarray(entry["eff_max"])}
 
 
 def nccl_sm_fraction(sm_count, nccl_ctas=NCCL_CTAS):
@@ -273,11 +305,41 @@ def contended_interval_s(compute_s, phi, *streams_s):
 
 
 def gemm_efficiency(c, rates: ComputeRates):
-    """eff(m) for the block GEMMs of one micro-batch: m = (tokens·h·i)^(1/3), tokens = b·s
-    (``shardplan/calibrate/compute.py`` curve)."""
+    """Efficiency of one micro-batch's matmuls: the measured shape fit where the GPU has one and the
+    precision is 16-bit (``gemm_shape_efficiency``), else the nameplate curve eff(m) with
+    m = (tokens·h·i)^(1/3), tokens = b·s (``shardplan/calibrate/compute.py`` curve)."""
     tokens = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
     m = np.cbrt(tokens * c.hidden_size * np.maximum(c.mlp_width, 1))
-    return rates.gemm_efficiency / (1.0 + (rates.gemm_m_half / m) ** rates.gemm_p)
+    nameplate = rates.gemm_efficiency / (1.0 + (rates.gemm_m_half / m) ** rates.gemm_p)
+    measured = np.isfinite(rates.gemm_shape_c0) & (np.asarray(c.precision) != st.FP32)
+    return np.where(measured, gemm_shape_efficiency(c, rates), nameplate)
+
+
+def _shape_eff(rates: ComputeRates, m, n, k):
+    raw = (rates.gemm_shape_c0 + rates.gemm_shape_cm * np.log2(m) + rates.gemm_shape_cn * np.log2(n)
+           + rates.gemm_shape_ck * np.log2(k))
+    return np.clip(np.nan_to_num(raw, nan=1.0), 0.05, np.nan_to_num(rates.gemm_shape_eff_max, nan=1.0))
+
+
+def gemm_shape_efficiency(c, rates: ComputeRates):
+    """FLOP-weighted efficiency of the model's Linear GEMMs from the measured shape fit
+    (``shardplan/calibrate/gemm_shapes.py``): every block Linear (q, k, v, o, gate, up, down) and
+    the lm_head, each Y[m, out] = X[m, in]·W as three GEMMs — forward (m, out, in), input
+    gradient (m, in, out), weight gradient (in, out, m) — with m = b·s tokens; time = Σ FLOPs/eff.
+    ASSUMPTION: LoRA's frozen base (no weight gradient) keeps the same mix."""
+    m = np.maximum(np.asarray(c.micro_batch * c.seq_len, dtype=np.float64), 1)
+    h, q, kv, i = (np.maximum(np.asarray(x, dtype=np.float64), 1) for x in (c.hidden_size, c.q_width, c.kv_width, c.mlp_width))
+    layers = np.asarray(c.num_layers, dtype=np.float64)
+    up = np.where(c.gated_mlp, 2.0, 1.0)
+    linears = ((q, h, layers), (kv, h, 2 * layers), (h, q, layers), (i, h, up * layers), (h, i, layers),
+               (np.maximum(np.asarray(c.vocab_size, dtype=np.float64), 1), h, 1.0))
+    flops = time = 0.0
+    for out, inp, count in linears:
+        f = count * out * inp  # per token; the three GEMMs of a Linear have equal FLOPs
+        for shape in ((m, out, inp), (m, inp, out), (inp, out, m)):
+            flops = flops + f
+            time = time + f / _shape_eff(rates, *shape)
+    return flops / time
 
 
 def compute_time_per_token_s(c, rates: ComputeRates):
