@@ -157,8 +157,11 @@ def _with_time(results: list, spec, cluster, overlay, bands) -> list:
     from shardplan.inputs.config import TrainingConfig
     from shardplan.planning.fit import step_timings
 
+    from shardplan.formulas.efficiencies import efficiencies_used
+
     times = step_timings(spec, cluster, [TrainingConfig(**r.config) for r in results], overlay, bands)
-    return [r.model_copy(update={"time": t}) for r, t in zip(results, times)]
+    return [r.model_copy(update={"time": t, "efficiencies": efficiencies_used(cluster, r.config, t["gemm_efficiency"], overlay)})
+            for r, t in zip(results, times)]
 
 
 def _show(results: list, args: dict, strategy_name: Optional[str]) -> None:

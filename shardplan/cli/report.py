@@ -191,6 +191,9 @@ def render_fit(results: list[FitResult], width: int | None = None) -> str:
             t = r.time
             lines.append(f"    step {t['step_time_s']:.3f} s (compute {t['compute_s']:.3f} s, exposed comm "
                          f"{t['exposed_comm_s']:.3f} s), {tokens_line(t)}, MFU {t['mfu']:.1%}")
+            if r.efficiencies:
+                lines.append("    efficiencies: " + ", ".join(f"{e['name']} {e['value']:.3f} ({e['status']})"
+                                                            for e in r.efficiencies))
     lines.append("")
     lines.append(breakdown_table(results, width))
     failing = [r for r in results if not r.fits]

@@ -98,6 +98,8 @@ class FitResult(BaseModel):
     alternatives: list[Alternative] = Field(default_factory=list)  # a new list, not a deep copy of a default
     notes: list[str] = []
     time: dict[str, float] | None = None
+    # the efficiencies the step time used: name, value, status (measured / calibrated / nameplate), source
+    efficiencies: list[dict[str, Any]] | None = None
 
 
 def _columns(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Columns:
@@ -224,7 +226,7 @@ def limiting_resource(r: FitResult) -> str:
 
 
 TIME_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "hfu", "compute_s", "comm_s",
-               "exposed_comm_s", "optimizer_s", "offload_transfer_s")
+               "exposed_comm_s", "optimizer_s", "offload_transfer_s", "gemm_efficiency")
 TIME_BAND_FIELDS = tuple(f"{name}_{end}" for name in ("tokens_per_s", "tokens_per_s_per_gpu") for end in ("low", "high"))
 
 
