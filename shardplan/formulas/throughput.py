@@ -311,7 +311,7 @@ def gemm_efficiency(c, rates: ComputeRates):
     tokens = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
     m = np.cbrt(tokens * c.hidden_size * np.maximum(c.mlp_width, 1))
     nameplate = rates.gemm_efficiency / (1.0 + (rates.gemm_m_half / m) ** rates.gemm_p)
-    measured = np.isfinite(rates.gemm_shape_c0) & (np.asarray(c.precision) != st.FP32)
+    measured = np.isfinite(rates.gemm_shape_c0) & (matmul_precision(c) != st.FP32)
     return np.where(measured, gemm_shape_efficiency(c, rates), nameplate)
 
 
@@ -345,13 +345,24 @@ def gemm_shape_efficiency(c, rates: ComputeRates):
 def compute_time_per_token_s(c, rates: ComputeRates):
     """(forward, backward) seconds per token on one GPU, recompute included in backward."""
     peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
+    mm_peak = rates.peak_flops_by_precision[matmul_precision(c)]
     f = flops_per_token(c)
     eff = gemm_efficiency(c, rates)
     ew = elementwise_bytes_per_token(c) / rates.hbm_bytes_per_s
     share_fwd = 1.0 / (2.0 + BACKWARD_ELEMENTWISE_FACTOR + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c)))
-    fwd = f["fwd_matmul"] / (peak * eff) + f["fwd_attention"] / (peak * rates.attention_efficiency) + ew * share_fwd
-    bwd = f["bwd_matmul"] / (peak * eff) + f["bwd_attention"] / (peak * rates.attention_efficiency) + ew * (1 - share_fwd)
+    fwd = f["fwd_matmul"] / (mm_peak * eff) + f["fwd_attention"] / (peak * rates.attention_efficiency) + ew * share_fwd
+    bwd = f["bwd_matmul"] / (mm_peak * eff) + f["bwd_attention"] / (peak * rates.attention_efficiency) + ew * (1 - share_fwd)
     return fwd, bwd
+
+
+def matmul_precision(c):
+    """Precision code the Linear GEMMs run in: the configuration's, except QLoRA, whose 4-bit base
+    Linears cast their input to the 16-bit compute dtype and multiply in it whatever the precision
+    of the rest (bitsandbytes ``nn/modules.py`` ``Linear4bit.forward``: ``x.to(self.compute_dtype)``
+    before ``matmul_4bit``; a kbit-prepared model keeps fp32 norms and adapters around it).
+    ASSUMPTION: the compute dtype is bf16 (fp16 on GPUs without bf16: the peak table's bf16 entry
+    is their fp16 peak); the rank-r adapter GEMMs, a few per mille of the FLOPs, priced alike."""
+    return np.where(c.method == st.QLORA, st.BF16_MIXED, np.asarray(c.precision))
 
 
 def qlora_dequant_s(c, rates: ComputeRates):

@@ -1,0 +1,158 @@
+"""Tokens/s of published runs against shardplan's step time: the time half of the accuracy report.
+
+Every row of ``tests/data/published_runs/runs.csv`` with a tokens/s number that ``runs.read_runs``
+expresses as a query is predicted with ``fit.step_timings`` (what ``fit --global-batch-tokens``
+answers) and compared: error = predicted / published − 1 (positive: the model is optimistic).
+
+Grouped per source (the row-id prefix), per class (engine × strategy × method × GPU family ×
+nodes) and per regime of the prediction:
+
+* ``offload-bound``: host transfers + the CPU optimizer are ≥ 25 % of the step;
+* ``communication-bound``: the step's collectives take ≥ a quarter of its compute time (what
+  overlap must hide: multi-node, PCIe cards, large data-parallel degrees);
+* ``compute-bound``: the rest.
+
+No constant of the time model is fitted on these runs (the GEMM shape fit comes from the H100
+probes, link and latency figures from NCCL and the profiles), so every error here is out of
+source. The tokens/s band is two-sided from those errors (``band_quantiles``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from shardplan.validation.runs import RunQuery, read_runs
+
+RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "published_runs" / "runs.csv"
+OFFLOAD_SHARE = 0.25
+COMM_SHARE = 0.25
+BAND_QUANTILES = (0.10, 0.90)  # the band holds the middle 80 % of out-of-source errors
+
+
+@dataclass(frozen=True)
+class TokensRow:
+    row_id: str
+    source: str
+    klass: str
+    regime: str
+    published: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.published - 1
+
+
+def gpu_family(cluster) -> str:
+    name = cluster.gpu.name
+    for family in ("a100", "h100", "h200", "b200", "gh200", "mi300", "mi250", "v100", "a10g", "l4", "l40"):
+        if name.startswith(family):
+            return family
+    return name
+
+
+def run_class(q: RunQuery) -> str:
+    nodes = "1 node" if q.cluster.nodes == 1 else "multi-node"
+    return f"{q.config.engine} × {q.config.strategy} × {q.config.method} × {gpu_family(q.cluster)} × {nodes}"
+
+
+def regime(t: dict, offloaded: bool) -> str:
+    """The prediction's binding part (module docstring); an offloaded optimizer's step runs on the CPU."""
+    host = t["offload_transfer_s"] + (t["optimizer_s"] if offloaded else 0.0)
+    if host >= OFFLOAD_SHARE * t["step_time_s"]:
+        return "offload-bound"
+    if t["comm_s"] >= COMM_SHARE * t["compute_s"]:
+        return "communication-bound"
+    return "compute-bound"
+
+
+def predict(queries: list[RunQuery]) -> list[TokensRow]:
+    """The rows' predictions, one vectorized ``fit.step_timings`` call per row."""
+    from shardplan.planning.fit import step_timings
+
+    out = []
+    for q in queries:
+        t = step_timings(q.spec, q.cluster, [q.config])[0]
+        out.append(TokensRow(q.row_id, q.source, run_class(q), regime(t, q.config.offload != "none"),
+                             q.measured_tokens_per_s_per_gpu,
+                             t["tokens_per_s_per_gpu"]))
+    return out
+
+
+def dev_set_rows(path: Path = RUNS) -> list[TokensRow]:
+    """Every expressible row of the runs CSV with a tokens/s number, predicted."""
+    return predict([r for r in read_runs(path) if isinstance(r, RunQuery) and r.measured_tokens_per_s_per_gpu])
+
+
+def stats(errors) -> dict[str, float]:
+    e = np.asarray(list(errors), dtype=np.float64)
+    return {"n": len(e), "median_abs": float(np.median(np.abs(e))), "signed_median": float(np.median(e)),
+            "p90_abs": float(np.quantile(np.abs(e), 0.9))}
+
+
+def grouped(rows: list[TokensRow], key) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r.error)
+    return {k: stats(v) for k, v in sorted(groups.items())}
+
+
+def band_quantiles(rows: list[TokensRow]) -> tuple[float, float]:
+    """(slower, faster) for ``verdict.throughput_band`` (low = estimate / (1 + slower), high =
+    estimate × (1 + faster)) from the 10th and 90th percentiles of the out-of-source errors
+    (error = predicted / published − 1): slower = p90, faster = 1 / (1 + p10) − 1 (a run that
+    published more than predicted). The band holds the middle 80 % of the development set."""
+    lo, hi = np.quantile([r.error for r in rows], BAND_QUANTILES)
+    return float(max(hi, 0.0)), float(max(1.0 / (1.0 + lo) - 1.0, 0.0))
+
+
+# --- the report -----------------------------------------------------------------------------------
+BEGIN, END = "<!-- tokens-per-s:begin -->", "<!-- tokens-per-s:end -->"
+WORST_SIGNED = 0.10  # the issue's bound on a class's |signed median|
+
+
+def _table(title: str, groups: dict[str, dict[str, float]]) -> list[str]:
+    lines = [f"| {title} | runs | median \\|error\\| | signed median | p90 \\|error\\| |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {k} | {v['n']} | {v['median_abs']:.1%} | {v['signed_median']:+.1%} | {v['p90_abs']:.1%} |"
+              for k, v in groups.items()]
+    return lines + [""]
+
+
+def report_markdown(rows: list[TokensRow] | None = None) -> str:
+    """The tokens/s section of docs/accuracy.md (between ``BEGIN`` and ``END``)."""
+    rows = dev_set_rows() if rows is None else rows
+    overall = stats(r.error for r in rows)
+    slower, faster = band_quantiles(rows)
+    by_class = grouped(rows, lambda r: r.klass)
+    off = [f"{k} ({v['signed_median']:+.1%}, {v['n']} runs)" for k, v in by_class.items()
+           if abs(v["signed_median"]) > WORST_SIGNED]
+    lines = [BEGIN, "",
+             f"{overall['n']} runs with tokens/s: median |error| {overall['median_abs']:.1%}, signed median "
+             f"{overall['signed_median']:+.1%}, p90 {overall['p90_abs']:.1%} (error = predicted / published − 1; "
+             "nothing fitted on these runs, so every error is out of source). Band: estimate / "
+             f"(1 + {slower:.3f}) … estimate × (1 + {faster:.3f}), the 10th–90th percentiles.", ""]
+    lines += _table("regime", grouped(rows, lambda r: r.regime))
+    lines += _table("source", grouped(rows, lambda r: r.source))
+    lines += _table("engine × strategy × method × GPU × nodes", by_class)
+    lines += [f"Classes with |signed median| > {WORST_SIGNED:.0%}: {len(off)} of {len(by_class)}: " + "; ".join(off) + ".",
+              "", END]
+    return "\n".join(lines)
+
+
+def write_report(doc: Path) -> None:
+    """Replace the section between the markers of ``doc`` (atomically)."""
+    from shardplan.support.atomic_write import write_text_atomic
+
+    text = doc.read_text()
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    write_text_atomic(doc, head + report_markdown() + tail)
+
+
+if __name__ == "__main__":  # python -m shardplan.validation.tokens docs/accuracy.md
+    import sys
+
+    write_report(Path(sys.argv[1]))

@@ -1,0 +1,47 @@
+"""Tokens/s against the development set's published runs (``shardplan.validation.tokens``): the
+time half of docs/accuracy.md. Fails when the numbers get worse than committed.
+
+Committed (this tree): 297 runs, median |error| 11.9 %, p90 44.8 %; compute-bound 11.4 %,
+communication-bound 17.0 %. The guard is those values plus 0.2 percentage points (float noise
+across numpy builds, not a tolerance on the model): any change that makes a regime or the whole
+set worse fails here, and a change that improves it should lower the constants. The issue's
+targets (median ≤ 8 %, p90 ≤ 25 %, no class with |signed median| > 10 %) are NOT met; the doc
+section lists the classes that miss them.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from shardplan.validation import tokens
+
+ROWS = tokens.dev_set_rows()
+SLACK = 0.002
+COMMITTED = {"all": (0.119, 0.449), "compute-bound": (0.114, 0.450), "communication-bound": (0.170, 0.307)}
+DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
+
+
+def test_whole_set_not_worse_than_committed():
+    s = tokens.stats(r.error for r in ROWS)
+    median, p90 = COMMITTED["all"]
+    assert s["n"] >= 290
+    assert s["median_abs"] <= median + SLACK and s["p90_abs"] <= p90 + SLACK
+
+
+@pytest.mark.parametrize("regime", ["compute-bound", "communication-bound"])
+def test_regime_not_worse_than_committed(regime):
+    s = tokens.grouped(ROWS, lambda r: r.regime)[regime]
+    median, p90 = COMMITTED[regime]
+    assert s["median_abs"] <= median + SLACK and s["p90_abs"] <= p90 + SLACK
+
+
+def test_doc_section_is_the_report():
+    """docs/accuracy.md holds the report as generated: python -m shardplan.validation.tokens docs/accuracy.md"""
+    text = DOC.read_text()
+    section = text[text.index(tokens.BEGIN):text.index(tokens.END) + len(tokens.END)]
+    assert section == tokens.report_markdown(ROWS)
+
+
+def test_every_row_has_a_class_and_regime():
+    assert {r.regime for r in ROWS} <= {"compute-bound", "communication-bound", "offload-bound"}
+    assert all(r.klass.count(" × ") == 4 and r.published > 0 and r.predicted > 0 for r in ROWS)
