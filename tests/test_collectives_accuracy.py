@@ -83,3 +83,11 @@ def test_report_names_every_regime():
     text = vc.report_markdown()
     for cls in ("bandwidth-bound", "latency-bound", "in-network"):
         assert cls in text
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_small_message_time_grows_with_ring_length(n):
+    """LL's latency is base + steps · hop: a longer ring (world size) takes longer for a tiny message."""
+    rates = vc.fabric_rates(("nvlink4", None, 0))
+    t = lambda ranks: float(comm.nccl_ring_time_s("all_gather", 4096, 1, ranks, 1, comm.ring_bus_bytes_per_s(ranks, 8, rates), rates))
+    assert t(n) < t(2 * n)

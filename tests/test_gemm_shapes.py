@@ -62,3 +62,26 @@ def test_unmeasured_gpu_and_fp32_keep_the_nameplate_curve():
     assert float(tp.gemm_efficiency(c, rates)) == pytest.approx(rates.gemm_efficiency / (1 + (256 / m) ** 2))
     c32, rates_h = _cols(precision="fp32")
     assert float(tp.gemm_efficiency(c32, rates_h)) == pytest.approx(rates_h.gemm_efficiency / (1 + (256 / m) ** 2))
+
+
+def test_lora_adapter_bytes_scale_with_adapted_linears_and_dropout():
+    """PEFT's adapter path moves bytes per adapted Linear: more targets, more bytes; dropout > 0
+    adds its copy and mask; a full fine-tune has none."""
+    c_full, _ = _cols(method="full")
+    c_qv, _ = _cols(method="lora", lora_targets="qv", lora_dropout=0.0)
+    c_all, _ = _cols(method="lora", lora_targets="all-linear", lora_dropout=0.0)
+    c_drop, _ = _cols(method="lora", lora_targets="all-linear", lora_dropout=0.1)
+    full, qv, all_, drop = (float(tp.lora_adapter_bytes_per_token(c)) for c in (c_full, c_qv, c_all, c_drop))
+    assert full == 0 < qv < all_ < drop
+    # Llama-3.1-8B all-linear, bf16, AC none: per layer in widths 4096·6 + 14336, out widths 43008
+    c_none, _ = _cols(method="lora", lora_targets="all-linear", ac="none", lora_dropout=0.0)
+    ins, outs = 4096 * 6 + 14336, 4096 * 2 + 1024 * 2 + 14336 * 2 + 4096
+    assert float(tp.lora_adapter_bytes_per_token(c_none)) == pytest.approx(32 * (2 * ins + 12 * outs + 8 * outs + 8 * ins))
+
+
+def test_qlora_base_matmuls_run_in_16_bit_even_when_the_rest_is_fp32():
+    c16, rates = _cols(method="qlora", precision="bf16-mixed")
+    c32, _ = _cols(method="qlora", precision="fp32")
+    assert int(tp.matmul_precision(c32)) == int(tp.matmul_precision(c16)) != 3
+    full32, _ = _cols(method="full", precision="fp32")
+    assert int(tp.matmul_precision(full32)) == 3  # a plain fp32 run multiplies in fp32

@@ -254,7 +254,30 @@ def elementwise_bytes_per_token(c):
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
     layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
     head = CROSS_ENTROPY_BYTES_PER_VOCAB * scale * c.vocab_size
-    return layers + head
+    return layers + head + lora_adapter_bytes_per_token(c)
+
+
+def lora_adapter_bytes_per_token(c):
+    """HBM bytes per token of PEFT's adapter path around each adapted Linear (peft
+    ``tuners/lora/layer.py`` ``Linear.forward``: ``result = result + lora_B(lora_A(dropout(x))) *
+    scaling``), a the activation bytes, per adapted Linear of input width in and output width out:
+    forward: lora_A reads x (a·in), lora_B writes its output (a·out), ``* scaling`` reads and
+    writes it (2a·out), the add reads both and writes the sum (3a·out); dropout with p > 0 writes a
+    copy and a 1-byte mask (2a·in + in). Backward: ``* scaling``'s gradient (2a·out), lora_B's input-
+    and weight-gradient GEMMs read the incoming gradient (2a·out), lora_A's input gradient is
+    written and accumulated into x's (4a·in), dropout's backward (2a·in + in). Recomputed blocks
+    repeat the forward. The rank-r GEMMs' FLOPs are in ``flops_per_token``; out widths summed per
+    block are lora_params / (layers · r) − the adapted input widths."""
+    a = compute_dtype_bytes(c.precision)
+    rank = np.maximum(c.lora_rank_out / np.maximum(c.lora_adapted_linears, 1), 1)
+    layers = np.maximum(np.asarray(c.num_layers, dtype=np.float64), 1)
+    ins = np.asarray(c.lora_adapted_in, dtype=np.float64)
+    outs = np.maximum(c.lora_params / (layers * rank) - ins, 0)
+    dropout = np.where(np.asarray(c.lora_dropout) > 0, 2 * a * ins + ins, 0.0)
+    fwd = a * ins + 6 * a * outs + dropout
+    bwd = 4 * a * outs + 4 * a * ins + dropout
+    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    return np.where(c.method != st.FULL, layers * (fwd * (1 + frac) + bwd), 0.0)
 
 
 def fsdp_copy_bytes(c):
