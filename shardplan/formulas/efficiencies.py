@@ -13,6 +13,7 @@ from typing import Any
 
 from shardplan.formulas import throughput as tp
 from shardplan.formulas.comm import link_rates
+from shardplan.inputs.gemm_table import gemm_shape_entry
 
 
 def _entry(name: str, value: float, status: str, source: str) -> dict[str, Any]:
@@ -20,7 +21,7 @@ def _entry(name: str, value: float, status: str, source: str) -> dict[str, Any]:
 
 
 def _gemm(cluster, rates, gemm_value: float, precision: str) -> dict[str, Any]:
-    entry = tp.gemm_shape_table().get(cluster.gpu.name)
+    entry = gemm_shape_entry(cluster.gpu.name)
     if rates.calibrated and not entry:
         return _entry("gemm", gemm_value, "calibrated", "the calibration's matmul curve")
     if entry and precision != "fp32" and not rates.calibrated:

@@ -30,9 +30,7 @@ max(compute + φ·overlapped comm, comm) (``contended_interval_s``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from importlib import resources
 
 import numpy as np
 
@@ -44,6 +42,7 @@ from shardplan.formulas.activations import checkpointed_layers, compute_dtype_by
 from shardplan.formulas.comm import (COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes,
                                      grad_comm_bytes_per_element, sync_count)
 from shardplan.formulas.model_states import trainable_params
+from shardplan.inputs.gemm_table import gemm_shape_entry
 from shardplan.inputs.hardware import DEFAULT_SM_COUNT
 from shardplan.inputs.model import attention_flops_per_token, train_flops_per_token
 
@@ -152,20 +151,9 @@ def compute_rates(cluster, calibration=None) -> ComputeRates:
         nccl_sm_fraction=np.asarray(nccl_sm_fraction(sm_count)), **shape)
 
 
-def gemm_shape_table() -> dict:
-    """``shardplan/data/gemm_efficiency.json``'s GPUs (read once)."""
-    global _GEMM_SHAPES
-    if _GEMM_SHAPES is None:
-        _GEMM_SHAPES = json.loads(resources.files("shardplan").joinpath("data/gemm_efficiency.json").read_text())["gpus"]
-    return _GEMM_SHAPES
-
-
-_GEMM_SHAPES = None
-
-
 def gemm_shape_fields(gpu_name: str) -> dict:
     """ComputeRates' ``gemm_shape_*`` fields of a GPU with measured GEMM shapes; {} (nameplate) otherwise."""
-    entry = gemm_shape_table().get(gpu_name)
+    entry = gemm_shape_entry(gpu_name)
     if entry is None:
         return {}
     c0, cm, cn, ck = entry["coefficients"]
