@@ -1,7 +1,6 @@
-"""GEMM efficiency per problem shape (``shardplan/calibrate/gemm_shapes.py``,
-``shardplan/data/gemm_efficiency.json``, ``throughput.gemm_shape_efficiency``)."""
+"""GEMM efficiency per problem shape (``shardplan/calibrate/gemm_shapes.py``, the GPU profile's
+``gemm_shape_fit``, ``throughput.gemm_shape_efficiency``)."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,18 +9,20 @@ import pytest
 from shardplan.calibrate import gemm_shapes as gs
 from shardplan.formulas import throughput as tp
 from shardplan.inputs.config import TrainingConfig, columns_for
-from shardplan.inputs.hardware import parse_gpus
+from shardplan.inputs.hardware import get_gpu, parse_gpus
 from shardplan.inputs.models import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBES = ROOT / "data" / "calibration" / "gpu" / "probes.jsonl"
-TABLE = json.loads((ROOT / "shardplan" / "data" / "gemm_efficiency.json").read_text())["gpus"]
+H100_FIT = get_gpu("h100-sxm").gemm_shape_fit
 
 
-def test_table_is_the_fit_of_its_probes():
-    """The shipped coefficients and stated leave-one-shape-out errors re-derive from the probes."""
-    assert TABLE["h100-sxm"] == {**gs.fit_table(PROBES, "h100-sxm"),
-                                 "probes_file": TABLE["h100-sxm"]["probes_file"], "source": TABLE["h100-sxm"]["source"]}
+def test_profile_fit_is_the_fit_of_its_probes():
+    """The H100 profile's coefficients and stated leave-one-shape-out errors re-derive from the probes."""
+    fit = H100_FIT.model_dump()
+    assert {k: (list(v) if isinstance(v, tuple) else v) for k, v in fit.items()} == {
+        **gs.fit_table(PROBES, "h100-sxm"), "probes_file": "data/calibration/gpu/probes.jsonl"}
+    assert (ROOT / fit["probes_file"]).exists()
 
 
 def test_shape_fit_beats_the_nameplate_curve_out_of_sample():
@@ -52,7 +53,7 @@ def test_efficiency_rises_with_tokens_on_measured_gpu(seq_len):
     c_small, rates = _cols(seq_len=seq_len)
     c_big, _ = _cols(seq_len=seq_len * 2)
     small, big = float(tp.gemm_efficiency(c_small, rates)), float(tp.gemm_efficiency(c_big, rates))
-    assert small < big <= TABLE["h100-sxm"]["eff_max"]
+    assert small < big <= H100_FIT.eff_max
 
 
 def test_unmeasured_gpu_and_fp32_keep_the_nameplate_curve():

@@ -66,7 +66,7 @@ def leave_one_shape_out(points, peak_tflops: float) -> list[float]:
 
 
 def fit_table(probes_path: str | Path, gpu: str) -> dict:
-    """What ``shardplan/data/gemm_efficiency.json`` holds for one GPU."""
+    """A GPU profile's ``gemm_shape_fit`` (``inputs.hardware.GemmShapeFit``) from its probes."""
     points = gemm_points(probes_path)
     peak = PEAK_TFLOPS_16BIT[gpu]
     errors = np.abs(leave_one_shape_out(points, peak))
@@ -76,20 +76,3 @@ def fit_table(probes_path: str | Path, gpu: str) -> dict:
             "loso_median_abs_error": round(float(np.median(errors)), 4),
             "loso_p90_abs_error": round(float(np.quantile(errors, 0.9)), 4)}
 
-
-def check_table(data: dict, path: str = "gemm_efficiency.json") -> int:
-    """Validate a GEMM shape table (``shardplan/data/gemm_efficiency.json``'s layout); the number of
-    GPUs in it. A bad entry is a one-line error naming the file, GPU and field."""
-    from shardplan.support.errors import ShardplanError
-
-    gpus = data.get("gpus")
-    if not isinstance(gpus, dict) or not gpus:
-        raise ShardplanError(f"{path}: gpus", gpus, "expected an object of GPU name -> fit")
-    for name, entry in gpus.items():
-        coef = entry.get("coefficients") if isinstance(entry, dict) else None
-        if not (isinstance(coef, list) and len(coef) == 4 and all(isinstance(c, (int, float)) for c in coef)):
-            raise ShardplanError(f"{path}: gpus.{name}.coefficients", coef, "expected 4 numbers (c0, cm, cn, ck)")
-        eff_max = entry.get("eff_max")
-        if not (isinstance(eff_max, (int, float)) and 0 < eff_max <= 1):
-            raise ShardplanError(f"{path}: gpus.{name}.eff_max", eff_max, "expected a fraction in (0, 1]")
-    return len(gpus)

@@ -104,9 +104,6 @@ def _validate_one(path: Path) -> str:
         from shardplan.inputs.allocator_profile import AllocatorModel
         load_profile(path, AllocatorModel)
         return f"{path}: ok (AllocatorModel)"
-    if "gpus" in data and "about" in data:  # the measured GEMM shape fits (calibrate/gemm_shapes.py)
-        from shardplan.calibrate.gemm_shapes import check_table
-        return f"{path}: ok (GEMM shape fits, {check_table(data, str(path))} GPU)"
     if data.get("schema") == "shardplan.accuracy/1":
         bands = load_bands(path)
         return f"{path}: ok (accuracy bands, {len(type(bands.classes).model_fields)} term classes)"

@@ -13,7 +13,6 @@ from typing import Any
 
 from shardplan.formulas import throughput as tp
 from shardplan.formulas.comm import link_rates
-from shardplan.inputs.gemm_table import gemm_shape_entry
 
 
 def _entry(name: str, value: float, status: str, source: str) -> dict[str, Any]:
@@ -21,13 +20,13 @@ def _entry(name: str, value: float, status: str, source: str) -> dict[str, Any]:
 
 
 def _gemm(cluster, rates, gemm_value: float, precision: str) -> dict[str, Any]:
-    entry = gemm_shape_entry(cluster.gpu.name)
-    if rates.calibrated and not entry:
+    fit = cluster.gpu.gemm_shape_fit
+    if rates.calibrated:
         return _entry("gemm", gemm_value, "calibrated", "the calibration's matmul curve")
-    if entry and precision != "fp32" and not rates.calibrated:
+    if fit is not None and precision != "fp32":
         return _entry("gemm", gemm_value, "measured",
-                      f"per-shape fit on {entry['probes']} probes of {entry['shapes']} shapes ({entry['probes_file']}), "
-                      f"leave-one-shape-out median |error| {entry['loso_median_abs_error']:.1%}")
+                      f"per-shape fit on {fit.probes} probes of {fit.shapes} shapes ({fit.probes_file}), "
+                      f"leave-one-shape-out median |error| {fit.loso_median_abs_error:.1%}")
     return _entry("gemm", gemm_value, "nameplate", cluster.gpu.sources.get("gemm_efficiency", "profile default")
                   + f"; eff(m) curve m_half {tp.GEMM_M_HALF:.0f}, p {tp.GEMM_P:.0f} (ASSUMPTION)")
 

@@ -42,7 +42,6 @@ from shardplan.formulas.activations import checkpointed_layers, compute_dtype_by
 from shardplan.formulas.comm import (COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes,
                                      grad_comm_bytes_per_element, sync_count)
 from shardplan.formulas.model_states import trainable_params
-from shardplan.inputs.gemm_table import gemm_shape_entry
 from shardplan.inputs.hardware import DEFAULT_SM_COUNT
 from shardplan.inputs.model import attention_flops_per_token, train_flops_per_token
 
@@ -105,7 +104,7 @@ class ComputeRates:
     # φ = NCCL CTAs / SMs (``nccl_sm_fraction``); a default so callers that build ComputeRates
     # field by field (``shardplan/planning/grid_sweep.py``) keep working: A100's 24/108.
     nccl_sm_fraction: np.ndarray = NCCL_CTAS / DEFAULT_SM_COUNT
-    # 16-bit GEMM efficiency per shape where measured (``shardplan/data/gemm_efficiency.json``,
+    # 16-bit GEMM efficiency per shape where the GPU profile has a measured fit (``gemm_shape_fit``,
     # ``gemm_shape_efficiency``): c0, cm, cn, ck and the best measured efficiency; NaN = nameplate
     gemm_shape_c0: np.ndarray = np.nan
     gemm_shape_cm: np.ndarray = np.nan
@@ -141,7 +140,7 @@ def compute_rates(cluster, calibration=None) -> ComputeRates:
             hbm, calibrated = max(b.bytes_per_s for b in bandwidth), True
     host = get_link(gpu.host_link, "host_link")
     # a calibration's own matmul curve wins over the shipped shape fit (it measured this cluster)
-    shape = {} if calibrated else gemm_shape_fields(gpu.name)
+    shape = {} if calibrated else gemm_shape_fields(gpu)
     return ComputeRates(
         peak_flops_by_precision=peak, gemm_efficiency=np.asarray(eff), gemm_m_half=np.asarray(m_half),
         gemm_p=np.asarray(p), attention_efficiency=np.asarray(gpu.attention_efficiency),
@@ -151,14 +150,15 @@ def compute_rates(cluster, calibration=None) -> ComputeRates:
         nccl_sm_fraction=np.asarray(nccl_sm_fraction(sm_count)), **shape)
 
 
-def gemm_shape_fields(gpu_name: str) -> dict:
-    """ComputeRates' ``gemm_shape_*`` fields of a GPU with measured GEMM shapes; {} (nameplate) otherwise."""
-    entry = gemm_shape_entry(gpu_name)
-    if entry is None:
+def gemm_shape_fields(gpu) -> dict:
+    """ComputeRates' ``gemm_shape_*`` fields of a GPU whose profile carries a measured GEMM shape fit
+    (``GPUProfile.gemm_shape_fit``); {} (the nameplate curve) otherwise."""
+    fit = gpu.gemm_shape_fit
+    if fit is None:
         return {}
-    c0, cm, cn, ck = entry["coefficients"]
+    c0, cm, cn, ck = fit.coefficients
     return {"gemm_shape_c0": np.asarray(c0), "gemm_shape_cm": np.asarray(cm), "gemm_shape_cn": np.asarray(cn),
-            "gemm_shape_ck": np.asarray(ck), "gemm_shape_eff_max": np.asarray(entry["eff_max"])}
+            "gemm_shape_ck": np.asarray(ck), "gemm_shape_eff_max": np.asarray(fit.eff_max)}
 
 
 def nccl_sm_fraction(sm_count, nccl_ctas=NCCL_CTAS):

@@ -40,7 +40,22 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-OPTIONAL_GPU_FIELDS = ("gemm_efficiency", "attention_efficiency", "sm_count", "host_link", "default_nics_per_node")
+OPTIONAL_GPU_FIELDS = ("gemm_efficiency", "attention_efficiency", "sm_count", "host_link", "default_nics_per_node",
+                       "gemm_shape_fit")
+
+
+class GemmShapeFit(_Frozen):
+    """16-bit GEMM efficiency per problem shape measured on this GPU (``calibrate/gemm_shapes.py``):
+    eff(m, n, k) = c0 + cm·log2 m + cn·log2 n + ck·log2 k, clipped to [0.05, eff_max], with the fit's
+    leave-one-shape-out error."""
+
+    coefficients: tuple[float, float, float, float]
+    eff_max: float = Field(gt=0, le=1)
+    shapes: PositiveInt
+    probes: PositiveInt
+    loso_median_abs_error: float = Field(ge=0)
+    loso_p90_abs_error: float = Field(ge=0)
+    probes_file: str
 
 
 class GPUProfile(_Frozen):
@@ -71,6 +86,8 @@ class GPUProfile(_Frozen):
     attention_efficiency: float = Field(DEFAULT_ATTENTION_EFFICIENCY, gt=0, le=1,
                                         description="flash/SDPA attention achieved / dense peak; default 0.50")
     sm_count: PositiveInt = Field(DEFAULT_SM_COUNT, description="streaming multiprocessors (CUs); default 108")
+    gemm_shape_fit: GemmShapeFit | None = Field(None, description="measured per-shape GEMM efficiency; None: the "
+                                                "nameplate eff(m) curve from gemm_efficiency")
     host_link: str = Field(DEFAULT_HOST_LINK, description="link profile of the host interface; default pcie4")
     generic_aliases: tuple[str, ...] = Field((), description="aliases that also fit other variants ('H100' for "
                                              "SXM, PCIe, NVL): an answer reached through one says which it took "
