@@ -4,7 +4,7 @@ model's compute + optimizer time (``throughput.step_time``: ``compute_s`` + ``op
 
 Nothing in the time model was fitted on these step times, so every error below is out of sample.
 Tolerance: median |error| ≤ 5 % and 90th percentile ≤ 12 % over the 15 full-parameter runs
-(3.6 % and 11.4 % when committed: W = 4-64, AC none/full, 8B and 70B, seq 4096-8192, foreach and
+(3.8 % and 10.2 % when committed: W = 4-64, AC none/full, 8B and 70B, seq 4096-8192, foreach and
 fused AdamW). LoRA and the single-GPU Hugging Face runs are listed, not asserted: their eager
 per-module overheads are not modelled (docs/accuracy.md, "Time").
 """

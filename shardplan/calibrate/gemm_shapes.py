@@ -4,8 +4,8 @@ Probes (``benchmarks/gpu_campaign.py probes``; ``data/calibration/gpu/probes.jso
 C[m, n] = A[m, k] @ B[k, n], 50 (or 20) back-to-back products between CUDA events, rotating
 operands. Efficiency = achieved TFLOP/s / the dtype's dense peak.
 
-Model: eff(m, n, k) = c0 + cm·log2 m + cn·log2 n + ck·log2 k, least squares over the 16-bit probes
-(bf16 and fp16 share the peak and, measured, the shape dependence: one fit), clipped to
+Model: a power law eff(m, n, k) = A · m^a · n^b · k^c, least squares on ln eff over the 16-bit
+probes (bf16 and fp16 share the peak and, measured, the shape dependence: one fit), clipped to
 [``EFF_FLOOR``, the best measured efficiency] so that shapes outside the probes never exceed what
 was measured. Probes whose time per product is under ``LAUNCH_FLOOR_FACTOR`` × the fastest probe's
 are excluded: at 512³ and 1024³ every product takes the same ~21 µs, the host launching them, not
@@ -38,20 +38,19 @@ def gemm_points(probes_path: str | Path) -> list[tuple[int, int, int, float, str
 
 
 def _design(points) -> np.ndarray:
-    return np.array([[1.0, np.log2(m), np.log2(n), np.log2(k)] for m, n, k, *_ in points])
+    return np.array([[1.0, np.log(m), np.log(n), np.log(k)] for m, n, k, *_ in points])
 
 
 def fit_shape_coefficients(points, peak_tflops: float) -> np.ndarray:
-    """(c0, cm, cn, ck) by least squares on efficiency."""
-    y = np.array([p[3] / peak_tflops for p in points])
+    """(A, a, b, c) by least squares on ln efficiency."""
+    y = np.log([p[3] / peak_tflops for p in points])
     coef, *_ = np.linalg.lstsq(_design(points), y, rcond=None)
-    return coef
+    return np.array([np.exp(coef[0]), coef[1], coef[2], coef[3]])
 
 
 def predict(coef, m, n, k, eff_max):
-    """eff(m, n, k), clipped to [EFF_FLOOR, eff_max]; broadcasts."""
-    raw = coef[0] + coef[1] * np.log2(m) + coef[2] * np.log2(n) + coef[3] * np.log2(k)
-    return np.clip(raw, EFF_FLOOR, eff_max)
+    """eff(m, n, k) = A · m^a · n^b · k^c, clipped to [EFF_FLOOR, eff_max]; broadcasts."""
+    return np.clip(coef[0] * m ** coef[1] * n ** coef[2] * k ** coef[3], EFF_FLOOR, eff_max)
 
 
 def leave_one_shape_out(points, peak_tflops: float) -> list[float]:
@@ -70,7 +69,7 @@ def fit_table(probes_path: str | Path, gpu: str) -> dict:
     points = gemm_points(probes_path)
     peak = PEAK_TFLOPS_16BIT[gpu]
     errors = np.abs(leave_one_shape_out(points, peak))
-    return {"coefficients": [round(float(c), 6) for c in fit_shape_coefficients(points, peak)],
+    return {"coefficients": [round(float(c), 7) for c in fit_shape_coefficients(points, peak)],
             "eff_max": round(max(p[3] for p in points) / peak, 4),
             "shapes": len({p[:3] for p in points}), "probes": len(points),
             "loso_median_abs_error": round(float(np.median(errors)), 4),

@@ -254,7 +254,7 @@ def nccl_ring_time_s(op: str, message_bytes, calls, n, nodes, bus_bytes_per_s, r
           + inter * _ll_hop_s(rates.inter_alpha_s) + moved * np.where(spans | (op == "all_reduce"), 4.0, 3.0))
     # LL128 off (inf hop) or across nodes: priced out (a finite stand-in keeps 0 steps × hop defined)
     ll128_hop = np.where(np.isfinite(rates.intra_ll128_hop_s), rates.intra_ll128_hop_s, 1.0)
-    ll128 = np.where(spans | ~np.isfinite(rates.intra_ll128_hop_s), np.inf,
+    ll128 = np.where(spans | np.logical_not(np.isfinite(rates.intra_ll128_hop_s)), np.inf,
                      NCCL_RING_BASE_S["ll128"] + intra * ll128_hop + moved / NCCL_LL128_BW)
     simple = NCCL_RING_BASE_S["simple"] + intra * rates.intra_simple_hop_s + inter * rates.inter_simple_hop_s + moved
     return np.where(n > 1, calls * np.minimum(np.minimum(ll, ll128), simple), 0.0)

@@ -105,7 +105,7 @@ class ComputeRates:
     # field by field (``shardplan/planning/grid_sweep.py``) keep working: A100's 24/108.
     nccl_sm_fraction: np.ndarray = NCCL_CTAS / DEFAULT_SM_COUNT
     # 16-bit GEMM efficiency per shape where the GPU profile has a measured fit (``gemm_shape_fit``,
-    # ``gemm_shape_efficiency``): c0, cm, cn, ck and the best measured efficiency; NaN = nameplate
+    # ``gemm_shape_efficiency``): A, a, b, c of A·m^a·n^b·k^c and the best measured; NaN = nameplate
     gemm_shape_c0: np.ndarray = np.nan
     gemm_shape_cm: np.ndarray = np.nan
     gemm_shape_cn: np.ndarray = np.nan
@@ -327,9 +327,10 @@ def gemm_efficiency(c, rates: ComputeRates):
 
 
 def _shape_eff(rates: ComputeRates, m, n, k):
-    raw = (rates.gemm_shape_c0 + rates.gemm_shape_cm * np.log2(m) + rates.gemm_shape_cn * np.log2(n)
-           + rates.gemm_shape_ck * np.log2(k))
-    return np.clip(np.nan_to_num(raw, nan=1.0), 0.05, np.nan_to_num(rates.gemm_shape_eff_max, nan=1.0))
+    """A · m^a · n^b · k^c clipped to [0.05, the best measured] (NaN where the GPU has no fit: the
+    caller takes the nameplate curve there)."""
+    raw = rates.gemm_shape_c0 * m ** rates.gemm_shape_cm * n ** rates.gemm_shape_cn * k ** rates.gemm_shape_ck
+    return np.clip(raw, 0.05, rates.gemm_shape_eff_max)
 
 
 def gemm_shape_efficiency(c, rates: ComputeRates):

@@ -46,8 +46,8 @@ OPTIONAL_GPU_FIELDS = ("gemm_efficiency", "attention_efficiency", "sm_count", "h
 
 class GemmShapeFit(_Frozen):
     """16-bit GEMM efficiency per problem shape measured on this GPU (``calibrate/gemm_shapes.py``):
-    eff(m, n, k) = c0 + cm·log2 m + cn·log2 n + ck·log2 k, clipped to [0.05, eff_max], with the fit's
-    leave-one-shape-out error."""
+    eff(m, n, k) = A · m^a · n^b · k^c (``coefficients`` = A, a, b, c), clipped to [0.05, eff_max],
+    with the fit's leave-one-shape-out error."""
 
     coefficients: tuple[float, float, float, float]
     eff_max: float = Field(gt=0, le=1)
