@@ -8,7 +8,8 @@ import pytest
 
 from shardplan.calibrate import gemm_shapes as gs
 from shardplan.formulas import throughput as tp
-from shardplan.inputs.config import TrainingConfig, columns_for
+from shardplan.formulas.columns import columns_for
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import get_gpu, parse_gpus
 from shardplan.inputs.models import resolve_model
 
