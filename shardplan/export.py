@@ -220,9 +220,10 @@ def read_back(fmt: str, text: str) -> dict[str, Any]:
     return READERS[format_name(fmt)](text)
 
 
-def export_option(value: str, path_field: str = "export") -> tuple[str, Path | None]:
+def export_option(value: str, path_field: str = "export", force: bool = False) -> tuple[str, Path | None]:
     """``--export FORMAT[=PATH]`` -> (format, path or None); the path is checked writable here, before
-    any evaluation, and an error names ``path_field`` (``export``, or ``output`` for ``export -o``)."""
+    any evaluation, and an error names ``path_field`` (``export``, or ``output`` for ``export -o``);
+    ``force``: a read-only file may be replaced (support/output_path.py)."""
     fmt, _, path = value.partition("=")
     if lookup(fmt, FORMATS) is None:
         raise ShardplanError("export", value, f"unknown format; choose one of {', '.join(FORMATS)}")
@@ -230,6 +231,6 @@ def export_option(value: str, path_field: str = "export") -> tuple[str, Path | N
     if path:
         from shardplan.support.output_path import writable_output
 
-        writable_output(path, path_field)
+        writable_output(path, path_field, force)
     return fmt, Path(path) if path else None
 

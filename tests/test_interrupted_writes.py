@@ -1,7 +1,7 @@
 """Issue 12, item 4: writes survive interruption. A target is whole or absent after SIGKILL at any
 point; the killed writer's temporary file (which no process can remove at its own death) is removed
-by the next write to the same target; a torn JSONL tail resumes without losing earlier records;
-writing through a symlink replaces the file it points to (shardplan/support/atomic_write.py)."""
+by the next write into the same folder; a torn JSONL tail resumes without losing earlier records.
+The symlink / mode / read-only policy (issue 22) is tested in tests/test_output_policy.py."""
 
 from __future__ import annotations
 
@@ -92,28 +92,6 @@ def test_the_writer_itself_refuses_a_folder_at_the_target_in_one_line(tmp_path):
     with pytest.raises(ShardplanError, match="cannot write") as info:
         write_text_atomic(tmp_path / "out.csv", "a")
     assert info.value.field == "path" and _temps(tmp_path) == []
-
-# --- symlinks -----------------------------------------------------------------------------------
-@posix
-def test_writing_through_a_symlink_replaces_the_file_it_points_to(tmp_path):
-    """Decision (atomic_write docstring): the link is followed; the file it names gets the new
-    content atomically (temporary file in that file's folder) and the link stays a link."""
-    real_dir = tmp_path / "runs"
-    real_dir.mkdir()
-    real = real_dir / "run3.py"
-    real.write_text("old")
-    link = tmp_path / "latest.py"
-    link.symlink_to(real)
-    result = run_cli("fit", "llama-3.1-8b on 8xh100-sxm", "--strategy", "full_shard", "--export", f"fsdp2={link}")
-    assert result.exit_code == 0, result.output
-    assert link.is_symlink() and os.readlink(link) == str(real)
-    assert real.read_text().startswith(("#", "import", '"""')) and "fully_shard" in real.read_text()
-    assert _temps(tmp_path) == [] and _temps(real_dir) == []
-    dangling = tmp_path / "next.csv"
-    dangling.symlink_to(real_dir / "new.csv")
-    write_text_atomic(dangling, "a,b\n")
-    assert dangling.is_symlink() and (real_dir / "new.csv").read_text() == "a,b\n"
-
 
 # --- torn JSONL ---------------------------------------------------------------------------------
 def test_a_torn_last_line_resumes_without_losing_earlier_records(tmp_path):

@@ -202,6 +202,9 @@ def collectives_cmd(
     max_rel_err: float = typer.Option(0.50, help="refuse fits with a larger max relative error"),
     samples_csv: Optional[Path] = typer.Option(None, help="write the raw samples as CSV"),
     fits_json: Optional[Path] = typer.Option(None, help="write the fits with residuals as JSON"),
+    link: Optional[str] = typer.Option(None, help="link profile the ranks talked over (nvlink4, pcie4, ib-ndr ...): "
+                                                  "recorded in the overlay, which fit/plan then refuse on other links"),
+    gpu: Optional[str] = typer.Option(None, help="GPU profile of imported files (measured here: the device's own)"),
 ):
     """Benchmark (or import nccl-tests output for) AG/RS/AR and fit t = α + S·f(n)/B per size regime."""
     from dataclasses import asdict
@@ -212,6 +215,7 @@ def collectives_cmd(
 
     _check_options(world_size=world_size, iters=iters, warmup=warmup, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
     _check_outputs(out=out, samples_csv=samples_csv, fits_json=fits_json)
+    link, gpu_name = _stated_machine(link, gpu)
     if nccl_tests or samples:
         got, source = _imported_samples(nccl_tests, samples, op=op, world_size=world_size, tier=tier)
     else:
@@ -223,7 +227,7 @@ def collectives_cmd(
     fits = fit_all(got, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
     if fits_json:
         write_json_atomic(fits_json, [f.to_dict() for f in fits])
-    write_calibration(out, links=fits, source=source)
+    write_calibration(out, links=fits, source={**({"gpu": gpu_name} if gpu_name else {}), **source}, link=link)
     _print_link_fits(fits)
     typer.echo(f"wrote {out}")
 
@@ -265,6 +269,13 @@ def _benchmarked_samples(world_size: List[int], tier: Optional[str], min_bytes: 
                   f"{len(sizes)} sizes up to {sizes[-1]:,} B, {iters} iterations each ...")
         got += benchmark_spawn(w, sizes=sizes, iters=iters, warmup=warmup, dtype=dtype, tier="intra_node")
     return got, _env()
+
+
+def _stated_machine(link: Optional[str], gpu: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """``--link`` and ``--gpu`` as profile names (one-line errors for unknown ones)."""
+    from shardplan.inputs.hardware import get_gpu, get_link
+
+    return (get_link(link).name if link else None), (get_gpu(gpu).name if gpu else None)
 
 
 def _print_link_fits(fits: list) -> None:

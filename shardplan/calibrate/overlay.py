@@ -3,6 +3,8 @@
 File format (JSON, ``schema: "shardplan.calibration/1"``)::
 
     {"schema": ..., "created": ISO date, "source": {torch, cpu/gpu, backend, ...},
+     "measured_on": {"gpu": GPU profile, "gpu_name": torch's device name, "link": link profile,
+                     "torch", "cuda", "nccl", "driver"} | null,
      "links":   [{"tier", "op", "world_size", "segments": [{"min_bytes", "max_bytes", "alpha_s",
                   "bandwidth_bytes_per_s"}], "r2_log", "max_rel_err", "n_points", "calibrated": true}],
      "compute": [{"dtype", "device", "f_max_flops_per_s", "m_half", "p", "peak_flops_per_s", "eff_max",
@@ -17,6 +19,8 @@ Link fits are used per size regime as fitted (``comm.link_rates``: each segment'
 bandwidth B for the messages in its size range, α not rescaled to another ring length).
 Every entry carries ``calibrated: true`` so a prediction can say it used calibrated rather than
 nameplate numbers. Writing merges into an existing overlay (entries replaced by key). No torch.
+``measured_on`` says what the numbers were measured on; ``calibrate/foreign.py`` refuses to apply
+them to another GPU or link (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -122,10 +126,36 @@ class AllocatorCalibration(_Frozen):
         return value
 
 
+class MeasuredOn(_Frozen):
+    """The machine an overlay's numbers were measured on (None: not known to the writer)."""
+
+    gpu: str | None = Field(None, description="shardplan GPU profile name of the device, when one has its name")
+    gpu_name: str | None = Field(None, description="the device's name as torch reports it")
+    link: str | None = Field(None, description="link profile the collectives ran over (calibrate collectives --link)")
+    torch: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    driver: str | None = None
+
+
+def measured_on(source: dict, link: str | None = None) -> dict:
+    """``measured_on`` from the environment a calibrate command recorded (``cli._env``): the device's
+    name resolved to a GPU profile through the profiles' aliases (torch's 'NVIDIA H100 80GB HBM3' is
+    an alias of h100-sxm), and the versions."""
+    from shardplan.inputs.hardware import GPU_KIND
+    from shardplan.inputs.profile_index import lookup
+
+    name = source.get("gpu") if isinstance(source.get("gpu"), str) else None
+    entry = lookup(GPU_KIND, name) if name else None
+    versions = {k: str(source[k]) for k in ("torch", "cuda", "nccl", "driver") if source.get(k) is not None}
+    return {"gpu": entry.name if entry else None, "gpu_name": name, "link": link, **versions}
+
+
 class Calibration(_Frozen):
     schema_: Literal["shardplan.calibration/1"] = Field(SCHEMA, alias="schema")
     created: str
     source: dict = Field(default_factory=dict)
+    measured_on: MeasuredOn | None = None
     links: tuple[LinkCalibration, ...] = ()
     compute: tuple[ComputeCalibration, ...] = ()
     bandwidth: tuple[BandwidthCalibration, ...] = ()
@@ -196,11 +226,11 @@ def _merged(old_entries, new_fits, key) -> dict:
 
 
 def write_calibration(path, links=(), compute=(), allocator: dict | None = None, source: dict | None = None,
-                      merge: bool = True, bandwidth=()) -> Calibration:
+                      merge: bool = True, bandwidth=(), link: str | None = None) -> Calibration:
     """Write (merging into an existing file) the overlay atomically; returns what was written.
 
     ``links`` / ``compute`` / ``bandwidth`` take LinkFit / ComputeFit / BandwidthSample objects or
-    dicts of the same fields."""
+    dicts of the same fields; ``link``: the link profile the collectives ran over, when known."""
     p = Path(path)
     old = load_calibration(p).model_dump(by_alias=True, mode="json") if merge and p.exists() else {}
     links_d = _merged(old.get("links", []), links, _key_link)
@@ -211,6 +241,7 @@ def write_calibration(path, links=(), compute=(), allocator: dict | None = None,
         alloc = {**allocator, "calibrated": True}
     data = {"schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "source": {**old.get("source", {}), **(source or {})},
+            "measured_on": _merged_measured_on(old.get("measured_on"), source or {}, link, p),
             "links": [links_d[k] for k in sorted(links_d)], "compute": [comp_d[k] for k in sorted(comp_d)],
             "bandwidth": [bw_d[k] for k in sorted(bw_d)],
             "allocator": alloc, "accuracy": old.get("accuracy")}
@@ -220,3 +251,14 @@ def write_calibration(path, links=(), compute=(), allocator: dict | None = None,
         raise _one_line(exc, f"{p.name} (not written)") from None
     write_json_atomic(p, cal.model_dump(by_alias=True, mode="json"))
     return cal
+
+
+def _merged_measured_on(old: dict | None, source: dict, link: str | None, path: Path) -> dict:
+    """The new measurement's machine, keeping what the old file said and the new one does not; an
+    overlay of one GPU (or link) never gains another's entries."""
+    new = {k: v for k, v in measured_on(source, link).items() if v is not None}
+    for key in ("gpu", "link"):
+        if (old or {}).get(key) and new.get(key) and old[key] != new[key]:
+            raise ShardplanError("out", str(path), f"holds measurements on {key} {old[key]}; these are on "
+                                                   f"{new[key]}: write them to another file")
+    return {**(old or {}), **new}

@@ -109,12 +109,27 @@ BUG_EXIT = 3
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors print one line on stderr and exit 2, never a traceback."""
+    if argv is None:  # the ``shardplan`` script (in-process callers keep their own signal handlers and streams)
+        _process_setup()
     try:
         args = sys.argv[1:] if argv is None else list(argv)
         # outside standalone mode click *returns* a command's typer.Exit code instead of raising it
         code = app_for(args)(args=args, standalone_mode=False)
+        _flush_stdout()  # a full disk or a closed pipe is met here, not at interpreter exit
         if isinstance(code, int) and not isinstance(code, bool) and code:
             return code
+    except BrokenPipeError:
+        return _reader_gone()
+    except SystemExit as exc:
+        # click and rich (help text) meet a closed pipe themselves and exit 1 while handling it
+        if exc.code == 1 and isinstance(exc.__context__, OSError) and _is_output_error(exc.__context__):
+            return _reader_gone()
+        raise
+    except OSError as err:
+        if not _is_output_error(err):
+            return _unexpected(err)
+        _report(ShardplanError("output", "standard output", f"cannot write: {err.strerror or err}"))
+        return _silence_stdout(2)
     except ShardplanError as err:
         typer.echo(f"shardplan: error: {err}", err=True)
         return 2
@@ -129,6 +144,67 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         return _unexpected(err)
     return 0
+
+
+def _process_setup() -> None:
+    """What the process owes its caller whatever the command: SIGTERM ends it as SystemExit (so an
+    atomic write under way removes its temporary file, support/atomic_write.py), and text a
+    terminal's encoding cannot show (``✗``, ``≈`` under PYTHONIOENCODING=latin-1) is written as
+    '?' instead of failing the whole answer."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        try:
+            signal.signal(signal.SIGTERM, _terminated)
+        except (ValueError, OSError):  # not settable here (an embedded interpreter)
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "utf-8").lower().replace("-", "").replace("_", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
+def _is_output_error(err: OSError) -> bool:
+    """An OSError from writing the answer: no space (``> /dev/full``), an I/O error, a closed descriptor."""
+    import errno
+
+    return err.errno in (errno.ENOSPC, errno.EIO, errno.EBADF, errno.EPIPE, errno.EDQUOT)
+
+
+def _reader_gone() -> int:
+    """``shardplan ... | head -1``: the reader left; nothing is wrong with the answer. Exit 0 quietly."""
+    return _silence_stdout(0)
+
+
+def _silence_stdout(code: int) -> int:
+    """Point stdout at /dev/null so the interpreter's final flush of what is still buffered does not
+    fail a second time ('Exception ignored ... BrokenPipeError', exit 120)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, AttributeError, ValueError):  # no real descriptor (tests' StringIO): nothing buffered there
+        pass
+    return code
+
+
+def _report(err: ShardplanError) -> None:
+    try:
+        typer.echo(f"shardplan: error: {err}", err=True)
+    except OSError:  # stderr gone too: the exit code is all that is left
+        pass
 
 
 def _unexpected(err: Exception) -> int:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from shardplan.cli.options import WIDE_HELP, cluster_of, stated, with_stack_knobs
+from shardplan.cli.options import FORCE_HELP, WIDE_HELP, cluster_of, stated, with_stack_knobs
 from shardplan.inputs.query import parse_query
 from shardplan.inputs.vocabulary import help_text as vocab_help
 from shardplan.support.errors import ShardplanError
@@ -47,6 +47,7 @@ def fit(
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
     export_to: Optional[str] = typer.Option(None, "--export", help="also export the first fitting result: "
                                             "FORMAT[=PATH], FORMAT one of fsdp2, fsdp1, accelerate, deepspeed, trainer, torchrun"),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     check: bool = typer.Option(False, "--check", help="for scripts: exit 1 unless some strategy's verdict is 'fits' "
                                                       "('tight' does not count: its error band crosses capacity); "
                                                       "output unchanged"),
@@ -66,7 +67,7 @@ def run_fit(args: dict) -> None:
 
     if args["export_to"]:  # FORMAT[=PATH] checked before any evaluation, not after the report
         from shardplan.export import export_option
-        export_option(args["export_to"])
+        export_option(args["export_to"], "export", args["force"])
     parsed = parse_query(args["query"]) if args["query"] else None
     q = parsed.options if parsed else {}
     resolved, cluster, countless = _model_and_cluster(args, parsed)
@@ -83,7 +84,7 @@ def run_fit(args: dict) -> None:
     timed = args["global_batch_tokens"] is not None
     if timed:
         config = _with_global_batch(config, cluster, args["global_batch_tokens"], notes)
-    overlay = _calibration(args["calibration"], timed, notes)
+    overlay = _calibration(args["calibration"], timed, notes, cluster, args["force"])
     allocator = overlay.allocator_model() if overlay is not None else None
     bands = load_bands().with_overlay(overlay.accuracy if overlay else None)
     results = fit_strategies(resolved.spec, cluster, config, [strategy_name] if strategy_name else None, notes,
@@ -140,13 +141,15 @@ def _with_global_batch(config, cluster, global_batch_tokens: str, notes: list[st
     return config.model_copy(update={"grad_accum": accum})
 
 
-def _calibration(path: Optional[Path], timed: bool, notes: list[str]):
-    """The calibration overlay --calibration names (None without one), noted."""
+def _calibration(path: Optional[Path], timed: bool, notes: list[str], cluster, force: bool):
+    """The calibration overlay --calibration names (None without one), checked against the cluster, noted."""
     if path is None:
         return None
+    from shardplan.calibrate.foreign import checked_overlay
     from shardplan.calibrate.overlay import load_calibration
 
     overlay = load_calibration(path)
+    notes += checked_overlay(overlay, cluster, path, force)
     notes.append(f"calibration: {path} (allocator: {'calibrated' if overlay.allocator else 'measured defaults'}; "
                  f"time: {'calibrated links/compute' if timed else 'not asked (--global-batch-tokens)'})")
     return overlay
@@ -175,6 +178,6 @@ def _show(results: list, args: dict, strategy_name: Optional[str]) -> None:
         typer.echo(report.render_fit(results, None if args["wide"] else output_width()))
     if args["export_to"]:
         from shardplan.cli.export_command import export_results
-        export_results([r.model_dump(mode="json") for r in results], args["export_to"], None)
+        export_results([r.model_dump(mode="json") for r in results], args["export_to"], None, force=args["force"])
     if args["check"] and not any(r.fits for r in results):
         raise typer.Exit(1)

@@ -14,6 +14,10 @@ from shardplan.inputs.vocabulary import help_text as vocab_help
 STACK_HELP = vocab_help("stack", "hf: Transformers + Trainer + PEFT + bitsandbytes",
                         "its defaults fill the knobs you do not give (docs/stacks.md)")
 REDUCE_HELP = vocab_help("reduce_dtype", "fp32 under FSDP/DDP mixed precision, 16-bit for DeepSpeed")
+FORCE_OUTPUT_HELP = ("replace an output file even where it is read-only (it stays read-only; "
+                     "a symbolic link is never written through)")
+FORCE_HELP = ("apply a --calibration measured on another GPU or link (a warning line says so), and replace a "
+              "read-only --export file")
 WIDE_HELP = "print every line whole, however wide (default: fit $COLUMNS, else the terminal, else 100 columns)"
 
 # Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)

@@ -43,6 +43,8 @@ def plan_command(
     train_tokens: Optional[str] = typer.Option(None, help="tokens to train, e.g. '15T', for time and cost"),
     price_per_gpu_hour: Optional[float] = typer.Option(None, help="$ per GPU-hour, for cost"),
     calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
+    force: bool = typer.Option(False, "--force", help="apply a --calibration measured on another GPU or link "
+                                                      "(a warning line says so)"),
     host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
     intra_link: Optional[str] = typer.Option(None, help="intra-node link profile"),
     inter_link: Optional[str] = typer.Option(None, help="inter-node link profile"),
@@ -71,16 +73,18 @@ def run_plan(args: dict) -> None:
     args = _checked(args)
     resolved, cluster, base = _plan_inputs(args)
     rule_notes, workload = _rules_and_workload(args, resolved, cluster, base)
-    overlay = None
+    overlay, overlay_notes = None, []
     if args["calibration"] is not None:
+        from shardplan.calibrate.foreign import checked_overlay
         from shardplan.calibrate.overlay import load_calibration
         overlay = load_calibration(args["calibration"])
+        overlay_notes = checked_overlay(overlay, cluster, args["calibration"], args["force"])
     methods = None if "method" in base.model_fields_set else st.METHODS
     base, precision_notes = adapt_precision(base, cluster)  # bf16 on a GPU without it: the stack's fp16
     result = search(resolved.spec, cluster, base, workload, top=args["top"],
                     train_tokens=parse_count(args["train_tokens"], "train_tokens") if args["train_tokens"] else None,
                     price_per_gpu_hour=args["price_per_gpu_hour"], calibration=overlay,
-                    notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes, *rule_notes],
+                    notes=[f"model: {resolved.how}", *cluster_notes(cluster), *precision_notes, *rule_notes, *overlay_notes],
                     bands=load_bands().with_overlay(overlay.accuracy if overlay else None), methods=methods,
                     max_configurations=args["max_configurations"])
     result = result.model_copy(update={"model": resolved.record(result.model)})

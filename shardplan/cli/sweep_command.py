@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from shardplan.cli.options import STACK_HELP
+from shardplan.cli.options import FORCE_OUTPUT_HELP, STACK_HELP
 from shardplan.inputs.vocabulary import help_text as vocab_help
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import MAX_AXIS_VALUES, MAX_SWEEP_CONFIGURATIONS
@@ -65,6 +65,7 @@ def sweep_command(
     columns: str = typer.Option("all", help="'all', 'summary', or comma-separated column names"),
     valid_only: bool = typer.Option(False, help="drop combinations the frameworks cannot express"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="stderr progress bar (default: on a terminal)"),
+    force: bool = typer.Option(False, "--force", help=FORCE_OUTPUT_HELP),
     max_configurations: int = typer.Option(MAX_SWEEP_CONFIGURATIONS, help="the most rows one sweep evaluates (held "
                                            "in memory, ~765 B each with all columns); a larger product is refused "
                                            "with its count"),
@@ -80,20 +81,20 @@ def run_sweep_command(args: dict) -> None:
     from shardplan.support.progress import progress_bar
     from shardplan.planning.grid_sweep import sweep
 
-    output = _checked_output(args["output"])
+    output = _checked_output(args["output"], args["force"])
     t0 = time.perf_counter()
     df = sweep(**{name: sweep_list(args[name], name, integers) for name, integers in LIST_OPTIONS.items()},
                columns=args["columns"], valid_only=args["valid_only"], progress=progress_bar(args["progress"]),
                max_configurations=args["max_configurations"])
     elapsed = time.perf_counter() - t0
-    _write(df, output)
+    _write(df, output, args["force"])
     for note in df.attrs.get("notes", []):
         typer.echo(f"note: {note} (rows marked valid=False)", err=True)
     typer.echo(f"wrote {len(df):,} rows x {len(df.columns)} columns to {output} "
                f"({elapsed:.2f} s to evaluate, {len(df) / max(elapsed, 1e-9):,.0f} configurations/s)")
 
 
-def _checked_output(output: Path) -> Path:
+def _checked_output(output: Path, force: bool) -> Path:
     """A .csv or .parquet path that can be written (checked before the sweep runs)."""
     from shardplan.support.extras import require
     from shardplan.support.output_path import writable_output
@@ -101,17 +102,17 @@ def _checked_output(output: Path) -> Path:
     suffix = output.suffix.lower()
     if suffix not in (".csv", ".parquet"):
         raise ShardplanError("output", str(output), "use a .csv or .parquet file name")
-    writable_output(output, "output")
+    writable_output(output, "output", force)
     if suffix == ".parquet":
         require("pyarrow", "parquet")
     return output
 
 
-def _write(df, output: Path) -> None:
+def _write(df, output: Path, force: bool) -> None:
     """The DataFrame to ``output``, atomically (a reader never sees a half-written file)."""
     from shardplan.support.atomic_write import atomic_path
 
-    with atomic_path(output) as tmp:
+    with atomic_path(output, force=force) as tmp:
         if output.suffix.lower() == ".csv":
             df.to_csv(tmp, index=False)
         else:

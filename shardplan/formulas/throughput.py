@@ -132,12 +132,16 @@ def compute_rates(cluster, calibration=None) -> ComputeRates:
         fits = [f for f in calibration.compute if f.dtype in ("bfloat16", "bf16") and f.device != "cpu"]
         if fits:
             f = fits[0]
-            eff = f.eff_max if f.eff_max else f.f_max_flops_per_s / bf16
+            # A measured rate above this GPU's nameplate peak cannot be this GPU's (an overlay of a
+            # faster card applied with --force, calibrate/foreign.py): capped at the peak, so no
+            # step runs its matmuls faster than the datasheet allows and MFU stays <= 1.
+            eff = min(f.eff_max if f.eff_max else f.f_max_flops_per_s / bf16, 1.0)
             m_half, p, calibrated = f.m_half, f.p, True
             sm_count = f.sm_count or sm_count
         bandwidth = [b for b in getattr(calibration, "bandwidth", ()) if b.device != "cpu"]
-        if bandwidth:
-            hbm, calibrated = max(b.bytes_per_s for b in bandwidth), True
+        if bandwidth:  # capped at the nameplate, as the matmul rate is
+            hbm = min(max(b.bytes_per_s for b in bandwidth), gpu.memory_bandwidth_bytes_per_s)
+            calibrated = True
     host = get_link(gpu.host_link, "host_link")
     # a calibration's own matmul curve wins over the shipped shape fit (it measured this cluster)
     shape = {} if calibrated else gemm_shape_fields(gpu)

@@ -8,12 +8,13 @@ numeric field carries its source in the profile's ``sources`` mapping.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from shardplan.support.errors import ShardplanError
-from shardplan.support.limits import MAX_GPUS, bounded_int, checked_int
+from shardplan.support.limits import (MAX_BYTES, MAX_FLOPS_PER_S, MAX_GPUS, MAX_LATENCY_S, MAX_LINK_BYTES_PER_S,
+                                     MAX_MEMORY_BYTES_PER_S, bounded_int, checked_int)
 from shardplan.support.names import did_you_mean, normalize
 from shardplan.inputs.profile_index import entries, find_entry, profile_of
 from shardplan.inputs.profiles import load_all
@@ -70,22 +71,25 @@ class GPUProfile(_Frozen):
     display_name: str
     aliases: tuple[str, ...] = ()
     vendor: Literal["nvidia", "amd"]
-    memory_bytes: PositiveInt
-    nominal_memory_gb: PositiveInt = Field(description="the marketing capacity, e.g. 24 for '24 GB'")
-    peak_flops: dict[Dtype, PositiveFloat] = Field(description="dense (no sparsity) peak FLOP/s per dtype")
-    memory_bandwidth_bytes_per_s: PositiveFloat
+    # upper bounds (limits.py): past them the formulas' int64/float64 arithmetic overflows (2**70
+    # bytes of memory was an internal error before it was a one-line one)
+    memory_bytes: int = Field(gt=0, le=MAX_BYTES)
+    nominal_memory_gb: int = Field(gt=0, le=MAX_BYTES // 10**9, description="the marketing capacity, e.g. 24 for '24 GB'")
+    peak_flops: dict[Dtype, Annotated[float, Field(gt=0, le=MAX_FLOPS_PER_S)]] = Field(
+        description="dense (no sparsity) peak FLOP/s per dtype")
+    memory_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_MEMORY_BYTES_PER_S)
     default_intra_link: str
     default_inter_link: str
-    default_gpus_per_node: PositiveInt
-    default_host_ram_bytes: PositiveInt = Field(description="host RAM of a typical node built around it")
-    default_nics_per_node: PositiveInt | None = Field(
-        None, description="inter-node NICs of a typical node; None: one per GPU on 8-GPU nodes, else one")
+    default_gpus_per_node: int = Field(gt=0, le=MAX_GPUS)
+    default_host_ram_bytes: int = Field(gt=0, le=MAX_BYTES, description="host RAM of a typical node built around it")
+    default_nics_per_node: int | None = Field(
+        None, gt=0, le=MAX_GPUS, description="inter-node NICs of a typical node; None: one per GPU on 8-GPU nodes, else one")
     tdp_watts: PositiveFloat | None = None
     gemm_efficiency: float = Field(DEFAULT_GEMM_EFFICIENCY, gt=0, le=1,
                                    description="large-GEMM achieved / dense peak (MAMF); default 0.822")
     attention_efficiency: float = Field(DEFAULT_ATTENTION_EFFICIENCY, gt=0, le=1,
                                         description="flash/SDPA attention achieved / dense peak; default 0.50")
-    sm_count: PositiveInt = Field(DEFAULT_SM_COUNT, description="streaming multiprocessors (CUs); default 108")
+    sm_count: int = Field(DEFAULT_SM_COUNT, gt=0, le=MAX_GPUS, description="streaming multiprocessors (CUs); default 108")
     gemm_shape_fit: GemmShapeFit | None = Field(None, description="measured per-shape GEMM efficiency; None: the "
                                                 "nameplate eff(m) curve from gemm_efficiency")
     host_link: str = Field(DEFAULT_HOST_LINK, description="link profile of the host interface; default pcie4")
@@ -120,11 +124,11 @@ class LinkProfile(_Frozen):
     aliases: tuple[str, ...] = ()
     kind: Literal["pcie", "nvlink", "infinity_fabric", "infiniband", "ethernet", "roce"]
     scope: Literal["intra_node", "inter_node"]
-    bandwidth_bytes_per_s: PositiveFloat = Field(description="nameplate, per direction")
-    latency_s: PositiveFloat = Field(description="per-collective start-up latency alpha")
+    bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_LINK_BYTES_PER_S, description="nameplate, per direction")
+    latency_s: float = Field(gt=0, le=MAX_LATENCY_S, description="per-collective start-up latency alpha")
     efficiency: float = Field(gt=0, le=1, description="achievable bus bandwidth / nameplate")
     peer_to_peer: bool = True
-    nccl_channels: PositiveInt = Field(DEFAULT_NCCL_CHANNELS,
+    nccl_channels: int = Field(DEFAULT_NCCL_CHANNELS, gt=0, le=MAX_GPUS,
                                        description="NCCL channels a communicator rings over this fabric; default 4")
     sources: dict[str, str]
 

@@ -22,7 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from shardplan.inputs.profiles import DATA_DIR, PROFILE_PATH_ENV, find_by_name, load_all, load_profile
+from shardplan.inputs.profiles import (DATA_DIR, PROFILE_PATH_ENV, announce_shadowing, find_by_name, load_all,
+                                      load_profile)
 from shardplan.support.errors import ShardplanError
 from shardplan.support.names import normalize
 
@@ -174,7 +175,10 @@ def find_entry(kind: str, name: str, field: str) -> Entry:
 def profile_of(kind: str, entry: Entry):
     """The validated profile of one entry (read from its file once)."""
     loaded = _entries(kind, os.environ.get(PROFILE_PATH_ENV, ""))[1]
-    return loaded[entry.name] if entry.name in loaded else _load_built_in(kind, entry.file)
+    if entry.name not in loaded:
+        return _load_built_in(kind, entry.file)
+    announce_shadowing(kind, entry.name)  # a user profile in a built-in's place says so
+    return loaded[entry.name]
 
 
 @lru_cache(maxsize=None)

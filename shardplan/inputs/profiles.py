@@ -68,24 +68,67 @@ def search_dirs(kind: str) -> list[Path]:
 @lru_cache(maxsize=None)
 def _load_dir(kind: str, model: type[T], env_value: str) -> tuple[T, ...]:
     seen: dict[str, T] = {}
+    user_files: dict[str, Path] = {}
     for folder in search_dirs(kind):
         if path_kind(folder) != "dir":
             continue
+        built_in = folder.is_relative_to(DATA_DIR)
         for path in sorted(folder.glob("*.json")):
-            if folder.is_relative_to(DATA_DIR):
-                profile = load_profile(path, model)
-            else:
-                try:
-                    data = read_json(path)
-                except ShardplanError as err:
-                    _warn_unreadable(path, err)
-                    continue
-                try:
-                    profile = model.model_validate(data)
-                except ValidationError:
-                    continue  # valid JSON of another kind (a GPU profile beside model profiles): not this kind's
+            profile = load_profile(path, model) if built_in else _user_profile(path, model)
+            if profile is None:
+                continue
+            if built_in:
+                _note_shadowed((kind, env_value), profile, seen, user_files)
+            elif profile.name not in seen:
+                user_files[profile.name] = path
             seen.setdefault(profile.name, profile)
     return tuple(seen.values())
+
+
+def _user_profile(path: Path, model: type[T]) -> T | None:
+    """A profile file on SHARDPLAN_PROFILE_PATH, or None (a broken file warned about; valid JSON of
+    another kind, a GPU profile beside model profiles, skipped silently)."""
+    try:
+        data = read_json(path)
+    except ShardplanError as err:
+        _warn_unreadable(path, err)
+        return None
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        return None
+
+
+# (kind, SHARDPLAN_PROFILE_PATH, user profile name) -> what it shadows: a user profile whose name or an alias is also a
+# built-in profile's name or alias answers the queries that name it in place of the built-in one.
+_SHADOWS: dict[tuple[str, str, str], str] = {}
+
+
+def _names(profile) -> set[str]:
+    return {normalize_name(n) for n in (profile.name, *getattr(profile, "aliases", ()))}
+
+
+def _note_shadowed(where: tuple[str, str], built_in, seen: dict, user_files: dict[str, Path]) -> None:
+    """Record each user profile that takes a name or alias of the built-in profile ``built_in``."""
+    theirs = _names(built_in)
+    for name, path in user_files.items():
+        shared = sorted(_names(seen[name]) & theirs)
+        if shared:
+            _SHADOWS[(*where, name)] = (f"{PROFILE_PATH_ENV}: '{name}' is your profile {path}, which shadows the "
+                                      f"built-in {built_in.name} (same name or alias: {', '.join(shared)})")
+
+
+_announced: set[tuple[str, str]] = set()
+
+
+def announce_shadowing(kind: str, name: str) -> None:
+    """One stderr line, once per process, when the profile ``name`` an answer uses is a user profile
+    that shadows a built-in one (why not silent: '8xa100-80gb' must not quietly mean a user's 1 GiB
+    card; why stderr: ``--json`` output stays one JSON document)."""
+    message = _SHADOWS.get((kind, os.environ.get(PROFILE_PATH_ENV, ""), name))
+    if message and (kind, name) not in _announced:
+        _announced.add((kind, name))
+        print(f"shardplan: note: {message}", file=sys.stderr)
 
 
 _warned: set[str] = set()

@@ -30,6 +30,7 @@ from shardplan.inputs.model import ModelSpec
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.support.identity_cache import IdentityCache
 from shardplan.formulas.overflow import bad_results, quiet_numpy
+from shardplan.support.limits import INT_RANGES
 
 
 def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
@@ -78,7 +79,38 @@ def cached_model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str 
     """``config.model_values`` of one model, computed once per (spec, rank, targets): it walks
     every parameter tensor (padding groups, NF4 quant_state sizes), the same for every query about
     that model (a spec is a frozen model: ``support/identity_cache.py``)."""
-    return _per_model.get(spec, (lora_rank, lora_targets), lambda: model_values(spec, lora_rank, lora_targets))
+    return _per_model.get(spec, (lora_rank, lora_targets), lambda: model_values(revalidated(spec), lora_rank, lora_targets))
+
+
+def revalidated(model):
+    """``model`` after its schema's checks, or the one-line error: a frozen pydantic object can hold
+    unchecked values (``spec.model_copy(update={"num_layers": 0})`` does not validate), which the
+    formulas would turn into numbers. Run once per object (the callers cache per object)."""
+    from pydantic import ValidationError
+
+    from shardplan.support.errors import from_validation_error
+
+    try:
+        type(model).model_validate(dict(model.__dict__))
+    except ValidationError as err:
+        raise from_validation_error(err) from None
+    return model
+
+
+# knobs a TrainingConfig built without validation can hold out of range (model_copy(update=...)):
+# checked on every query, cheaply, against the one table of ranges (limits.INT_RANGES)
+_CHECKED_KNOBS = ("seq_len", "micro_batch", "grad_accum", "lora_rank", "ac_every_k", "ce_chunks", "shard_group_size")
+
+
+def checked_knobs(fields) -> None:
+    """A one-line error for an integer knob of ``fields`` that is not an integer in its range."""
+    for name in _CHECKED_KNOBS:
+        value = getattr(fields, name, None)
+        if value is None:
+            continue
+        lo, hi = INT_RANGES[name]
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+            raise ShardplanError(name, safe_repr(value)[:40], f"must be an integer from {lo:,} to {hi:,}")
 
 
 def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> dict[str, Any]:
@@ -91,6 +123,7 @@ def query_values(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> d
 
 def resolved_query_values(spec: ModelSpec, cluster: Cluster, fields) -> dict[str, Any]:
     """``query_values`` of a configuration its stack has resolved already (``stacks.resolved_fields``)."""
+    checked_knobs(fields)
     return {**cached_model_values(spec, fields.lora_rank, fields.lora_targets),
             **_per_cluster.get(cluster, None, lambda: cluster_values(cluster)), **resolved_knob_values(fields, cluster)}
 

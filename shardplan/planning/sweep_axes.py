@@ -12,7 +12,7 @@ import numpy as np
 from shardplan.inputs import strategy as st
 from shardplan.inputs import vocabulary
 from shardplan.inputs.hardware import Cluster
-from shardplan.support.errors import ShardplanError
+from shardplan.support.errors import ShardplanError, safe_repr
 from shardplan.support.limits import MAX_AXIS_VALUES, _shown
 
 # Categorical knob axes: sweep argument -> (Columns field, the names tuple that codes index).
@@ -116,6 +116,17 @@ def checked_ints(name: str, values: Iterable) -> list[int]:
     return dedupe(checked_int(name, v) for v in values)
 
 
+def checked_flags(name: str, values: Iterable) -> list[bool]:
+    """Each value True or False: ``bool("no")`` is True, so a word or a number is refused, not read
+    as a flag."""
+    out = []
+    for v in values:
+        if not isinstance(v, (bool, np.bool_)):
+            raise ShardplanError(name, safe_repr(v)[:40], "expected True or False")
+        out.append(bool(v))
+    return dedupe(out)
+
+
 def knob_axis(arg: str, values: Any, context: dict[str, Any] | None = None) -> Axis:
     if arg in CATEGORICAL_KNOBS:
         field, names = CATEGORICAL_KNOBS[arg]
@@ -123,7 +134,7 @@ def knob_axis(arg: str, values: Any, context: dict[str, Any] | None = None) -> A
         codes = dedupe(names.index(_sweep_word(field, v, context or {})) for v in raw)
         return Axis(arg, tuple(names[i] for i in codes), np.asarray(codes, dtype=np.int64))
     if arg == "dropout":
-        flags = dedupe(bool(v) for v in as_list(values))
+        flags = checked_flags(arg, as_list(values))
         return Axis(arg, tuple(flags), np.asarray(flags, dtype=bool))
     ints = checked_ints(arg, as_list(values))
     if not ints:
@@ -166,7 +177,7 @@ def knob_axes(args: dict[str, Any], counts: list[int]) -> dict[str, Axis]:
     if args["sync_every_micro_batch"] is None:  # every micro-batch, the engines' default; no label column
         axes["sync_every_micro_batch"] = Axis("sync_every_micro_batch", (None,), np.asarray([True]))
     else:
-        flags = dedupe(bool(v) for v in as_list(args["sync_every_micro_batch"]))
+        flags = checked_flags("sync_every_micro_batch", as_list(args["sync_every_micro_batch"]))
         axes["sync_every_micro_batch"] = Axis("sync_every_micro_batch", tuple(flags), np.asarray(flags, dtype=bool))
     groups = args["shard_group_size"]
     if groups is None:
@@ -192,5 +203,5 @@ def stack_knob_axis(arg: str, raw: Any) -> Axis:
         if any(not 0 <= v < 1 for v in floats):
             raise ShardplanError(arg, raw, "expected values in [0, 1)")
         return Axis(arg, tuple(floats), np.asarray(floats, dtype=np.float64))
-    flags = dedupe(bool(v) for v in as_list(raw))
+    flags = checked_flags(arg, as_list(raw))
     return Axis(arg, tuple(flags), np.asarray(flags, dtype=bool))

@@ -13,7 +13,8 @@ field and the file:
   that grows while read is cut at the cap and refused;
 * the bytes: UTF-8 only (a UTF-8 byte-order mark is allowed); binary or another encoding is named
   with the offset of the first bad byte;
-* the JSON: syntax errors with their line; nesting deeper than ``MAX_JSON_DEPTH`` (the C parser
+* the JSON: syntax errors with their line; a key repeated in one object (``json`` would keep the
+  last silently); nesting deeper than ``MAX_JSON_DEPTH`` (the C parser
   otherwise recurses into ``RecursionError``); ``NaN``/``Infinity`` literals and numbers that
   overflow a float (``1e999`` -> inf) refused, since JSON has no non-finite numbers and every
   quantity shardplan reads must be finite; integers longer than ``MAX_DIGITS`` digits refused
@@ -135,6 +136,8 @@ def read_text(path: str | Path, field: str, max_bytes: int = MAX_PROFILE_FILE_BY
 
 def read_stdin(field: str, max_bytes: int) -> str:
     """Standard input as bounded UTF-8 text."""
+    if sys.stdin is None:  # started with stdin closed (``<&-``)
+        raise ShardplanError(field, "-", "standard input is closed; give a file, or pipe the JSON in")
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # a text stream without bytes underneath (tests, notebooks)
         text = sys.stdin.read(max_bytes + 1)
@@ -180,10 +183,22 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object's keys, each once: ``json`` keeps the last of a repeated key silently, so a file
+    saying ``memory_bytes`` twice would be read as whichever came last."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Refused(f"duplicate key {key[:60]!r} in one object (JSON would keep only the last; say it once)")
+        out[key] = value
+    return out
+
+
 def parse_json(text: str, field: str, source: str) -> Any:
     """JSON text -> value under the module docstring's rules, or a one-line error naming ``source``."""
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_short_int)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_short_int,
+                           object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}" if "\n" in text.strip() else f"column {exc.colno}"
         raise ShardplanError(field, shown_path(source), f"not valid JSON ({where}: {exc.msg})") from None

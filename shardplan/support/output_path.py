@@ -11,7 +11,10 @@ What is refused (each would otherwise fail inside ``shardplan.support.atomic_wri
 - a name longer than the file system allows (the atomic writer shortens its temporary name to fit
   beside any target that fits, shardplan/support/atomic_write.py ``_new_temp``), or a whole path longer
   than ``PATH_MAX`` (POSIX ``pathconf``; 255 and 4096 on Linux when it cannot be asked);
-- a parent that exists but is a file, or a folder the user may not write to.
+- a parent that exists but is a file, or a folder the user may not write to;
+- a symbolic link (shardplan never writes through one: name the file it points to), and a
+  read-only file unless ``force`` (the commands' ``--force``); the policy is the atomic writer's
+  (shardplan/support/atomic_write.py), checked here before any work is done.
 
 Missing parent folders are fine: the atomic writer creates them.
 """
@@ -43,9 +46,10 @@ def _nearest_existing(path: Path) -> Path:
     return Path(".")
 
 
-def writable_output(path: str | os.PathLike | None, field: str = "output") -> Path | None:
+def writable_output(path: str | os.PathLike | None, field: str = "output", force: bool = False) -> Path | None:
     """``path`` as a Path when shardplan can write a file there, else a one-line ShardplanError
-    naming ``field`` and the path (shortened when long). None passes through (no output asked)."""
+    naming ``field`` and the path (shortened when long). None passes through (no output asked).
+    ``force``: a read-only file may be replaced."""
     if path is None:
         return None
     text = os.fspath(path)
@@ -68,11 +72,12 @@ def writable_output(path: str | os.PathLike | None, field: str = "output") -> Pa
     if len(os.fsencode(str(target.absolute()))) > path_max:
         raise ShardplanError(field, _shown(text), f"path longer than the {path_max} bytes this system allows")
     try:
-        info = os.stat(target)  # follows a link: the user names what the link points at
+        info = os.lstat(target)  # the name itself: a link is refused, not followed
     except FileNotFoundError:
         info = None
-    except OSError as exc:  # a link loop, a component that is a file
+    except OSError as exc:  # a component that is a file, a link loop above it
         raise ShardplanError(field, _shown(text), f"cannot write there: {exc.strerror or exc}") from None
+    _check_replaceable(target, info, field, text, force)
     if info is not None and stat.S_ISDIR(info.st_mode):
         raise ShardplanError(field, _shown(text), "is a folder; give a file name inside it")
     if info is not None and not stat.S_ISREG(info.st_mode):
@@ -81,3 +86,15 @@ def writable_output(path: str | os.PathLike | None, field: str = "output") -> Pa
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ShardplanError(field, _shown(text), f"cannot write in '{_shown(str(existing))}' (permission denied)")
     return target
+
+
+def _check_replaceable(target: Path, info: os.stat_result | None, field: str, text: str, force: bool) -> None:
+    """The atomic writer's policy for an existing name: no symbolic link; no read-only file unless forced."""
+    from shardplan.support.atomic_write import read_only
+    from shardplan.support.input_files import shown_path
+
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        raise ShardplanError(field, _shown(text), f"is a symbolic link to {shown_path(os.readlink(target))}; shardplan "
+                                                  "does not write through links: name the file itself, or remove the link")
+    if info is not None and stat.S_ISREG(info.st_mode) and not force and read_only(target, info):
+        raise ShardplanError(field, _shown(text), "is read-only; pass --force to replace it (it stays read-only)")
