@@ -11,7 +11,9 @@ numbers (2**70, 1e309, inf, nan, 5,000 digits, 0, -1), contradictions and odd na
 classifies the ending (``Outcome.verdict``): "ok" / "error" (exit 2 with one stderr line) /
 "check" (exit 1 of ``fit --check``) are what the promise allows; everything else
 ("traceback:TYPE", "hang", "memory", "multi-line-stderr", "warning:TYPE", "exit:N",
-"wrote-outside") is a bug. Files are only ever written under the case's own temporary folder:
+"wrote-outside", and issue 22's "unsafe-write" (a symlink's target, a read-only file or a file's
+mode changed), "temp-left" (a temporary file left in an output folder) and "not-announced" (a
+shadowing profile or a forced foreign overlay used without its line)) is a bug. Files are only ever written under the case's own temporary folder:
 outputs always point there, and the system paths used as inputs (/dev/zero ...) are only read.
 """
 
@@ -23,6 +25,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -138,7 +141,8 @@ class OutPath:
     """An output path inside the case's folder (never a system path)."""
 
     name: str
-    kind: str = "new"          # new, existing, dir, symlink-to-existing, missing-parent, longname
+    kind: str = "new"          # new, existing, dir, symlink-to-existing, missing-parent, longname, and
+    #                            issue 22's symlink-to-secret, read-only, mode-0600
 
 
 def _seed(path: Path) -> bytes:
@@ -178,7 +182,7 @@ def seeds() -> dict[str, Any]:
         "links": [{"tier": "intra_node", "op": "all_gather", "world_size": 8, "r2_log": 0.99, "max_rel_err": 0.1,
                    "n_points": 10, "calibrated": True,
                    "segments": [{"min_bytes": 0, "max_bytes": 2**30, "alpha_s": 1e-5, "bandwidth_bytes_per_s": 3e11}]}],
-        "compute": [{"dtype": "bfloat16", "device": "NVIDIA H100", "f_max_flops_per_s": 7e14, "m_half": 1000.0,
+        "compute": [{"dtype": "bfloat16", "device": "NVIDIA H100 80GB HBM3", "f_max_flops_per_s": 7e14, "m_half": 1000.0,
                      "p": 1.0, "max_rel_err": 0.05, "n_points": 8, "calibrated": True}],
         "bandwidth": [], "allocator": None, "accuracy": None}
     SEEDS["samples"] = [{"op": "all_gather", "world_size": 2, "size_bytes": 1024 * 2**k, "time_s": 1e-5 + 1e-9 * 2**k,
@@ -274,7 +278,7 @@ def payloads(draw, seed_name: str) -> bytes:
     valid = seed.encode() if isinstance(seed, str) else dumps(seed)
     how = draw(hs.sampled_from(["valid"] * 4 + ["mutated", "mutated", "mutated", "truncated", "binary", "non-utf8",
                                 "utf16", "bom", "deep", "deep-object", "shape", "empty", "nan-literals", "huge-number",
-                                "bigfile"]))
+                                "bigfile", "duplicate-key"]))
     if how == "valid":
         return valid
     if how == "mutated":
@@ -306,9 +310,18 @@ def payloads(draw, seed_name: str) -> bytes:
         return draw(hs.sampled_from([b"", b" ", b"\n\n", b"\x00"]))
     if how == "nan-literals":
         return b'{"name": NaN, "hidden_size": Infinity, "num_layers": -Infinity}'
+    if how == "duplicate-key":  # issue 22: a key said twice is refused, never read as its last value
+        return duplicate_key(seed) if isinstance(seed, dict) and seed else valid
     if how == "huge-number":
         return b'{"hidden_size": ' + b"9" * draw(hs.sampled_from([400, 5000, 100_000])) + b"}"
     return b" " * (8 << 20) + valid  # 8 MiB of whitespace before the document
+
+
+def duplicate_key(doc: dict) -> bytes:
+    """``doc`` as JSON with its first key said again at the end (with the same value: only the
+    repetition is wrong)."""
+    key = next(iter(doc))
+    return dumps(doc)[:-1] + b", " + dumps({key: doc[key]})[1:]
 
 
 @hs.composite
@@ -364,6 +377,13 @@ def materialize_out(out: OutPath, folder: Path) -> str:
     elif out.kind == "symlink-to-existing":
         (folder / "real_target").write_text("old content\n")
         path.symlink_to(folder / "real_target")
+    elif out.kind == "symlink-to-secret":  # a link to a private file: must never be written through
+        (folder / "secret").write_text(SECRET)
+        os.chmod(folder / "secret", 0o600)
+        path.symlink_to(folder / "secret")
+    elif out.kind in ("read-only", "mode-0600"):
+        path.write_text("old content\n")
+        os.chmod(path, 0o444 if out.kind == "read-only" else 0o600)
     elif out.kind == "missing-parent":
         path = folder / "no" / "such" / "dir" / out.name
     elif out.kind == "longname":
@@ -371,10 +391,34 @@ def materialize_out(out: OutPath, folder: Path) -> str:
     return str(path)
 
 
+SECRET = "private\n"
+
+
 def out_paths(suffixes: list[str]) -> hs.SearchStrategy[OutPath]:
     return hs.builds(OutPath, hs.sampled_from([f"out{s}" for s in suffixes]),
                      hs.sampled_from(["new"] * 6 + ["existing", "dir", "symlink-to-existing", "missing-parent",
-                                                    "longname"]))
+                                                    "longname", "symlink-to-secret", "read-only", "mode-0600"]))
+
+
+def output_violation(kind: str, path: Path, forced: bool) -> str | None:
+    """What a case did to an output of issue 22's kinds that the policy forbids (docs/input-files.md,
+    "Files shardplan writes"), or None."""
+    folder = path.parent
+    if any(p.name.endswith(".tmp") and ".shardplan-" in p.name for p in folder.iterdir()):
+        return "temp-left"
+    if kind in ("symlink-to-secret", "symlink-to-existing"):
+        target = folder / ("secret" if kind == "symlink-to-secret" else "real_target")
+        expected = (SECRET if kind == "symlink-to-secret" else "old content\n").encode()
+        if not path.is_symlink() or target.read_bytes() != expected or \
+                (kind == "symlink-to-secret" and stat.S_IMODE(target.stat().st_mode) != 0o600):
+            return "unsafe-write"
+    if kind in ("read-only", "mode-0600") and path.is_file() and not path.is_symlink():
+        perm = 0o444 if kind == "read-only" else 0o600
+        if stat.S_IMODE(path.stat().st_mode) != perm:
+            return "unsafe-write"
+        if kind == "read-only" and not forced and path.read_bytes() != b"old content\n":
+            return "unsafe-write"
+    return None
 
 
 # --- CLI cases -------------------------------------------------------------------------------------
@@ -385,6 +429,7 @@ class Case:
     env: dict[str, Any] = field(default_factory=dict)   # values str or FileArg (a folder)
     stdin: bytes = b""
     expect_error: bool = False            # a contradiction: exit 0 is a finding too
+    expect_stderr: str = ""               # text stderr must hold when the case exits 0 (issue 22 announcements)
 
     def files(self) -> list[str]:
         """What each file argument is (the argv shows only its path)."""
@@ -433,7 +478,7 @@ def _training_options(with_calibration: bool = True) -> list[hs.SearchStrategy[l
              _opt("--global-batch-tokens", hs.one_of(hs.sampled_from(["1M", "4M", "15T", "1e309", "0", "-1M", "nan",
                                                                       "2048", "1P", "1e18"]), int_texts()))]
     if with_calibration:
-        pool.append(_opt("--calibration", file_args("overlay")))
+        pool += [_opt("--calibration", file_args("overlay")), _flag("--force")]
     return pool
 
 
@@ -543,7 +588,7 @@ def sweep_cases(draw) -> Case:
             _opt("--micro-batch", ranges), _opt("--seq-len", ranges), _opt("--grad-accum", ranges),
             _opt("--stack", _list_text(_choice("stack"))),
             _opt("--columns", hs.sampled_from(["all", "summary", "model,strategy", "bogus", "", ","])),
-            _flag("--valid-only"), _flag("--no-progress")]
+            _flag("--valid-only"), _flag("--no-progress"), _flag("--force")]
     argv += _options(draw, pool)
     return Case(argv)
 
@@ -554,7 +599,7 @@ def export_cases(draw) -> Case:
     stdin = draw(payloads("plan")) if plan == "-" else b""
     argv: list = ["export", plan, "--to", draw(text_values(FORMATS))]
     pool = [_opt("-o", out_paths([".py", ".json", ".yaml", ".sh", ""])), _opt("--index", int_texts()),
-            _opt("--block-class", text_values(["LlamaDecoderLayer", "MixtralDecoderLayer"]))]
+            _opt("--block-class", text_values(["LlamaDecoderLayer", "MixtralDecoderLayer"])), _flag("--force")]
     argv += _options(draw, pool)
     return Case(argv, stdin=stdin)
 
@@ -642,9 +687,45 @@ def env_cases(draw) -> Case:
     return Case(base.argv, env=env, stdin=base.stdin)
 
 
+# --- issue 22: foreign overlays, shadowing profiles, duplicate keys -----------------------------------
+
+def _shadowing_gpu(alias: str) -> bytes:
+    """A 1 GiB user GPU profile that takes the built-in alias ``alias``."""
+    return dumps({**seeds()["gpu"], "name": "my-card", "aliases": [alias], "generic_aliases": [],
+                  "memory_bytes": 2**30, "nominal_memory_gb": 1})
+
+
+@hs.composite
+def issue22_cases(draw) -> Case:
+    """A calibration of one GPU on another (refused; with --force a warning line), a file with a
+    duplicate key (refused), a user profile shadowing a built-in alias (its line on every answer)."""
+    gpu = draw(hs.sampled_from(["h100-sxm", "rtx4090", "a100-80gb", "mi300x", "l4", "t4"]))
+    kind = draw(hs.sampled_from(["overlay", "overlay", "duplicate", "shadow"]))
+    query = f"{draw(hs.sampled_from(['gpt2', 'llama-3.2-1b', 'llama-3.1-8b']))} on {draw(hs.sampled_from(['1', '8']))}x{gpu}"
+    extra = draw(hs.sampled_from([[], ["--global-batch-tokens", "1M"], ["--json"]]))
+    command = draw(hs.sampled_from(["fit", "plan"])) if kind == "overlay" else "fit"
+    if kind == "overlay":
+        force = draw(hs.booleans())
+        argv = [command, query, "--calibration", FileArg("file", dumps(seeds()["overlay"]), "h100.json"), *extra,
+                *(["--force"] if force else [])]
+        foreign = gpu != "h100-sxm"
+        return Case(argv, expect_error=foreign and not force,
+                    expect_stderr="shardplan: warning: --calibration" if foreign and force else "")
+    if kind == "duplicate":
+        doc = draw(hs.sampled_from([seeds()["overlay"], seeds()["hf"]]))
+        if doc is seeds()["hf"]:
+            return Case(["fit", "--model", FileArg("file", duplicate_key(doc), "config.json"), "--gpus", f"8x{gpu}"],
+                        expect_error=True)
+        return Case(["fit", query, "--calibration", FileArg("file", duplicate_key(doc), "cal.json"), "--force"],
+                    expect_error=True)
+    profiles = FileArg("dir", b"", "profiles", (FileArg("file", _shadowing_gpu(gpu), "mine.json"),))
+    return Case(["fit", query, *extra], env={"SHARDPLAN_PROFILE_PATH": profiles},
+                expect_stderr="shadows the built-in")
+
+
 def cli_cases() -> hs.SearchStrategy[Case]:
     return hs.one_of(fit_cases(), plan_cases(), sweep_cases(), export_cases(), listing_cases(), calibrate_cases(),
-                     env_cases(), contradiction_cases())
+                     env_cases(), contradiction_cases(), issue22_cases())
 
 
 # --- running one case ------------------------------------------------------------------------------
@@ -773,15 +854,21 @@ class Outcome:
         return self.verdict not in ("ok", "error", "check", "measurement")
 
 
-def materialize(case: Case, folder: Path) -> tuple[list[str], dict[str, str]]:
+def materialize(case: Case, folder: Path, outs: list | None = None) -> tuple[list[str], dict[str, str]]:
+    """The case's argv and environment as strings, its files made under ``folder``; ``outs`` gains
+    (kind, path) of each output path."""
     argv: list[str] = []
+    outs = [] if outs is None else outs
     for i, a in enumerate(case.argv):
         if isinstance(a, FileArg):
             argv.append(materialize_file(a, folder / f"in{i}"))
         elif isinstance(a, OutPath):
             argv.append(materialize_out(a, folder / f"out{i}"))
+            outs.append((a.kind, Path(argv[-1])))
         elif isinstance(a, list):  # --export FORMAT=OutPath
-            argv.append(f"{a[0]}={materialize_out(a[1], folder / f'out{i}')}")
+            path = materialize_out(a[1], folder / f'out{i}')
+            argv.append(f"{a[0]}={path}")
+            outs.append((a[1].kind, Path(path)))
         else:
             argv.append(a)
     env = {k: materialize_file(v, folder / f"env{k}") if isinstance(v, FileArg) else v for k, v in case.env.items()}
@@ -817,7 +904,8 @@ def run_cli_case(case: Case, folder: Path) -> Outcome:
     """Run one case through ``shardplan.cli.app.main`` in ``folder`` (the cwd) and classify how it ended."""
     from shardplan.cli.app import main
 
-    argv, env = materialize(case, folder)
+    outs: list[tuple[str, Path]] = []
+    argv, env = materialize(case, folder, outs)
     before = _listing(WATCHED + [folder.parent])
     saved_env = {k: os.environ.get(k) for k in env}
     cwd = os.getcwd()
@@ -883,6 +971,8 @@ def run_cli_case(case: Case, folder: Path) -> Outcome:
             verdict = "check"
         else:
             verdict = f"exit:{code}"
+    if verdict in ("ok", "error", "check", "measurement"):
+        verdict = _issue22_verdict(case, argv, outs, code, stderr) or verdict
     after = _listing(WATCHED + [folder.parent])
     if verdict in ("ok", "error", "check", "measurement") and after != before:
         new = {k: sorted(after[k] - before[k])[:3] for k in after if after[k] - before.get(k, frozenset())}
@@ -890,6 +980,20 @@ def run_cli_case(case: Case, folder: Path) -> Outcome:
             verdict = "wrote-outside"
             stderr += f"\nnew entries: {new}"
     return Outcome(argv, verdict, code, stderr, out.getvalue()[-500:], time.perf_counter() - started)
+
+
+def _issue22_verdict(case: Case, argv: list[str], outs: list[tuple[str, Path]], code, stderr: str) -> str | None:
+    """Issue 22's promises about what a case wrote and announced ("unsafe-write", "temp-left",
+    "not-announced"), or None when it kept them."""
+    for kind, path in outs:
+        try:
+            if path.parent.is_dir() and (found := output_violation(kind, path, "--force" in argv)):
+                return found
+        except OSError:
+            continue
+    if code == 0 and case.expect_stderr and case.expect_stderr not in stderr:
+        return "not-announced"
+    return None
 
 
 def shown_argv(argv: list[str]) -> str:

@@ -111,6 +111,47 @@ def call_sweep(**kw):
     return shardplan.sweep(progress=False, **kw)
 
 
+class AcceptedUnchecked(Exception):
+    """An API call answered with numbers for a value its schema refuses (issue 22 item 5)."""
+
+
+def call_fit_copied(model, gpus, kw):
+    """``fit`` with a config made by ``model_copy(update=kw)``, which validates nothing: a value
+    ``TrainingConfig(**kw)`` refuses must be refused by ``fit`` too, never answered."""
+    from pydantic import ValidationError
+
+    from shardplan.inputs.config import TrainingConfig
+    from shardplan.planning.fit import fit
+
+    result = fit(_spec(model), _cluster(gpus), TrainingConfig().model_copy(update=kw), ["full_shard"])
+    try:
+        TrainingConfig(**kw)
+    except (ValidationError, ShardplanErrorType()) as err:
+        raise AcceptedUnchecked(f"answered {kw!r}, which TrainingConfig refuses: {str(err)[:80]}") from None
+    return result
+
+
+def call_sweep_flags(kw):
+    """``sweep`` with flag knobs that may be words or numbers: answered only when every one is a bool."""
+    import numpy as np
+
+    import shardplan
+
+    result = shardplan.sweep(models="gpt2", gpus="h100-sxm", gpu_counts=[8], strategies="full_shard", progress=False,
+                             **kw)
+    for name, value in kw.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(v, (bool, np.bool_)) for v in values):
+            raise AcceptedUnchecked(f"sweep answered {name}={value!r}")
+    return result
+
+
+def ShardplanErrorType():
+    from shardplan.support.errors import ShardplanError
+
+    return ShardplanError
+
+
 def call_fit_all(raw):
     from shardplan.calibrate.collectives import Sample, fit_all
 
@@ -151,7 +192,17 @@ def api_calls(draw) -> tuple[str, Any, tuple, dict]:
         "sweep", "plan_spec", "load_plans", "export_option", "export_chosen", "spec_from_hf_config",
         "spec_from_hf_config_file", "load_profile", "read_json", "parse_nccl_tests", "parse_nccl_tests_file",
         "load_samples", "read_jsonl", "load_calibration", "compare_files", "fit_all", "fit_efficiency",
-        "default_sizes", "parse_count", "parse_capacity_bytes"]))
+        "default_sizes", "parse_count", "parse_capacity_bytes", "fit_copied", "sweep_flags"]))
+    if which == "fit_copied":
+        kw = {name: draw(values([1, 2, 8, 1024])) for name in draw(hs.lists(hs.sampled_from(INT_FIELDS), min_size=1,
+                                                                             max_size=3, unique=True))}
+        return which, call_fit_copied, (draw(fz.text_values(fz.MODEL_NAMES)), draw(gpus), kw), {}
+    if which == "sweep_flags":
+        flags = ["dropout", "sync_every_micro_batch", "optimizer_in_backward", "activation_offload", "fp32_master"]
+        kw = {name: draw(hs.one_of(hs.booleans(), hs.just([True, False]), hs.sampled_from(HOSTILE_PY),
+                                   hs.sampled_from(["no", "false", "0", 0, 1, [True, "no"]])))
+              for name in draw(hs.lists(hs.sampled_from(flags), min_size=1, max_size=2, unique=True))}
+        return which, call_sweep_flags, (kw,), {}
     if which == "resolve_model":
         arg = draw(hs.one_of(fz.text_values(fz.MODEL_NAMES), fz.file_args("hf", "config.json"),
                              fz.file_args("model", "m.json")))

@@ -118,16 +118,17 @@ def _note_shadowed(where: tuple[str, str], built_in, seen: dict, user_files: dic
                                       f"built-in {built_in.name} (same name or alias: {', '.join(shared)})")
 
 
-_announced: set[tuple[str, str]] = set()
+_announced: set[tuple[str, str, str]] = set()
 
 
 def announce_shadowing(kind: str, name: str) -> None:
     """One stderr line, once per process, when the profile ``name`` an answer uses is a user profile
     that shadows a built-in one (why not silent: '8xa100-80gb' must not quietly mean a user's 1 GiB
     card; why stderr: ``--json`` output stays one JSON document)."""
-    message = _SHADOWS.get((kind, os.environ.get(PROFILE_PATH_ENV, ""), name))
-    if message and (kind, name) not in _announced:
-        _announced.add((kind, name))
+    key = (kind, os.environ.get(PROFILE_PATH_ENV, ""), name)
+    message = _SHADOWS.get(key)
+    if message and key not in _announced:
+        _announced.add(key)
         print(f"shardplan: note: {message}", file=sys.stderr)
 
 

@@ -272,7 +272,10 @@ def canonical_config(data: dict[str, Any]) -> dict[str, Any]:
         value = out[name]
         if not isinstance(value, str):
             continue
-        key = (name, value, out.get("stack", "hf"), out.get("engine", "fsdp2"))
+        # a stack or engine that is not a word (``engine={}``) is refused by the schema after this;
+        # until then words resolve in the defaults' context (an unhashable key would be a TypeError)
+        stack, engine = out.get("stack", "hf"), out.get("engine", "fsdp2")
+        key = (name, value, stack if isinstance(stack, str) else "hf", engine if isinstance(engine, str) else "fsdp2")
         known = _resolved.get(key)
         if known is None:
             known = _resolve_word(*key)
