@@ -25,6 +25,7 @@ COMMANDS = {
     "export": ("shardplan.cli.export_command", "export_command"),
     "plan": ("shardplan.cli.plan_command", "plan_command"),
     "sweep": ("shardplan.cli.sweep_command", "sweep_command"),
+    "accuracy": ("shardplan.cli.accuracy_command", "accuracy_command"),
 }
 # Sub-apps: name -> (module, typer app, help shown in the parent's list; None: the sub-app's own)
 GROUPS = {

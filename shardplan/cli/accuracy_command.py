@@ -1,0 +1,36 @@
+"""``shardplan accuracy [CSV]``: the memory accuracy report over a runs CSV (by default the
+published development set shipped with the tests), through fit's own path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+DEFAULT_RUNS = Path("tests/data/published_runs/runs.csv")
+
+
+def accuracy_command(
+    runs: Optional[Path] = typer.Argument(None, help="runs CSV with the columns of tests/data/published_runs/runs.csv "
+                                                     "(default: that file, from a checkout)"),
+    as_json: bool = typer.Option(False, "--json", help="the report as JSON"),
+    rows: bool = typer.Option(False, "--rows", help="also list every row's prediction, error and verdict"),
+) -> None:
+    """Predicted vs measured peak memory per counter class, source and stack; false fits and false OOMs."""
+    from shardplan.support.errors import ShardplanError
+    from shardplan.validation import accuracy
+    from shardplan.validation.runs import read_runs
+
+    path = runs or DEFAULT_RUNS
+    if not path.is_file():
+        raise ShardplanError("runs", str(path), "no such file (give a runs CSV; the default exists in a checkout)")
+    judged = accuracy.judge_all(read_runs(path))
+    data = accuracy.report(judged)
+    if as_json:
+        typer.echo(json.dumps(data, indent=1, default=float))
+        return
+    typer.echo(accuracy.render(data, f"shardplan accuracy {runs or ''}".strip()))
+    if rows:
+        typer.echo(accuracy.render_rows(judged))
