@@ -23,15 +23,19 @@ def current():
 
 
 def test_not_worse_than_the_committed_numbers(current):
-    _, numbers = current
+    _, numbers, _ = current
     committed = json.loads(update_accuracy.COMMITTED.read_text())
     assert not accuracy.worse(numbers, committed), (
         "the memory report got worse (tools/update_accuracy.py rewrites the committed numbers once a "
         "change is meant): " + "; ".join(accuracy.worse(numbers, committed)))
 
 
+def test_the_shipped_band_is_the_one_fitted_on_the_published_runs(current):
+    assert update_accuracy.BANDS.read_text() == current[2], "run python tools/update_accuracy.py"
+
+
 def test_docs_show_the_generated_table(current):
-    table, _ = current
+    table, _, _ = current
     assert accuracy.replace_section(update_accuracy.DOC.read_text(), update_accuracy.SECTION, table) == \
         update_accuracy.DOC.read_text(), "docs/accuracy.md is stale: run python tools/update_accuracy.py"
 

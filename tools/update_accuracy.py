@@ -3,7 +3,8 @@
 ``python tools/update_accuracy.py`` runs ``shardplan accuracy`` over the development set
 (tests/data/published_runs/runs.csv), writes its table between the markers of the section named
 ``memory-report`` in docs/accuracy.md (other generated sections have their own names and are left
-alone), and writes the headline numbers to tests/data/published_runs/accuracy_committed.json,
+alone), writes the band's unknown-stack fractions fitted on every source into
+shardplan/data/accuracy_bands.json (``validation/bands.py``), and writes the headline numbers to tests/data/published_runs/accuracy_committed.json,
 which tests/test_accuracy_report.py compares each run with: a change that makes any of them worse
 fails. ``--check`` only reports whether the two files are current (exit 1 when not).
 """
@@ -22,28 +23,40 @@ SECTION = "memory-report"
 COMMAND = "shardplan accuracy"
 
 
-def generated() -> tuple[str, dict]:
-    """(the markdown table, the headline numbers) of the current tree."""
-    from shardplan.validation import accuracy
+BANDS = ROOT / "shardplan" / "data" / "accuracy_bands.json"
+
+
+def generated() -> tuple[str, dict, str]:
+    """(the markdown table, the headline numbers, the band file with the fractions fitted on
+    every source) of the current tree."""
+    from shardplan.formulas.accuracy_bands import load_bands
+    from shardplan.validation import accuracy, bands
     from shardplan.validation.runs import read_runs
 
-    data = accuracy.report(accuracy.judge_all(read_runs(RUNS)))
-    return accuracy.render(data, COMMAND), accuracy.headline(data)
+    judged, bands_of = accuracy.judge_out_of_source(read_runs(RUNS))
+    data = accuracy.report(judged, bands_of)
+    default, stacks = bands.fitted([o for o in judged if isinstance(o, accuracy.Outcome)])
+    shipped = bands.with_fractions(load_bands(BANDS), default, stacks,
+                                   f"q{bands.UPPER_QUANTILE:g} / q{bands.LOWER_QUANTILE:g} of measured / predicted "
+                                   f"over the published runs (tools/update_accuracy.py)")
+    text = json.dumps(shipped.model_dump(by_alias=True), indent=2, ensure_ascii=False) + "\n"
+    return accuracy.render(data, COMMAND), accuracy.headline(data), text
 
 
 def main(argv: list[str]) -> int:
     from shardplan.support.atomic_write import write_text_atomic as write_text
     from shardplan.validation.accuracy import replace_section
 
-    table, numbers = generated()
+    table, numbers, band_file = generated()
     doc = replace_section(DOC.read_text(), SECTION, table)
     committed = json.dumps(numbers, indent=1, sort_keys=True) + "\n"
-    stale = [p.name for p, text in ((DOC, doc), (COMMITTED, committed)) if not p.exists() or p.read_text() != text]
+    files = ((DOC, doc), (COMMITTED, committed), (BANDS, band_file))
+    stale = [p.name for p, text in files if not p.exists() or p.read_text() != text]
     if "--check" in argv:
         print("stale: " + ", ".join(stale) if stale else "current")
         return 1 if stale else 0
-    write_text(DOC, doc)
-    write_text(COMMITTED, committed)
+    for path, text in files:
+        write_text(path, text)
     print(f"wrote {', '.join(stale) or 'nothing (current)'}")
     return 0
 

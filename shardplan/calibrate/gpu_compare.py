@@ -69,6 +69,9 @@ def training_config(cfg: dict) -> TrainingConfig:
         expandable_segments=bool(cfg.get("expandable_segments", False)),
         # the campaign checkpoints FSDP runs with torch's apply_activation_checkpointing (checkpoint_wrapper)
         checkpoint_wrapper=fsdp and ac != "none",
+        # its training loop left the model config's use_cache on (transformers' default): the KV cache
+        # under the wrapper is what its FSDP + AC runs held beyond the model (memory.kv_cache_leftover_bytes)
+        use_cache=fsdp and ac != "none",
     )
 
 

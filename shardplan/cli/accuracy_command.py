@@ -26,8 +26,8 @@ def accuracy_command(
     path = runs or DEFAULT_RUNS
     if not path.is_file():
         raise ShardplanError("runs", str(path), "no such file (give a runs CSV; the default exists in a checkout)")
-    judged = accuracy.judge_all(read_runs(path))
-    data = accuracy.report(judged)
+    judged, bands_of = accuracy.judge_out_of_source(read_runs(path))
+    data = accuracy.report(judged, bands_of)
     if as_json:
         typer.echo(json.dumps(data, indent=1, default=float))
         return

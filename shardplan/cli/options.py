@@ -23,7 +23,7 @@ WIDE_HELP = "print every line whole, however wide (default: fit $COLUMNS, else t
 # Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)
 STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chunks": int,
                     "optimizer_in_backward": bool, "activation_offload": bool, "paged_optimizer": bool,
-                    "checkpoint_wrapper": bool, "expandable_segments": bool, "fp32_master": bool,
+                    "checkpoint_wrapper": bool, "use_cache": bool, "expandable_segments": bool, "fp32_master": bool,
                     "quant_format": str, "load_mode": str}
 STACK_KNOBS = {
     "attention": typer.Option(None, help=vocab_help("attention", "sdpa")),
@@ -40,6 +40,10 @@ STACK_KNOBS = {
         None, "--checkpoint-wrapper/--no-checkpoint-wrapper",
         help="AC by torch's checkpoint_wrapper around each block (accelerate FSDP activation_checkpointing; "
              "default: the stack's)"),
+    "use_cache": typer.Option(
+        None, "--use-cache/--no-use-cache",
+        help="the model's use_cache during training: under a non-reentrant checkpoint wrapper its KV cache "
+             "keeps every finished block's K/V and input-norm chain (default: the stack's; Trainer/TRL set False)"),
     "expandable_segments": typer.Option(
         None, "--expandable-segments/--no-expandable-segments",
         help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation; docs/accuracy.md)"),

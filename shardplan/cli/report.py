@@ -113,7 +113,7 @@ def breakdown_table(results: list[FitResult], width: int | None = None) -> str:
         rows.append([label] + [gib(v) for v in values] + ([note] if len(results) == 1 else []))
     rows.append(["peak moment"] + [r.per_gpu.peak_moment for r in results]
                 + (["forward (loss), backward, or optimizer step"] if len(results) == 1 else []))
-    rows.append(["verdict"] + [r.verdict for r in results] + (["fits: peak + band <= capacity; tight: only the peak is"]
+    rows.append(["verdict"] + [r.verdict for r in results] + (["fits: peak + band <= capacity; tight: peak - lower band is"]
                                                                if len(results) == 1 else []))
     return layout.table(rows, headers, width, wrap_columns=(len(headers) - 1,) if len(results) == 1 else ())
 

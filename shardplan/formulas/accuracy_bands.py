@@ -31,9 +31,12 @@ class _Frozen(BaseModel):
 
 
 class StackBand(_Frozen):
-    """A stack measured against real runs: its own relative error replaces the default."""
+    """A stack measured against real runs: its own relative errors replace the default's.
+    ``relative_error``: how much more than predicted real runs of the stack held (the upper band);
+    ``lower_relative_error``: how much less (the lower band, ``verdict.judge``)."""
 
     relative_error: float = Field(ge=0)
+    lower_relative_error: float = Field(0.0, ge=0, lt=1)
     status: Status
     derivation: str = Field(min_length=1)
     source: str = Field(min_length=1)
@@ -48,6 +51,7 @@ class ClassBand(_Frozen):
 
 
 class UnknownStackBand(ClassBand):
+    lower_relative_error: float = Field(0.0, ge=0, lt=1, description="the lower band's default fraction")
     stacks: dict[str, StackBand] = {}
 
 
@@ -86,6 +90,11 @@ class AccuracyBands(_Frozen):
         """Relative error of the code around the engine for one stack (the default when unmeasured)."""
         measured = self.classes.unknown_stack.stacks.get(stack)
         return measured.relative_error if measured else self.classes.unknown_stack.relative_error
+
+    def stack_lower_error(self, stack: str) -> float:
+        """How much less than predicted a run of the stack may hold (the lower band's fraction)."""
+        measured = self.classes.unknown_stack.stacks.get(stack)
+        return measured.lower_relative_error if measured else self.classes.unknown_stack.lower_relative_error
 
     def with_overlay(self, overlay: "AccuracyOverlay | None") -> "AccuracyBands":
         """These bands with the classes (and stacks, and throughput) an overlay measured replaced."""

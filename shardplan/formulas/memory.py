@@ -170,20 +170,27 @@ def _block_forward(engine_terms, c, k, units, grads_held, ctx, pre):
     }
 
 
-def wrapper_leftover_bytes(c, a, blocks_done, n_ckpt):
-    """torch's ``checkpoint_wrapper`` (non-reentrant) around each Hugging Face decoder block: every
-    block whose backward has run leaves one RMSNorm's forward intermediates alive until the end of
-    backward — the fp32 input copy (4h), the fp32 variance (4), the fp32 normalized input (4h), its
-    16-bit cast (a·h) and the weighted output (a·h): 12·h + 4 bytes per token at 16-bit
-    (fp32: no cast copies, 8·h + 4). Measured with FSDPMemTracker (FSDP2, fake process group, HF
-    Llama, ``apply_activation_checkpointing`` as accelerate's FSDP ``activation_checkpointing``
-    does): "Temp" grows by 256 tokens x (12·h + 4) per block at h = 128 (394,240 B) and h = 256
-    (787,456 B), data/calibration/checkpoint_wrapper_cpu.json; on the H100 the FSDP runs with AC
-    were 2-21 GiB above the model without it. HF's own ``gradient_checkpointing_enable`` leaves
-    nothing (hf_stack_cpu.jsonl, exact). ASSUMPTION: RMSNorm models (LayerNorm unmeasured: 0)."""
+def kv_cache_leftover_bytes(c, a, blocks_done, n_ckpt):
+    """Transformers' KV cache under a non-reentrant checkpoint wrapper (``checkpoint_wrapper``,
+    or any non-reentrant ``torch.utils.checkpoint`` around a decoder layer) while ``use_cache`` is
+    on: a training forward builds a ``DynamicCache`` whenever ``use_cache`` is set, and Transformers
+    turns it off only under its own gradient-checkpointing flag (``modeling_llama.py``: "use_cache=True
+    is incompatible with gradient checkpointing" applies to ``self.gradient_checkpointing`` only).
+    The recomputation of each block appends its K/V to the cache again, and the cached tensors keep
+    the recomputed input-norm chain alive until backward ends. Per token per finished block:
+    K and V twice (forward + recomputation, 2 x 2 x a x n_kv x d_head = 4·a·kv_width) plus the
+    RMSNorm chain (fp32 input copy 4h, fp32 variance 4, fp32 normalized input 4h), and under fp32
+    the block input (4h): (8h + 4) + 8·kv_width at 16-bit, 12h + 4 + 16·kv_width at fp32 (issue 21,
+    reproduced on CPU). It equals the 12h + 4 measured on the tiny CPU decoders
+    (data/calibration/checkpoint_wrapper_cpu.json, h = 128 and 256) because those have
+    kv_width = h/2; Llama 3 has kv_width = h/4 (8B) or h/8 (70B). With ``use_cache=False`` (Trainer,
+    TRL, fsdp_qlora, shardplan's FSDP export) it is 0. ASSUMPTION: LayerNorm models keep the K/V
+    copies but their norm chain is unmeasured (counted as 0)."""
     h = c.hidden_size
-    per_token = np.where(a < 4, 8 * h + 4 + 2 * a * h, 8 * h + 4)
-    on = np.asarray(c.checkpoint_wrapper, dtype=bool) & (n_ckpt > 0) & np.logical_not(np.asarray(c.layernorm, dtype=bool))
+    norm_chain = np.where(np.asarray(c.layernorm, dtype=bool), 0, 8 * h + 4 + np.where(a >= 4, 4 * h, 0))
+    per_token = 4 * a * c.kv_width + norm_chain
+    on = (np.asarray(c.use_cache, dtype=bool) & np.asarray(c.checkpoint_wrapper, dtype=bool)
+          & np.logical_not(np.asarray(c.reentrant_checkpointing, dtype=bool)) & (n_ckpt > 0))
     return np.asarray(np.where(on, np.maximum(blocks_done, 0) * c.micro_batch * c.seq_len * per_token, 0), dtype=np.int64)
 
 
@@ -256,8 +263,8 @@ def _backward_context(c, states, n_g, grads_held, acts):
         acts,
         extra=np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0), reentrant=reentrant,
         working=backward_working_bytes_per_token(c, a) + reentrant,  # per token, the same in every block
-        # the checkpoint wrapper's leftovers are linear in the blocks whose backward has run
-        leftover_per_block=wrapper_leftover_bytes(c, a, 1, n_ckpt),
+        # the KV cache's leftovers are linear in the blocks whose backward has run
+        leftover_per_block=kv_cache_leftover_bytes(c, a, 1, n_ckpt),
         per_block_grad=_per_block_grad_bytes(c, states, n_g, grads_held),
         single_root=single_root, single_first=single_first,
     )
@@ -281,7 +288,7 @@ def _backward_activation_bytes(c, k, ctx, recompute):
 
 
 def _leftover_after(c, k, ctx):
-    """``wrapper_leftover_bytes`` inside block k's backward: the L-1-k blocks after it are done."""
+    """``kv_cache_leftover_bytes`` inside block k's backward: the L-1-k blocks after it are done."""
     return np.maximum(c.num_layers - 1 - k, 0) * ctx["leftover_per_block"]
 
 

@@ -12,12 +12,14 @@ largest error seen (a bound over the measured runs, not a standard deviation), a
 not independent (a stack that holds more transients also fragments the allocator more), so a
 root-sum-square would claim a coverage nothing measured supports.
 
-Rule (one-sided, because every class errs towards real runs using *more* than predicted):
+Rule (two-sided: real runs were seen to hold both more and less than predicted; the lower
+fraction is the ``unknown_stack`` class's ``lower_relative_error``, per stack, fitted on published
+runs by ``validation/bands.py``):
 
 * ``fits``          — peak + band ≤ capacity (and host RAM fits, and the combination is valid);
-* ``tight``         — peak ≤ capacity < peak + band: it fits only if the errors stay small;
-* ``does_not_fit``  — peak > capacity (even within the band below it: the point estimate
-  already says no), or host RAM, or an invalid combination.
+* ``tight``         — peak × (1 − lower) ≤ capacity < peak + band: it may or may not fit;
+* ``does_not_fit``  — peak × (1 − lower) > capacity (even the runs that held least would not fit),
+  or host RAM, or an invalid combination.
 
 The peak judged is the training device total, or the load-time peak (``load_peak_bytes``, when
 the memory output has that column) when that one, with its own band, is higher.
@@ -91,6 +93,24 @@ def stack_relative_error(c, bands: AccuracyBands):
     if codes is None or not stacks:
         return np.float64(bands.classes.unknown_stack.relative_error)
     return stack_error_table(bands, stacks)[np.asarray(codes, dtype=np.int64)]
+
+
+def stack_lower_fraction(c, bands: AccuracyBands):
+    """Lower-band fraction per row: how much less than predicted the row's stack was seen to hold
+    (``AccuracyBands.stack_lower_error``); columns without a stack take the default."""
+    stacks = getattr(st, "STACKS", ())
+    codes = getattr(c, "stack", None) if c is not None else None
+    if codes is None or not stacks:
+        return np.float64(bands.classes.unknown_stack.lower_relative_error)
+    table = once_per_bands(bands, ("stack lower", tuple(stacks), np.__name__),
+                           lambda: np.array([bands.stack_lower_error(name) for name in stacks], dtype=np.float64))
+    return table[np.asarray(codes, dtype=np.int64)]
+
+
+def lower_point(peak, lower):
+    """The peak less its lower band, floor(peak × (1 − lower)): ``does_not_fit`` only when this
+    is over capacity (real runs of the stack were seen to hold up to ``lower`` less than predicted)."""
+    return np.asarray(np.floor(np.asarray(peak) * (1.0 - lower)), dtype=np.int64)
 
 
 def stack_error_table(bands: AccuracyBands, stacks):
@@ -176,7 +196,7 @@ def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
     peak. A row is ``fits`` when its band with them at the allocated peak fits, not ``fits`` when
     its band with them at 0 does not, and undecided in between (``judge`` on those rows gives the
     same answer as on all rows: the band is monotone in every base). Exact: for an integer room
-    r = capacity − total, ceil(x) ≤ r ⇔ x ≤ r. ``tight`` / ``does_not_fit`` never depend on the
+    r = capacity − total, ceil(x) ≤ r ⇔ x ≤ r. ``tight`` / ``does_not_fit`` depend only on the lower
     band. Returns (verdict codes, undecided mask); undecided rows carry ``TIGHT`` for now."""
     bands = bands or load_bands()
     allocated = np.asarray(m["peak_allocated_bytes"])
@@ -194,11 +214,12 @@ def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
     capacity = np.asarray(m["gpu_memory_bytes"])
     room = capacity - np.asarray(m["device_total_bytes"])
     ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
-    under = room >= 0
+    lower = stack_lower_fraction(c, bands)
+    under = lower_point(m["device_total_bytes"], lower) <= capacity
     if "load_peak_bytes" in m:
         load_peak = np.asarray(m["load_peak_bytes"])
         ok = ok & (load_peak + band_bytes(load_class_bytes(m), errors) <= capacity)  # fits needs the load side too
-        under = under & (load_peak <= capacity)
+        under = under & (lower_point(load_peak, lower) <= capacity)
     sure = (band_high <= room) & ok
     undecided = np.logical_not(sure) & (band_low <= room) & ok
     tight_or_better = under & (np.asarray(m["fits_host"]) & np.asarray(m["valid"]))
@@ -220,6 +241,7 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
     bands = bands or load_bands()
     total = np.asarray(m["device_total_bytes"])
     train_bases, errors = class_bytes(m), row_errors(c, bands)
+    lower = stack_lower_fraction(c, bands)
     train, train_band = class_bands(train_bases, errors), band_bytes(train_bases, errors)
     capacity = np.asarray(m["gpu_memory_bytes"])
     if "load_peak_bytes" in m:
@@ -234,11 +256,11 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
         if np.any(binding):  # the load side's classes, for the rows whose load peak decides
             load = class_bands(load_bases, errors)
             chosen = {k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES}
-        points_under = (total <= capacity) & (load_peak <= capacity)
+        points_under = (lower_point(total, lower) <= capacity) & (lower_point(load_peak, lower) <= capacity)
     else:
         binding = np.zeros(np.shape(total), dtype=bool)
         judged, band, chosen = total, train_band, train
-        points_under = total <= capacity
+        points_under = lower_point(total, lower) <= capacity
     other_ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
     fits = (judged + band <= capacity) & other_ok
     tight = np.logical_not(fits) & points_under & other_ok

@@ -91,6 +91,22 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, stated, cl, sp: f"{cfg.strategy} with a shard group of all {cl.world_size} GPUs replicates "
                                      f"nothing (replicate degree 1): torch runs it as "
                                      f"{HYBRID_EQUIVALENT[cfg.strategy]}, and it is counted so", involves=("strategy",)),
+    Rule("use_cache", "note",
+         lambda cfg, stated, cl, sp: bool(cfg.use_cache) and bool(cfg.checkpoint_wrapper) and cfg.ac != "none"
+         and not cfg.reentrant_checkpointing,
+         lambda cfg, *_: "use_cache is on under a non-reentrant checkpoint wrapper: transformers builds a KV cache "
+                         "in every training forward (it turns use_cache off only under its own gradient "
+                         "checkpointing), the recomputation appends K/V again, and each finished block's cache "
+                         "and input-norm intermediates stay until backward ends (counted); set "
+                         "model.config.use_cache = False (as Trainer/TRL do) to free it", involves=("ac",)),
+    Rule("method", "note",
+         lambda cfg, stated, cl, sp: cfg.method == "qlora" and cfg.stack == "hf" and not {"precision", "ac"} <= stated,
+         lambda cfg, stated, *_: "QLoRA defaults assumed (the hf stack's, as PEFT/TRL QLoRA recipes run): "
+                                 + ", ".join(part for part, knob in (
+                                     (f"{cfg.precision} compute (bnb_4bit_compute_dtype=bfloat16, bf16=True)", "precision"),
+                                     (f"activation checkpointing {cfg.ac} (prepare_model_for_kbit_training enables "
+                                      f"gradient checkpointing)", "ac")) if knob not in stated)
+                                 + "; state --precision / --ac to change them", involves=("method",)),
     Rule("lora_rank", "note",
          lambda cfg, stated, cl, sp: cfg.method != "full" and sp is not None and cfg.lora_rank > sp.hidden_size,
          lambda cfg, stated, cl, sp: f"LoRA rank {cfg.lora_rank} is above the hidden size {sp.hidden_size}: PEFT "

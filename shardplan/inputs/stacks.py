@@ -36,7 +36,7 @@ STACK_DIR = DATA_DIR / "stack_profiles"
 ENGINE_DEFAULTS: dict[str, Any] = dict(
     logits_fp32=True, ce_chunks=0, optimizer_in_backward=False, activation_offload=False, fp32_master=None,
     paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False, quant_state_sharded=True,
-    quant_format="nf4", load_mode="rank0_broadcast", checkpoint_wrapper=False,
+    quant_format="nf4", load_mode="rank0_broadcast", checkpoint_wrapper=False, use_cache=False,
 )
 STACK_KNOBS = tuple(ENGINE_DEFAULTS)
 

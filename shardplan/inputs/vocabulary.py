@@ -155,6 +155,8 @@ FLAGS: tuple[Flag, ...] = (
          "torchtune enable_activation_offloading: True"),
     Flag(("checkpoint-wrapper", "fsdp-ac"), (("checkpoint_wrapper", True),),
          "accelerate FSDP activation_checkpointing (torch checkpoint_wrapper around each block)"),
+    Flag(("use-cache",), (("use_cache", True),),
+         "the model config's use_cache left on during training (transformers' default outside its own checkpointing)"),
     Flag(("expandable-segments",), (("expandable_segments", True),),
          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     Flag(("paged",), (("paged_optimizer", True),),

@@ -362,9 +362,9 @@ def _sharded(config: TrainingConfig) -> str:
 
 
 def _method_changes(config: TrainingConfig, cluster: Cluster) -> list[tuple[str, TrainingConfig]]:
-    """LoRA / QLoRA (with checkpointing); where the stack checkpoints with torch's checkpoint_wrapper,
-    also each with HF's own gradient checkpointing, whose per-block leftovers
-    (memory.wrapper_leftover_bytes) the wrapper leaves and HF's does not."""
+    """LoRA / QLoRA (with checkpointing); where the run leaves ``use_cache`` on under a
+    non-reentrant checkpoint wrapper, also each with ``use_cache=False``, which frees the KV cache
+    every finished block keeps (memory.kv_cache_leftover_bytes)."""
     from shardplan.inputs.stacks import resolve_stack
 
     sharded = _sharded(config)
@@ -375,12 +375,12 @@ def _method_changes(config: TrainingConfig, cluster: Cluster) -> list[tuple[str,
     if config.method != "qlora":
         changes.append(("QLoRA (--method qlora) + activation checkpointing",
                         _with(config, method="qlora", ac="full", strategy=sharded)))
-    if config.checkpoint_wrapper is None and resolve_stack(_with(config, ac="full"), cluster.world_size).checkpoint_wrapper:
-        hf_ac = "HF gradient checkpointing (--no-checkpoint-wrapper)"
-        changes += [(change.replace(" + activation checkpointing", "") + " + " + hf_ac,
-                     _with(candidate, checkpoint_wrapper=False)) for change, candidate in changes]
-        if config.ac != "full":
-            changes.insert(0, (f"activation checkpointing by {hf_ac}", _with(config, ac="full", checkpoint_wrapper=False)))
+    resolved = resolve_stack(_with(config, ac="full"), cluster.world_size)
+    if resolved.use_cache and resolved.checkpoint_wrapper and not resolved.reentrant_checkpointing:
+        no_cache = "use_cache=False (--no-use-cache)"
+        changes += [(f"{change} + {no_cache}", _with(candidate, use_cache=False)) for change, candidate in changes]
+        changes.insert(0, (f"set {no_cache}" + ("" if config.ac == "full" else " + activation checkpointing"),
+                           _with(config, ac="full", use_cache=False)))
     return changes
 
 

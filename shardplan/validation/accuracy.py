@@ -56,7 +56,7 @@ def engine_class(strategy: str, engine: str) -> str:
     return strategy if strategy in ("single", "ddp") else engine
 
 
-def judge(query: RunQuery, evaluate: Callable | None = None) -> Outcome | Unexpressible:
+def judge(query: RunQuery, evaluate: Callable | None = None, bands=None) -> Outcome | Unexpressible:
     """One row through fit's path: the configuration is checked as ``fit`` checks it, then
     evaluated; a configuration shardplan refuses is an ``Unexpressible`` with its one-line error."""
     from shardplan.inputs import contradictions
@@ -65,7 +65,7 @@ def judge(query: RunQuery, evaluate: Callable | None = None) -> Outcome | Unexpr
     try:
         fit.check_config(query.spec, query.cluster, query.config)
         notes = contradictions.check(query.config, query.cluster, query.spec, searched=())
-        result = (evaluate or fit.evaluate)(query.spec, query.cluster, query.config, notes)
+        result = (evaluate or fit.evaluate)(query.spec, query.cluster, query.config, notes, bands=bands)
     except ShardplanError as err:
         return Unexpressible(query.row_id, query.source, query.row_type, "rejected_by_shardplan", str(err)[:160])
     predicted = getattr(result.per_gpu, PREDICTED_FIELD[query.counter]) if query.counter else None
@@ -74,9 +74,23 @@ def judge(query: RunQuery, evaluate: Callable | None = None) -> Outcome | Unexpr
                    predicted, result.verdict)
 
 
-def judge_all(rows: Iterable[Row], evaluate: Callable | None = None) -> list[Outcome | Unexpressible]:
+def judge_all(rows: Iterable[Row], evaluate: Callable | None = None, bands=None) -> list[Outcome | Unexpressible]:
     """Every row: an ``Outcome``, or the ``Unexpressible`` it was (or became when shardplan refused it)."""
-    return [judge(r, evaluate) if isinstance(r, RunQuery) else r for r in rows]
+    return [judge(r, evaluate, bands) if isinstance(r, RunQuery) else r for r in rows]
+
+
+def judge_out_of_source(rows: list[Row]) -> tuple[list[Outcome | Unexpressible], dict]:
+    """Every row judged with the band fitted without its own source (``bands.loso``): the
+    predictions do not depend on the band, so one pass gives the errors, a second the verdicts
+    each row would get had its source not been seen. Returns (judged rows, bands per source)."""
+    from shardplan.formulas.accuracy_bands import load_bands
+    from shardplan.validation import bands as band_fit
+
+    first = judge_all(rows)
+    bands_of = band_fit.loso([o for o in first if isinstance(o, Outcome)], load_bands())
+    queries = {r.row_id: r for r in rows if isinstance(r, RunQuery)}
+    return [judge(queries[o.row_id], bands=bands_of[o.source]) if isinstance(o, Outcome) else o
+            for o in first], bands_of
 
 
 # --- statistics ----------------------------------------------------------------------------------------
@@ -122,9 +136,11 @@ def verdict_counts(outcomes: list[Outcome]) -> dict[str, int]:
             "completed_tight": sum(o.verdict == "tight" for o in done)}
 
 
-def report(judged: list[Outcome | Unexpressible]) -> dict[str, Any]:
-    """The whole report as data (``render`` formats it)."""
+def report(judged: list[Outcome | Unexpressible], bands_of: dict | None = None) -> dict[str, Any]:
+    """The whole report as data (``render`` formats it); ``bands_of``: the bands each source's rows
+    were judged with (``judge_out_of_source``), for the leave-one-source-out section."""
     outcomes = [o for o in judged if isinstance(o, Outcome)]
+    extra = {} if bands_of is None else {"band": band_section(outcomes, bands_of)}
     refused: dict[str, int] = {}
     for r in judged:
         if isinstance(r, Unexpressible):
@@ -136,8 +152,22 @@ def report(judged: list[Outcome | Unexpressible]) -> dict[str, Any]:
         "named": error_stats([o.error for o in outcomes if o.error is not None and o.counter != "unnamed"]),
         "by_source": grouped(outcomes, lambda o: o.source),
         "by_class": grouped(outcomes, lambda o: f"{o.stack} x {o.method} x {o.engine_class}"),
-        "verdicts": verdict_counts(outcomes),
+        "verdicts": verdict_counts(outcomes), **extra,
     }
+
+
+def band_section(outcomes: list[Outcome], bands_of: dict) -> dict[str, Any]:
+    """The shipped band fractions (fitted on every source) and their out-of-source coverage."""
+    from shardplan.validation import bands as band_fit
+
+    default, stacks = band_fit.fitted(outcomes)
+    shipped = {"default": default, **stacks}
+    return {"fitted": {k: {"upper": f.upper, "lower": f.lower, "rows": f.rows, "sources": list(f.sources)}
+                       for k, f in shipped.items() if f is not None},
+            "out_of_source": {s: {"upper": b.classes.unknown_stack.relative_error,
+                                  "lower": b.classes.unknown_stack.lower_relative_error,
+                                  "stacks": sorted(b.classes.unknown_stack.stacks)} for s, b in bands_of.items()},
+            "coverage": band_fit.coverage(outcomes, bands_of)}
 
 
 # --- the table -----------------------------------------------------------------------------------------
@@ -176,7 +206,26 @@ def render(data: dict[str, Any], command: str) -> str:
     lines += _stats_table("stack x method x engine class", data["by_class"]) + [""]
     lines += ["| cannot be expressed | rows |", "| --- | ---: |"]
     lines += [f"| `{reason}` | {n} |" for reason, n in data["unexpressible"].items()]
+    if "band" in data:
+        lines += [""] + _band_lines(data["band"])
     return "\n".join(lines) + "\n"
+
+
+def _band_lines(band: dict[str, Any]) -> list[str]:
+    """The band's fitted fractions and their leave-one-source-out coverage."""
+    cov = band["coverage"]
+    lines = ["| band (unknown_stack class) | upper | lower | rows | sources |", "| --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {name} | {_pct(f['upper'])} | {_pct(f['lower'])} | {f['rows']} | {', '.join(f['sources'])} |"
+              for name, f in band["fitted"].items()]
+    lines += ["", "| held-out source | upper (default) | lower (default) | stacks with their own band |",
+              "| --- | ---: | ---: | --- |"]
+    lines += [f"| {s} | {_pct(b['upper'])} | {_pct(b['lower'])} | {', '.join(b['stacks']) or '—'} |"
+              for s, b in band["out_of_source"].items()]
+    lines += ["", f"Out-of-source coverage: {cov['inside']} of {cov['rows']} measured rows "
+                  f"({_pct(cov['coverage'])}) lie within [predicted × (1 − lower), predicted × (1 + upper)] of the "
+                  f"band fitted without their source; {cov['above_upper']} above it, {cov['below_lower']} below. "
+                  f"The verdict checks above use those out-of-source bands."]
+    return lines
 
 
 DOCS_BEGIN = "<!-- BEGIN generated: {name} -->"
