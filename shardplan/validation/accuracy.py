@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from shardplan.support.errors import ShardplanError
+from shardplan.validation.bands import quantile
 from shardplan.validation.runs import COUNTER_CLASSES, Row, RunQuery, Unexpressible
 
 # which predicted number each counter class is compared with (FitResult.per_gpu fields)
@@ -94,12 +95,6 @@ def judge_out_of_source(rows: list[Row]) -> tuple[list[Outcome | Unexpressible],
 
 
 # --- statistics ----------------------------------------------------------------------------------------
-
-def quantile(values: list[float], q: float) -> float:
-    """Nearest-rank quantile (the smallest value with at least q of the values at or below it)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
-
 
 def median(values: list[float]) -> float:
     ordered = sorted(values)
