@@ -155,7 +155,9 @@ def test_models_hardware_profiles_commands(tmp_path, capsys):
     code, out, _ = run(capsys, "hardware")
     assert code == 0 and "h100-sxm" in out and "nvlink4" in out
     code, out, _ = run(capsys, "hardware", "show", "h100-sxm")
-    assert code == 0 and "sources" in out
+    assert code == 0 and "source" in out.splitlines()[0] and "TFLOP/s" in out  # a table, each number with its source
+    code, out, _ = run(capsys, "hardware", "show", "h100-sxm", "--json")
+    assert code == 0 and "sources" in json.loads(out)
     from shardplan.inputs.profiles import DATA_DIR
     code, out, _ = run(capsys, "profiles", "validate", str(DATA_DIR))
     assert code == 0 and out.count(": ok") >= 19 + 12 + 15

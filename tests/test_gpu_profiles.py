@@ -230,9 +230,9 @@ def test_fit_query_on_a10g(capsys):
 
 
 def test_hardware_show_new_gpu_and_unknown_name(capsys):
-    code, out, _ = run(capsys, "hardware", "show", "a10g")
+    code, out, _ = run(capsys, "hardware", "show", "a10g", "--json")
     assert code == 0 and json.loads(out)["name"] == "a10g"
-    code, out, _ = run(capsys, "hardware", "show", "nvlink-c2c")
+    code, out, _ = run(capsys, "hardware", "show", "nvlink-c2c", "--json")
     assert code == 0 and json.loads(out)["kind"] == "nvlink"
     code, out, err = run(capsys, "hardware", "show", "h10")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1

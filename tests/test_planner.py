@@ -24,8 +24,17 @@ def test_headline_plan_is_fast_and_ranked():
     result = plan(SPEC, cluster, TrainingConfig(), w, top=5)
     assert time.perf_counter() - t0 < 0.5
     assert result.plans and result.fitting > 0
-    rates = [p.tokens_per_s for p in result.plans]
+    # the equals of the fastest (tokens/s bands overlapping its band) first, by fewer moving parts, then
+    # more margin (planner.SECOND_CRITERION); the rest by tokens/s
+    fastest = max(result.plans, key=lambda p: p.tokens_per_s)
+    equals = [p for p in result.plans if p.equal_to_best]
+    assert result.plans[0].equal_to_best and result.plans[:len(equals)] == equals
+    assert all(p.tokens_per_s_high >= fastest.tokens_per_s_low for p in equals)
+    keys = [(p.moving_parts, -p.margin_bytes) for p in equals]
+    assert keys == sorted(keys)
+    rates = [p.tokens_per_s for p in result.plans[len(equals):]]
     assert rates == sorted(rates, reverse=True)
+    assert all(p.tokens_per_s_high < fastest.tokens_per_s_low for p in result.plans[len(equals):])
     for p in result.plans:
         assert p.micro_batch * p.grad_accum * 8 * 8192 == w.global_batch_tokens
         assert p.micro_batch > 0 and p.grad_accum > 0 and 0 < p.mfu <= 1

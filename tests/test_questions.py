@@ -160,3 +160,89 @@ def test_plan_without_a_count_says_how_to_ask(capsys):
 ])
 def test_models_people_fine_tune_today_resolve(typed, display):
     assert resolve_model(typed).spec.display_name == display
+
+
+# --- plan answers the method asked ---------------------------------------------------------------------
+def test_plan_ranks_full_fine_tuning_when_no_method_is_named(capsys):
+    code, out, err = run(capsys, "plan", "llama-3.1-70b on 4x8xh100-sxm seq 4096", "--global-batch-tokens", "4M",
+                         "--json")
+    assert code == 0, err
+    import json
+    result = json.loads(out)
+    assert result["method"] == "full" and result["plans"], "full fine-tuning fits 32 H100s at seq 4096"
+    assert {p["method"] for p in result["plans"]} == {"full"}
+    # LoRA and QLoRA were searched too, and are shown apart (one best plan each), never ranked above
+    assert {p["method"] for p in result["other_methods"]} == {"lora", "qlora"}
+    assert result["method_fitting"] <= result["fitting"]
+    code, text, _ = run(capsys, "plan", "llama-3.1-70b on 4x8xh100-sxm seq 4096", "--global-batch-tokens", "4M")
+    import re
+    ranked = text.split("If you would accept")[0]
+    methods = re.findall(r"^\d+=?\s+(full|lora|qlora)\s", ranked, re.MULTILINE)  # the ranked method column
+    assert methods and set(methods) == {"full"} and "If you would accept LoRA/QLoRA" in text
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_lora_mfu_counts_the_arithmetic_lora_does(method):
+    # frozen base: forward 2N + input gradients 2N, no weight gradients; adapters 6·N_lora (flops_per_token)
+    from helpers import DEFAULT_KNOBS
+    from shardplan.formulas.throughput import attention_forward_flops_per_token, flops_per_token, model_flops_per_token
+    from shardplan.inputs import strategy as st
+    from shardplan.inputs.config import Columns, model_values
+
+    spec = resolve_model("llama-3.1-8b").spec
+    full = Columns.build(**model_values(spec), **DEFAULT_KNOBS)
+    peft = Columns.build(**model_values(spec), **{**DEFAULT_KNOBS, "method": st.METHODS.index(method)})
+    n, attention = spec.matmul_params_per_token, float(attention_forward_flops_per_token(peft))
+    assert float(model_flops_per_token(peft)) == pytest.approx(4 * n + 6 * float(peft.lora_params) + 3 * attention)
+    assert float(model_flops_per_token(full)) == pytest.approx(6 * n + 3 * attention)
+    # MFU's numerator is what the step computes without recompute (HFU's, AC none): never above it
+    f = flops_per_token(peft)
+    assert float(model_flops_per_token(peft)) == pytest.approx(float(sum(f[k] for k in ("fwd_matmul", "bwd_matmul",
+                                                                                          "fwd_attention"))
+                                                                     + 3 * attention - float(f["fwd_attention"])))
+
+
+# --- repeated options, readable answers --------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["fit", "8b on 1x4090", "--seq-len", "4096", "--seq-len", "8192"],
+    ["plan", "8b on 8xh100", "--method", "lora", "--method=full"],
+    ["fit", "8b on 1x4090", "--checkpoint-wrapper", "--no-checkpoint-wrapper"],
+])
+def test_an_option_given_twice_is_an_error_not_last_one_wins(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and "given twice" in err and len(err.splitlines()) == 1, err
+
+
+def _lines(text: str) -> list[str]:
+    return text.rstrip("\n").splitlines()
+
+
+@pytest.mark.parametrize("question", ["llama-3.1-70b on 4x24GB", "gemma 2 27b on 4x L40S", "405b on 8xh100",
+                                      "llama-3.1-8b on 2x4090"])
+def test_a_no_fit_answer_is_short_and_detail_has_the_rest(capsys, monkeypatch, question):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, err = run(capsys, "fit", question)
+    assert code == 0 and "DOES NOT FIT" in out and "--detail" in out
+    assert len(_lines(out)) <= 45 and max(map(len, _lines(out))) <= 100
+    code, detail, err = run(capsys, "fit", question, "--detail")
+    assert code == 0 and len(_lines(detail)) > len(_lines(out)) and "peak reserved" in detail
+
+
+def test_fit_help_is_grouped_and_short(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, err = run(capsys, "fit", "--help")
+    assert code == 0 and len(_lines(out)) <= 80
+    for panel in ("What to ask", "Training", "Stack", "Cluster and time", "Output"):
+        assert f"─ {panel} " in out, panel
+
+
+def test_hardware_show_is_a_table_and_json_on_request(capsys):
+    import json
+    code, out, err = run(capsys, "hardware", "show", "t4")
+    assert code == 0 and _lines(out)[0].split() == ["field", "value", "source"]
+    assert "fp16 65.0" in out and "TFLOP/s" in out  # T4 has no bf16: its fp16 rate is shown
+    code, out, err = run(capsys, "hardware", "show", "t4", "--json")
+    assert code == 0 and json.loads(out)["peak_flops"]["fp16"] == 65e12
+    code, out, err = run(capsys, "hardware")
+    rows = {line.split()[0]: line for line in _lines(out) if line.startswith(("t4 ", "v100-16gb "))}
+    assert "65 (fp16)" in rows["t4"] and "125 (fp16)" in rows["v100-16gb"]

@@ -170,13 +170,16 @@ def _plan(capsys, *argv) -> dict:
 
 def test_plan_takes_the_query_and_searches_the_method(capsys):
     # full fine-tuning of 70B cannot fit 4x24 GB (~16 bytes/param of model state, ZeRO paper, SC'20, §3.1);
-    # with the method searched, a QLoRA plan does
+    # full fine-tuning is the method asked (none named), so nothing is ranked; the other methods are
+    # searched and shown apart, where a QLoRA plan fits (issue 22 item 6)
     result = _plan(capsys, "70B on 4x24GB")
-    assert result["plans"] and result["methods"] == ["full", "lora", "qlora"]
-    assert {p["method"] for p in result["plans"]} <= {"lora", "qlora"}
-    assert all(p["config"]["method"] == p["method"] for p in result["plans"])
+    assert result["plans"] == [] and result["method"] == "full" and result["methods"] == ["full", "lora", "qlora"]
+    assert result["other_methods"] and {p["method"] for p in result["other_methods"]} <= {"lora", "qlora"}
+    assert all(p["config"]["method"] == p["method"] for p in result["other_methods"])
     code, text, _ = run(capsys, "plan", "70B on 4x24GB", "--wide")
-    assert code == 0 and "qlora" in text and "methods searched: full, lora, qlora" in text
+    assert code == 0 and "If you would accept" in text and "ranked: full, the method asked" in text
+    asked = _plan(capsys, "70B on 4x24GB qlora")
+    assert asked["plans"] and {p["method"] for p in asked["plans"]} == {"qlora"} and asked["other_methods"] == []
     fixed = _plan(capsys, "70B on 4x24GB", "--method", "full")
     assert fixed["plans"] == [] and fixed["methods"] == ["full"]
 

@@ -114,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         _process_setup()
     try:
         args = sys.argv[1:] if argv is None else list(argv)
+        app = app_for(args)
+        from shardplan.cli.options import check_repeated_options
+        check_repeated_options(typer.main.get_command(app), args)  # '--seq-len' twice: an error, not last-one-wins
         # outside standalone mode click *returns* a command's typer.Exit code instead of raising it
-        code = app_for(args)(args=args, standalone_mode=False)
+        code = app(args=args, standalone_mode=False)
         _flush_stdout()  # a full disk or a closed pipe is met here, not at interpreter exit
         if isinstance(code, int) and not isinstance(code, bool) and code:
             return code

@@ -21,36 +21,34 @@ FIT_KNOBS = ("engine", "method", "lora_rank", "lora_targets", "precision", "opti
 
 @with_stack_knobs(after="shard_group_size")
 def fit(
-    query: Optional[str] = typer.Argument(None, help="free text, e.g. '70B on 4x24GB' or 'llama-3.1-8b on 8xh100-sxm seq 8192 batch 2'"),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="profile name, HF config.json path, or a size like '70B'"),
-    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="'4x24GB', '8xh100-sxm', '2x8xa100-80gb'"),
-    strategy: Optional[str] = typer.Option(None, help=vocab_help("strategy", None, "all when omitted")),
-    engine: Optional[str] = typer.Option(None, help=vocab_help("engine", "fsdp2")),
-    method: Optional[str] = typer.Option(None, help=vocab_help("method", "full")),
-    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank (default 16)"),
-    lora_targets: Optional[str] = typer.Option(None, help=vocab_help("lora_targets", "all-linear, or the stack's")),
-    precision: Optional[str] = typer.Option(None, help=vocab_help("precision", "bf16-mixed, or the stack's")),
-    optimizer: Optional[str] = typer.Option(None, help=vocab_help("optimizer", "adamw, or the stack's")),
-    ac: Optional[str] = typer.Option(None, help=vocab_help("ac", "none, or the stack's")),
-    ac_every_k: Optional[int] = typer.Option(None, help="with --ac every-k: checkpoint every k-th block"),
-    offload: Optional[str] = typer.Option(None, help=vocab_help("offload", "none")),
-    seq_len: Optional[int] = typer.Option(None, help="sequence length (default 1024)"),
-    micro_batch: Optional[int] = typer.Option(None, help="micro-batch per GPU (default 1)"),
-    grad_accum: Optional[int] = typer.Option(None, help="gradient accumulation steps (default 1)"),
-    shard_group_size: Optional[int] = typer.Option(None, help="HSDP shard group size (default GPUs per node)"),
-    host_ram: Optional[str] = typer.Option(None, help="host RAM per node, e.g. '512GB'"),
-    intra_link: Optional[str] = typer.Option(None, help="intra-node link profile (default: the GPU's)"),
-    inter_link: Optional[str] = typer.Option(None, help="inter-node link profile (default: the GPU's)"),
-    global_batch_tokens: Optional[str] = typer.Option(None, help="global batch in tokens ('1M'): adds step time, tokens/s, MFU"),
-    calibration: Optional[Path] = typer.Option(None, help="calibration overlay JSON (shardplan calibrate)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON (a list when no --strategy)"),
-    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
-    export_to: Optional[str] = typer.Option(None, "--export", help="also export the first fitting result: "
-                                            "FORMAT[=PATH], FORMAT one of fsdp2, fsdp1, accelerate, deepspeed, trainer, torchrun"),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
-    check: bool = typer.Option(False, "--check", help="for scripts: exit 1 unless some strategy's verdict is 'fits' "
-                                                      "('tight' does not count: its error band crosses capacity); "
-                                                      "output unchanged"),
+    query: Optional[str] = typer.Argument(None, help="MODEL on [COUNTx]GPU [words], e.g. '70B on 4x24GB qlora seq 4096'"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", rich_help_panel='What to ask', help="profile name, HF config.json path, or a size like '70B'"),
+    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", rich_help_panel='What to ask', help="'4x24GB', '8xh100-sxm', '2x8xa100-80gb'"),
+    strategy: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("strategy", "all")),
+    engine: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("engine", "fsdp2")),
+    method: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("method", "full")),
+    lora_rank: Optional[int] = typer.Option(None, rich_help_panel='Training', help="LoRA rank (default 16)"),
+    lora_targets: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("lora_targets", "all-linear, or the stack's")),
+    precision: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("precision", "bf16-mixed, or the stack's")),
+    optimizer: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("optimizer", "adamw, or the stack's")),
+    ac: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("ac", "none, or the stack's")),
+    ac_every_k: Optional[int] = typer.Option(None, rich_help_panel='Training', help="with --ac every-k: checkpoint every k-th block"),
+    offload: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("offload", "none")),
+    seq_len: Optional[int] = typer.Option(None, rich_help_panel='Training', help="sequence length (default 1024)"),
+    micro_batch: Optional[int] = typer.Option(None, rich_help_panel='Training', help="micro-batch per GPU (default 1)"),
+    grad_accum: Optional[int] = typer.Option(None, rich_help_panel='Training', help="gradient accumulation steps (default 1)"),
+    shard_group_size: Optional[int] = typer.Option(None, rich_help_panel='Training', help="HSDP shard group size (default GPUs per node)"),
+    host_ram: Optional[str] = typer.Option(None, rich_help_panel='Cluster and time', help="host RAM per node, e.g. '512GB'"),
+    intra_link: Optional[str] = typer.Option(None, rich_help_panel='Cluster and time', help="intra-node link profile (default: the GPU's)"),
+    inter_link: Optional[str] = typer.Option(None, rich_help_panel='Cluster and time', help="inter-node link profile (default: the GPU's)"),
+    global_batch_tokens: Optional[str] = typer.Option(None, rich_help_panel='Cluster and time', help="global batch in tokens ('1M'): adds time, MFU"),
+    calibration: Optional[Path] = typer.Option(None, rich_help_panel='Cluster and time', help="calibration overlay JSON (shardplan calibrate)"),
+    as_json: bool = typer.Option(False, "--json", rich_help_panel='Output', help="print JSON (a list when no --strategy)"),
+    wide: bool = typer.Option(False, "--wide", rich_help_panel='Output', help=WIDE_HELP),
+    detail: bool = typer.Option(False, "--detail", rich_help_panel='Output', help="a no-fit answer in full (every term)"),
+    export_to: Optional[str] = typer.Option(None, "--export", rich_help_panel='Output', help="export the first fit: FORMAT[=PATH] (docs/export.md)"),
+    force: bool = typer.Option(False, "--force", rich_help_panel='Output', help=FORCE_HELP),
+    check: bool = typer.Option(False, "--check", rich_help_panel='Output', help="exit 1 unless a strategy fits ('tight' does not)"),
     **stack_knobs,
 ):
     """Will it fit? Per-GPU memory, term by term, for one strategy or all of them."""
@@ -175,7 +173,7 @@ def _show(results: list, args: dict, strategy_name: Optional[str]) -> None:
     if args["as_json"]:
         typer.echo(report.to_json(results[0] if strategy_name else results))
     else:
-        typer.echo(report.render_fit(results, None if args["wide"] else output_width()))
+        typer.echo(report.render_fit(results, None if args["wide"] else output_width(), detail=args["detail"]))
     if args["export_to"]:
         from shardplan.cli.export_command import export_results
         export_results([r.model_dump(mode="json") for r in results], args["export_to"], None, force=args["force"])

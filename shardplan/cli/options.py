@@ -9,16 +9,16 @@ from typing import Callable, Optional
 import typer
 
 from shardplan.inputs.vocabulary import help_text as vocab_help
+from shardplan.support.errors import ShardplanError
 
 # Option help generated from the one vocabulary (shardplan/inputs/vocabulary.py, docs/vocabulary.md).
-STACK_HELP = vocab_help("stack", "hf: Transformers + Trainer + PEFT + bitsandbytes",
-                        "its defaults fill the knobs you do not give (docs/stacks.md)")
-REDUCE_HELP = vocab_help("reduce_dtype", "fp32 under FSDP/DDP mixed precision, 16-bit for DeepSpeed")
+STACK_HELP = vocab_help("stack", "hf", "its defaults fill the knobs not given (docs/stacks.md)")
+REDUCE_HELP = vocab_help("reduce_dtype", "fp32; DeepSpeed: 16-bit")
+WIDE_HELP = "every line whole, however wide (default: $COLUMNS, the terminal, or 100)"
 FORCE_OUTPUT_HELP = ("replace an output file even where it is read-only (it stays read-only; "
                      "a symbolic link is never written through)")
 FORCE_HELP = ("apply a --calibration measured on another GPU or link (a warning line says so), and replace a "
               "read-only --export file")
-WIDE_HELP = "print every line whole, however wide (default: fit $COLUMNS, else the terminal, else 100 columns)"
 
 # Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)
 STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chunks": int,
@@ -26,31 +26,29 @@ STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chu
                     "checkpoint_wrapper": bool, "use_cache": bool, "expandable_segments": bool, "fp32_master": bool,
                     "quant_format": str, "load_mode": str}
 STACK_KNOBS = {
-    "attention": typer.Option(None, help=vocab_help("attention", "sdpa")),
-    "reduce_dtype": typer.Option(None, help=REDUCE_HELP),
-    "stack": typer.Option(None, help=STACK_HELP),
-    "ce_chunks": typer.Option(None, help="chunked cross-entropy chunks, 0 = off (default: the stack's)"),
-    "optimizer_in_backward": typer.Option(None, "--optimizer-in-backward/--no-optimizer-in-backward",
-                                          help="optimizer step fused into backward (default: the stack's)"),
-    "activation_offload": typer.Option(None, "--activation-offload/--no-activation-offload",
-                                       help="offload saved activations to CPU (default: the stack's)"),
-    "paged_optimizer": typer.Option(None, "--paged-optimizer/--no-paged-optimizer",
-                                    help="bitsandbytes paged optimizer states (default: the stack's)"),
+    "attention": typer.Option(None, rich_help_panel="Stack", help=vocab_help("attention", "sdpa")),
+    "reduce_dtype": typer.Option(None, rich_help_panel="Stack", help=REDUCE_HELP),
+    "stack": typer.Option(None, rich_help_panel="Stack", help=STACK_HELP),
+    "ce_chunks": typer.Option(None, rich_help_panel="Stack", help="chunked cross-entropy chunks, 0 = off (default: the stack's)"),
+    "optimizer_in_backward": typer.Option(None, "--optimizer-in-backward/--no-optimizer-in-backward", rich_help_panel="Stack switches",
+                                          help="step in backward (stack's)"),
+    "activation_offload": typer.Option(None, "--activation-offload/--no-activation-offload", rich_help_panel="Stack switches",
+                                       help="activations to CPU (stack's)"),
+    "paged_optimizer": typer.Option(None, "--paged-optimizer/--no-paged-optimizer", rich_help_panel="Stack switches",
+                                    help="paged 8-bit states (stack's)"),
     "checkpoint_wrapper": typer.Option(
-        None, "--checkpoint-wrapper/--no-checkpoint-wrapper",
-        help="AC by torch's checkpoint_wrapper around each block (accelerate FSDP activation_checkpointing; "
-             "default: the stack's)"),
+        None, "--checkpoint-wrapper/--no-checkpoint-wrapper", rich_help_panel="Stack switches",
+        help="AC by checkpoint_wrapper"),
     "use_cache": typer.Option(
-        None, "--use-cache/--no-use-cache",
-        help="the model's use_cache during training: under a non-reentrant checkpoint wrapper its KV cache "
-             "keeps every finished block's K/V and input-norm chain (default: the stack's; Trainer/TRL set False)"),
+        None, "--use-cache/--no-use-cache", rich_help_panel="Stack switches",
+        help="use_cache in training (KV cache under a checkpoint wrapper; Trainer/TRL: False)"),
     "expandable_segments": typer.Option(
-        None, "--expandable-segments/--no-expandable-segments",
-        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less allocator fragmentation; docs/accuracy.md)"),
-    "fp32_master": typer.Option(None, "--fp32-master/--no-fp32-master",
-                                help="keep an fp32 master copy (default: unless bf16-pure)"),
-    "quant_format": typer.Option(None, help=vocab_help("quant_format", "nf4")),
-    "load_mode": typer.Option(None, help=vocab_help("load_mode", "the stack's")),
+        None, "--expandable-segments/--no-expandable-segments", rich_help_panel="Stack switches",
+        help="expandable_segments allocator"),
+    "fp32_master": typer.Option(None, "--fp32-master/--no-fp32-master", rich_help_panel="Stack switches",
+                                help="fp32 master (unless bf16-pure)"),
+    "quant_format": typer.Option(None, rich_help_panel="Stack", help=vocab_help("quant_format", "nf4")),
+    "load_mode": typer.Option(None, rich_help_panel="Stack", help=vocab_help("load_mode", "the stack's")),
 }
 
 
@@ -90,3 +88,35 @@ def cluster_of(gpus_text: str, args: dict):
     host_ram = args["host_ram"]
     return parse_gpus(gpus_text, intra_link=args["intra_link"], inter_link=args["inter_link"],
                       host_ram_bytes_per_node=parse_capacity_bytes(host_ram, "host_ram") if host_ram else None)
+
+
+def check_repeated_options(command, args: list[str]) -> None:
+    """An option given twice (``--seq-len 4096 --seq-len 8192``) is an error naming it, not a
+    silent last-one-wins (click keeps the last); options declared repeatable are left alone.
+    ``command``: the click command or group ``args`` run through (subcommands are followed)."""
+    i = 0  # typer vendors its own click: groups and options are recognised by their attributes
+    while isinstance(getattr(command, "commands", None), dict) and i < len(args):
+        if args[i] in command.commands:
+            command, i = command.commands[args[i]], i + 1
+        elif args[i].startswith("-"):
+            i += 1
+        else:
+            return
+    # options by their spellings
+    owner = {opt: p for p in getattr(command, "params", ()) if not getattr(p, "multiple", True)
+             and not getattr(p, "count", False) for opt in (*p.opts, *getattr(p, "secondary_opts", ()))
+             if opt.startswith("-")}
+    seen: dict[str, str] = {}
+    rest = args[i:]
+    for j, word in enumerate(rest):
+        if word == "--":
+            break
+        param = owner.get(word.split("=", 1)[0]) if word.startswith("-") else None
+        if param is None:
+            continue
+        # the option as typed, with its value ('--seq-len 4096')
+        flag = getattr(param, "is_flag", False)
+        given = word if "=" in word or flag or j + 1 >= len(rest) else f"{word} {rest[j + 1]}"
+        if param.name in seen:
+            raise ShardplanError(param.name, f"{seen[param.name]} ... {given}", "given twice; give it once")
+        seen[param.name] = given

@@ -64,9 +64,9 @@ def hardware_list(ctx: typer.Context, wide: bool = typer.Option(False, "--wide",
     """List GPU and link profiles."""
     if ctx.invoked_subcommand:
         return
-    gpus = [[g.name, g.display_name, f"{g.memory_bytes / GiB:.1f}", f"{g.peak_flops.get('bf16', 0) / 1e12:.0f}",
+    gpus = [[g.name, g.display_name, f"{g.memory_bytes / GiB:.1f}", _half_rate(g),
              f"{g.memory_bandwidth_bytes_per_s / 1e12:.2f}", g.default_intra_link] for g in gpu_profiles()]
-    gpu_headers = ["gpu", "name", "GiB", "bf16 TFLOP/s", "HBM TB/s", "intra link"]
+    gpu_headers = ["gpu", "name", "GiB", "16-bit TFLOP/s", "memory TB/s", "intra link"]
     typer.echo(tabulate(gpus, headers=gpu_headers) if wide else table(gpus, gpu_headers, output_width(), wrap_columns=(1,), numparse=True))
     typer.echo("")
     links = [[l.name, l.kind, l.scope, f"{l.bandwidth_bytes_per_s / 1e9:.1f}", f"{l.latency_s * 1e6:.1f}", l.efficiency]
@@ -75,10 +75,40 @@ def hardware_list(ctx: typer.Context, wide: bool = typer.Option(False, "--wide",
     typer.echo(tabulate(links, headers=link_headers) if wide else table(links, link_headers, output_width(), numparse=True))
 
 
+def _half_rate(gpu: GPUProfile) -> str:
+    """The dense 16-bit tensor rate: bf16, else fp16 said as such (T4, V100 have no bf16)."""
+    if "bf16" in gpu.peak_flops:
+        return f"{gpu.peak_flops['bf16'] / 1e12:.0f}"
+    return f"{gpu.peak_flops['fp16'] / 1e12:.0f} (fp16)"
+
+
+def _shown(field: str, value) -> str:
+    """One profile field for the table: bytes also in GiB, FLOP/s in TFLOP/s, rates in GB/s."""
+    if field == "peak_flops":
+        return ", ".join(f"{dtype} {rate / 1e12:,.1f}" for dtype, rate in value.items()) + " TFLOP/s (dense)"
+    if field.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{value:,} ({value / GiB:,.2f} GiB)"
+    if field.endswith("_bytes_per_s") and isinstance(value, (int, float)):
+        return f"{value / 1e9:,.1f} GB/s"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
 @hardware_app.command("show")
-def hardware_show(name: str):
-    """Show one GPU or link profile with its sources."""
-    typer.echo(get_hardware(name).model_dump_json(indent=2))
+def hardware_show(name: str, as_json: bool = typer.Option(False, "--json", help="print the profile as JSON"),
+                  wide: bool = typer.Option(False, "--wide", help=WIDE_HELP)):
+    """Show one GPU or link profile as a table, each number with its source (--json: the profile)."""
+    profile = get_hardware(name)
+    if as_json:
+        typer.echo(profile.model_dump_json(indent=2))
+        return
+    data = profile.model_dump(mode="json")
+    sources = data.pop("sources", {})
+    rows = [[field, _shown(field, value), sources.get(field, "")] for field, value in data.items()
+            if value not in (None, "", [], ())]
+    headers = ["field", "value", "source"]
+    typer.echo(tabulate(rows, headers=headers) if wide else table(rows, headers, output_width(), wrap_columns=(1, 2)))
 
 
 def _validate_one(path: Path) -> str:

@@ -83,19 +83,18 @@ def tokens_line(t: dict) -> str:
             f"{t['tokens_per_s_high']:,.0f})")
 
 
-def breakdown_table(results: list[FitResult], width: int | None = None) -> str:
+def breakdown_table(results: list[FitResult], width: int | None = None, short: bool = False) -> str:
     """Term by term, one column per strategy (and what each term is, for one strategy). Fitted to
-    ``width`` by :func:`layout.table`: the explanation wraps; many strategies split into groups."""
-    headers = ["term (GiB per GPU)"] + [r.strategy for r in results] + ([] if len(results) > 1 else ["what it is"])
+    ``width`` by :func:`layout.table`: the explanation wraps; many strategies split into groups.
+    ``short``: the terms and SHORT_TOTALS only, no explanations (the no-fit answer's table)."""
+    notes = len(results) == 1 and not short
+    headers = ["term (GiB per GPU)"] + [r.strategy for r in results] + (["what it is"] if notes else [])
     rows = []
     for term in BREAKDOWN_TERMS:
         values = [r.per_gpu.breakdown[term] for r in results]
         if not any(values):
             continue
-        row = [term] + [gib(v) for v in values]
-        if len(results) == 1:
-            row.append(TERM_NOTES[term])
-        rows.append(row)
+        rows.append([term] + [gib(v) for v in values] + ([TERM_NOTES[term]] if notes else []))
     totals = [
         ("(model states)", [r.per_gpu.model_state_bytes for r in results],
          "params + grads + master + optimizer (+ DeepSpeed gathered module)"),
@@ -110,12 +109,15 @@ def breakdown_table(results: list[FitResult], width: int | None = None) -> str:
         ("host RAM per node", [r.per_node.host_bytes for r in results], "offloaded states, processes, checkpoint load"),
     ]
     for label, values, note in totals:
-        rows.append([label] + [gib(v) for v in values] + ([note] if len(results) == 1 else []))
+        if not short or label in SHORT_TOTALS:
+            rows.append([label] + [gib(v) for v in values] + ([note] if notes else []))
+    if short:
+        return layout.table(rows, headers, width)
     rows.append(["peak moment"] + [r.per_gpu.peak_moment for r in results]
-                + (["forward (loss), backward, or optimizer step"] if len(results) == 1 else []))
+                + (["forward (loss), backward, or optimizer step"] if notes else []))
     rows.append(["verdict"] + [r.verdict for r in results] + (["fits: peak + band <= capacity; tight: peak - lower band is"]
-                                                               if len(results) == 1 else []))
-    return layout.table(rows, headers, width, wrap_columns=(len(headers) - 1,) if len(results) == 1 else ())
+                                                               if notes else []))
+    return layout.table(rows, headers, width, wrap_columns=(len(headers) - 1,) if notes else ())
 
 
 _FLAGS = re.compile(r" \(--[^)]*\)")  # "(--ac full)": the options that make a change, spelled out in the legend
@@ -171,18 +173,61 @@ def _stack_knobs(cfg: dict) -> str:
     return " — " + ", ".join(on)
 
 
-def render_fit(results: list[FitResult], width: int | None = None) -> str:
-    """The fit answer as text, fitted to ``width`` columns (None: every line whole, ``--wide``)."""
-    lines: list[str] = []
-    first = results[0]
-    for note in first.notes:
-        lines.append(f"note: {note}")
+def _head(first: FitResult) -> list[str]:
+    """The notes, the stack and the configuration the answer assumed (defaults included)."""
     cfg = first.config
-    lines.append(f"stack: {first.stack}" + _stack_knobs(cfg))
-    lines.append(f"model {first.model['display_name']} ({first.model['params']:,} params), method {cfg['method']}, "
-                 f"precision {cfg['precision']}, optimizer {cfg['optimizer']}, seq {cfg['seq_len']}, "
-                 f"micro-batch {cfg['micro_batch']}, AC {cfg['ac']}, offload {cfg['offload']}")
-    lines.append("")
+    return [*(f"note: {note}" for note in first.notes), f"stack: {first.stack}" + _stack_knobs(cfg),
+            f"model {first.model['display_name']} ({first.model['params']:,} params), method {cfg['method']}, "
+            f"precision {cfg['precision']}, optimizer {cfg['optimizer']}, seq {cfg['seq_len']}, "
+            f"micro-batch {cfg['micro_batch']}, AC {cfg['ac']}, offload {cfg['offload']}", ""]
+
+
+# The rows of the short no-fit term table: the terms, then what is compared with capacity.
+SHORT_TOTALS = ("= peak allocated", "= device total", "± band", "margin")
+SHORT_ALTERNATIVES = 4  # the changes with the most margin; --detail lists every one
+DETAIL_HINT = "--detail: each strategy's terms, the band by class, reserved, load and host-RAM peaks, all changes"
+
+
+def render_no_fit(results: list[FitResult], width: int | None = None) -> str:
+    """A no-fit answer in short (issue 22: <= 45 lines at 100 columns): one line per strategy, the
+    terms of the smallest footprint, and the cheapest changes; ``--detail`` prints ``render_fit``."""
+    best = min(results, key=lambda r: r.per_gpu.device_total_bytes)
+    r0 = results[0]
+    lines = _head(r0) + [f"✗ DOES NOT FIT  {r0.model['display_name']} {r0.config['method']} on {r0.cluster['label']} "
+                         f"({r0.gpu['name']}, {gib(r0.gpu['memory_bytes'])} GiB each):"]
+    same: dict[str, list[str]] = {}  # strategies with the same numbers share a line (hybrid_shard = full_shard here)
+    for r in results:
+        same.setdefault(_short_verdict(r).replace(r.strategy, "{}", 1), []).append(r.strategy)
+    lines += ["  " + text.replace("{}", ", ".join(names), 1) for text, names in same.items()]
+    lines += ["", breakdown_table([best], width, short=True), ""]
+    why = "once its error band is counted" if any(r.verdict == "tight" for r in results) else "as asked"
+    closest = sorted(best.alternatives, key=lambda a: -a.margin_bytes)[:SHORT_ALTERNATIVES]
+    shown = f"the {len(closest)} closest of {len(best.alternatives)}" if len(closest) < len(best.alternatives) else "all"
+    lines.append(f"Nothing fits {why}. Changes tried on {best.strategy} (the smallest footprint), {shown}:")
+    lines += alternatives_lines(best.model_copy(update={"alternatives": closest}), width)
+    lines += ["", DETAIL_HINT]
+    return layout.join(lines, width)
+
+
+def _short_verdict(r: FitResult) -> str:
+    """'✗ full_shard (fsdp2): 336.53 ± 69.52 GiB per GPU, over by 312.89 GiB' (or its host-RAM need)."""
+    mark = {"tight": "≈", "fits": "✓"}.get(r.verdict, "✗")
+    if not r.valid:
+        return f"✗ {r.strategy}/{r.engine}: not a valid combination"
+    text = f"{mark} {r.strategy} ({_engine(r)}): {gib(r.judged_bytes)} ± {gib(r.band_bytes)} GiB"
+    if not r.fits_host:
+        return text + f"; host RAM {gib(r.per_node.host_bytes)} of {gib(r.per_node.host_ram_bytes)} GiB per node"
+    over = r.judged_bytes - r.gpu["memory_bytes"]
+    return text + (f", over by {gib(over)} GiB" if over > 0 else f", short by {gib(-r.margin_bytes)} GiB with the band")
+
+
+def render_fit(results: list[FitResult], width: int | None = None, detail: bool = True) -> str:
+    """The fit answer as text, fitted to ``width`` columns (None: every line whole, ``--wide``); a
+    no-fit answer of several strategies is short unless ``detail`` (``render_no_fit``)."""
+    if not detail and len(results) > 1 and not any(r.fits for r in results):
+        return render_no_fit(results, width)
+    first = results[0]
+    lines: list[str] = _head(first)
     for r in results:
         lines.append(verdict(r))
         if r.valid:

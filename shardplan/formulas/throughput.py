@@ -188,9 +188,15 @@ def attention_forward_flops_per_token(c, causal=True):
 
 def model_flops_per_token(c):
     """Model FLOPs for MFU: 6·N_matmul + 3 × causal attention forward (no recompute counted).
+    LoRA/QLoRA count the arithmetic they do (``flops_per_token``'s convention): the frozen base has
+    no weight gradients, so its matmuls are 4·N (forward + input gradients), the adapters 6·N_lora —
+    MFU under LoRA is then the share of peak that real arithmetic reaches, not 6N's (which would
+    credit the base's weight gradients nobody computes).
     ASSUMPTION: MFU counts causal attention FLOPs (what flash kernels execute); torchtitan and PaLM
     count the full s² scores (``palm_model_flops_per_token``) — compare tokens/s, not MFU, across them."""
-    return train_flops_per_token(matmul_params_per_token(c), attention_forward_flops_per_token(c))
+    n, attention = matmul_params_per_token(c), attention_forward_flops_per_token(c)
+    peft = 4.0 * n + 6.0 * c.lora_params + 3.0 * attention
+    return np.where(c.method != st.FULL, peft, train_flops_per_token(n, attention))
 
 
 def palm_model_flops_per_token(c):

@@ -305,22 +305,15 @@ def _resolve_word(name: str, word: str, stack: Any, engine: Any) -> tuple[str, t
 
 
 # --- text generated from the tables -----------------------------------------------------------------
-def _alias_text(a: Alias) -> str:
-    if a.by == "stack":
-        return f"{a.word} = the stack's meaning"
-    if a.by:
-        return f"{a.word} = by {a.by}"
-    return f"{a.word} = {a.value}"
-
-
 def help_text(field_name: str, default: str | None = None, tail: str = "") -> str:
-    """An option's help: '<what>: name, name, ... (default X); aliases: word = name, ...'."""
+    """An option's help: '<what>: name, name, ... (default X); aliases: word, word, ...'. What each
+    alias means is in docs/vocabulary.md (``markdown``): ``--help`` stays short (issue 22)."""
     k = KNOBS[field_name]
     text = f"{k.what}: {', '.join(k.names)}"
     if default:
         text += f" (default {default})"
     if k.aliases:
-        text += "; aliases: " + ", ".join(_alias_text(a) for a in k.aliases)
+        text += "; aliases: " + ", ".join(a.word for a in k.aliases)
     return text + (f"; {tail}" if tail else "")
 
 

@@ -81,6 +81,8 @@ class Plan(BaseModel):
     cost: float | None = None
     why: list[str] = []
     config: dict[str, Any] = {}   # the whole TrainingConfig of this plan (what `shardplan export` writes)
+    equal_to_best: bool = False   # its tokens/s band overlaps #1's: ranked among equals by the second criterion
+    moving_parts: int = 0         # CPU offload, AC, HSDP, no_sync accumulation it uses (SECOND_CRITERION)
 
 
 class Rejected(BaseModel):
@@ -113,6 +115,9 @@ class PlanResult(BaseModel):
     notes: list[str] = []
     stack: str = ""               # the training stack the numbers assume (stacks.stack_label)
     methods: list[str] = []       # the fine-tuning methods searched
+    method: str = "full"          # the method asked for (the query's, else full fine-tuning): ``plans`` rank it alone
+    method_fitting: int = 0       # candidates of the asked method that fit
+    other_methods: list[Plan] = []  # the best plan of each other method searched ("if you would accept LoRA/QLoRA")
 
 
 def divisors(n: int, up_to: int | None = None) -> list[int]:
@@ -239,7 +244,7 @@ def build_grid(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload
     return c, {"sync_every_micro_batch": np.tile(arr[:, 7].astype(bool), len(parts))}
 
 
-def _why(i: int, r: dict, c: Columns, order: np.ndarray, pos: int) -> list[str]:
+def _why(i: int, r: dict, c: Columns, order: np.ndarray, pos: int, equal: bool = False) -> list[str]:
     reasons = []
     exposed, step = float(r["exposed_comm_s"][i]), float(r["step_time_s"][i])
     reasons.append(f"exposed communication {exposed * 1e3:,.0f} ms of a {step:,.2f} s step "
@@ -251,17 +256,47 @@ def _why(i: int, r: dict, c: Columns, order: np.ndarray, pos: int) -> list[str]:
     if int(c.offload[i]) != st.OFFLOAD_NONE:
         reasons.append(f"CPU offload costs {float(r['offload_transfer_s'][i]) + float(r['optimizer_s'][i]):,.2f} s per step")
     reasons.append(f"micro-batch {int(c.micro_batch[i])} → GEMM efficiency {float(r['gemm_efficiency'][i]):.2f}")
-    if pos > 0:
+    if pos > 0 and equal:
+        reasons.append("an equal of #1 (tokens/s bands overlap)")
+    elif pos > 0:
         best = order[0]
         reasons.append(f"{100 * (1 - float(r['tokens_per_s'][i]) / float(r['tokens_per_s'][best])):.1f} % slower than #1")
-    elif len(order) > 1:
-        nxt = order[1]
-        reasons.append(f"{100 * (float(r['tokens_per_s'][i]) / float(r['tokens_per_s'][nxt]) - 1):.1f} % faster than #2")
     return reasons
 
 
 def _name(codes, names, i):
     return names[int(codes[i])]
+
+
+# Among plans whose tokens/s bands overlap #1's (equal within the model's error), the order is by fewer
+# moving parts, then by memory margin: each moving part (CPU offload, activation recomputation, an HSDP
+# replica group, gradient sync deferred across micro-batches) is one more thing to configure and to go
+# wrong, and margin is what a longer sequence or a fragmenting allocator eats first.
+SECOND_CRITERION = "fewer moving parts (CPU offload, AC, HSDP, no_sync), then more memory margin"
+
+
+def moving_parts(c: Columns, sync: np.ndarray) -> np.ndarray:
+    """How many of SECOND_CRITERION's moving parts each row uses (0-4)."""
+    hybrid = (c.strategy == st.HYBRID_SHARD) | (c.strategy == st.HYBRID_SHARD_ZERO2)
+    return ((c.offload != st.OFFLOAD_NONE).astype(np.int64) + (c.ac != st.AC_NONE) + hybrid
+            + (~np.asarray(sync, dtype=bool) & (c.grad_accum > 1)))
+
+
+def rank_rows(rows: np.ndarray, r: dict, c: Columns, sync: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` (fitting candidates) in plan order, and which of them are equal to the first: the
+    fastest row's tokens/s band [low, point] decides; every row whose band reaches it (its high end
+    at or above the fastest one's low end) is its equal, and equals are ordered by SECOND_CRITERION.
+    The rest follow by tokens/s."""
+    if rows.size == 0:
+        return rows, np.zeros(0, dtype=bool)
+    best = rows[np.argmax(r["tokens_per_s"][rows])]
+    equal = r["tokens_per_s_high"][rows] >= r["tokens_per_s_low"][best]
+    parts = moving_parts(c, sync)[rows]
+    # lexsort: last key first -> (not equal, then parts or -tokens/s, then -margin)
+    first = np.where(equal, parts, 0).astype(np.float64)
+    speed = np.where(equal, 0.0, -r["tokens_per_s"][rows])
+    order = np.lexsort((-r["margin_bytes"][rows], speed, first, ~equal))
+    return rows[order], equal[order]
 
 
 def _best_per_family(order: np.ndarray, c: Columns, top: int) -> list[int]:
@@ -362,16 +397,18 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     if overflow_rows:
         notes = [*(notes or []), f"{overflow_rows:,} of {c.shape[0]:,} candidates left out: {OVERFLOW_NOTE}"]
     fitting = np.flatnonzero(r["fits"])
-    order = fitting[np.lexsort((-r["headroom_bytes"][fitting], -r["tokens_per_s"][fitting]))]
-    chosen = _best_per_family(order, c, top)
-    chosen_arr = np.array(chosen, dtype=np.int64)
-    plans = [_plan_entry(i, pos + 1, r, c, sync, cluster, _why(i, r, c, chosen_arr, pos), train_tokens,
-                         price_per_gpu_hour, bases) for pos, i in enumerate(chosen)]
-    tight_rows = np.flatnonzero(r["verdict"] == TIGHT)
+    asked = st.METHODS.index(base.method)  # the query's method, else TrainingConfig's: full fine-tuning
+    plans = _ranked(fitting[c.method[fitting] == asked], top, r, c, sync, cluster, train_tokens,
+                    price_per_gpu_hour, bases)
+    others = [p for m in sorted(bases) if m != asked
+              for p in _ranked(fitting[c.method[fitting] == m], 1, r, c, sync, cluster, train_tokens,
+                               price_per_gpu_hour, bases)]
+    tight_rows = np.flatnonzero((r["verdict"] == TIGHT) & (c.method == asked))
     tight_order = tight_rows[np.lexsort((-r["margin_bytes"][tight_rows], -r["tokens_per_s"][tight_rows]))]
     tight = [_plan_entry(i, 0, r, c, sync, cluster, _tight_why(i, r, c), train_tokens, price_per_gpu_hour, bases)
              for i in _best_per_family(tight_order, c, top)]
-    explanation = "" if plans else _nothing_fits(c, r, cluster, bool(tight))
+    asked_rows = c.method == asked
+    explanation = "" if plans else _nothing_fits(c, r, cluster, bool(tight), asked_rows)
     return PlanResult(
         model={"name": spec.name, "display_name": spec.display_name, "params": spec.total_params,
                "block_class": spec.block_class, "hf_id": next((a for a in spec.aliases if "/" in a), None)},
@@ -382,16 +419,33 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
         tight_count=int(tight_rows.size), tight=tight, rejected=rejected_families(c, r),
         calibrated=bool(r["calibrated"]), explanation=explanation, notes=list(notes or []) + workload.notes,
         stack=stack_label(base.stack), methods=[st.METHODS[m] for m in sorted(bases)],
+        method=base.method, method_fitting=int(np.count_nonzero(asked_rows[fitting])), other_methods=others,
     )
 
 
-def _nothing_fits(c: Columns, r: dict, cluster: Cluster, tight: bool) -> str:
-    """Why no candidate fits: the smallest footprint, its largest term, and what to try."""
-    smallest = int(np.argmin(np.where(r["valid"], r["device_total_bytes"], np.iinfo(np.int64).max)))
+def _ranked(rows: np.ndarray, top: int, r: dict, c: Columns, sync, cluster: Cluster, train_tokens, price_per_gpu_hour,
+            bases) -> list[Plan]:
+    """The best ``top`` plans of ``rows`` (one per family) in ``rank_rows``' order, explained."""
+    order, equal = rank_rows(rows, r, c, sync)
+    is_equal = dict(zip(order.tolist(), equal.tolist()))
+    chosen = _best_per_family(order, c, top)
+    chosen_arr = np.array(chosen, dtype=np.int64)
+    parts = moving_parts(c, sync)
+    return [_plan_entry(i, pos + 1, r, c, sync, cluster, _why(i, r, c, chosen_arr, pos, is_equal[i]), train_tokens,
+                        price_per_gpu_hour, bases).model_copy(update={"equal_to_best": is_equal[i],
+                                                                      "moving_parts": int(parts[i])})
+            for pos, i in enumerate(chosen)]
+
+
+def _nothing_fits(c: Columns, r: dict, cluster: Cluster, tight: bool, among: np.ndarray | None = None) -> str:
+    """Why no candidate (of ``among``: the asked method's rows) fits: the smallest footprint, its
+    largest term, and what to try."""
+    among = np.ones(c.shape[0], dtype=bool) if among is None else among
+    smallest = int(np.argmin(np.where(r["valid"] & among, r["device_total_bytes"], np.iinfo(np.int64).max)))
     term = max(BREAKDOWN_TERMS, key=lambda t: int(r[t][smallest]))
     band = (f" ± {int(r['band_bytes'][smallest]) / 2**30:,.1f} GiB band" if tight else "")
-    return (f"nothing fits{' once its error band is counted' if tight else ''}: of {c.shape[0]:,} candidates "
-            f"the smallest footprint "
+    return (f"nothing fits{' once its error band is counted' if tight else ''}: of "
+            f"{int(np.count_nonzero(among)):,} {_name(c.method, st.METHODS, smallest)} candidates the smallest footprint "
             f"({_name(c.strategy, st.STRATEGIES, smallest)}/{_name(c.engine, st.ENGINES, smallest)}, AC "
             f"{_name(c.ac, st.AC_MODES, smallest)}, offload {_name(c.offload, st.OFFLOADS, smallest)}, "
             f"micro-batch {int(c.micro_batch[smallest])}) needs {int(r['device_total_bytes'][smallest]) / 2**30:,.1f} GiB"
