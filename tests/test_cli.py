@@ -16,7 +16,7 @@ def run(capsys, *argv):
 
 
 def test_70b_on_4x24gb_full_does_not_fit_qlora_does(capsys):
-    code, out, err = run(capsys, "fit", "70B on 4x24GB", "--wide")  # reads the alternatives table by row
+    code, out, err = run(capsys, "fit", "70B on 4x24GB", "--wide", "--detail")  # every row and term
     assert code == 0
     assert "Llama-3.1-70B" in out and "nearest built-in reference" in out
     assert "DOES NOT FIT" in out and "FITS  " not in out
