@@ -187,7 +187,7 @@ def test_lora_mfu_counts_the_arithmetic_lora_does(method):
     from helpers import DEFAULT_KNOBS
     from shardplan.formulas.throughput import attention_forward_flops_per_token, flops_per_token, model_flops_per_token
     from shardplan.inputs import strategy as st
-    from shardplan.inputs.config import Columns, model_values
+    from shardplan.formulas.columns import Columns, model_values
 
     spec = resolve_model("llama-3.1-8b").spec
     full = Columns.build(**model_values(spec), **DEFAULT_KNOBS)
