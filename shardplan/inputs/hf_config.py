@@ -477,30 +477,12 @@ def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config
     defaults = ", ".join(f"{k}={v!r}" for k, v in sorted(reader.defaulted.items()))
     assumed = tuple(notes) + ((f"defaults ({provenance}): {defaults}",) if defaults else ())
     try:
-        spec = ModelSpec(name=name, display_name=extra.pop("display_name", name), assumed=assumed, **fields, **extra)
+        return ModelSpec(name=name, display_name=extra.pop("display_name", name), assumed=assumed, **fields, **extra)
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "config"
         raise ShardplanError(f"{origin}: {field}", first.get("input") if not isinstance(first.get("input"), dict) else "{...}",
                              first["msg"].removeprefix("Value error, ")) from None
-    return spec if layout == model_type else _checked_on_meta(spec, config)
-
-
-def _checked_on_meta(spec: ModelSpec, config: dict[str, Any]) -> ModelSpec:
-    """A config read with the Llama layout (a model_type no family reader knows), checked against
-    the module tree transformers builds for it on the meta device (``hf_meta``, where torch and
-    transformers are installed): the answer says whether the counts agree."""
-    from shardplan.inputs.hf_meta import meta_param_count
-
-    count = meta_param_count(config)
-    if count is None:
-        return spec
-    if count == spec.total_params:
-        note = f"checked: transformers builds the same {count:,} params on the meta device"
-    else:
-        note = (f"transformers builds {count:,} params on the meta device; the llama layout counts "
-                f"{spec.total_params:,} ({spec.total_params / count - 1:+.1%}): its memory terms are approximate")
-    return spec.model_copy(update={"assumed": (*spec.assumed, note)})
 
 
 def how_read(spec: ModelSpec, path: str | Path) -> str:
