@@ -79,13 +79,7 @@ def test_written_overlays_carry_the_machine_and_refuse_to_mix(tmp_path):
                           source={"gpu": "NVIDIA A100-SXM4-80GB"})
 
 
-@pytest.mark.parametrize("method", [
-    "full",
-    pytest.param("lora", marks=pytest.mark.xfail(
-        reason="issue 22 item 6 (helper 'questions'): LoRA's MFU counts 6N model FLOPs per token while its "
-               "backward skips the frozen weights' gradients (4N), so MFU/HFU is ~1.5 and MFU passes 1 where "
-               "HFU is above ~0.67", strict=False)),
-])
+@pytest.mark.parametrize("method", ["full", "lora"])
 def test_no_answer_shows_mfu_above_one_over_a_sweep(tmp_path, method):
     """Every GPU profile x three models x {1, 8} GPUs x two sequence lengths x two precisions, with
     an overlay claiming 2.5 PFLOP/s (faster than any GPU's bf16 nameplate) and without one."""

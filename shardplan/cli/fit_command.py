@@ -29,7 +29,7 @@ def fit(
     method: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("method", "full")),
     lora_rank: Optional[int] = typer.Option(None, rich_help_panel='Training', help="LoRA rank (default 16)"),
     lora_targets: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("lora_targets", "all-linear, or the stack's")),
-    precision: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("precision", "bf16-mixed, or the stack's")),
+    precision: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("precision", "the stack's")),
     optimizer: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("optimizer", "adamw, or the stack's")),
     ac: Optional[str] = typer.Option(None, rich_help_panel='Training', help=vocab_help("ac", "none, or the stack's")),
     ac_every_k: Optional[int] = typer.Option(None, rich_help_panel='Training', help="with --ac every-k: checkpoint every k-th block"),

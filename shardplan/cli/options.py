@@ -12,13 +12,12 @@ from shardplan.inputs.vocabulary import help_text as vocab_help
 from shardplan.support.errors import ShardplanError
 
 # Option help generated from the one vocabulary (shardplan/inputs/vocabulary.py, docs/vocabulary.md).
-STACK_HELP = vocab_help("stack", "hf", "its defaults fill the knobs not given (docs/stacks.md)")
+STACK_HELP = vocab_help("stack", "hf")  # its defaults fill the knobs not given: docs/stacks.md
 REDUCE_HELP = vocab_help("reduce_dtype", "fp32; DeepSpeed: 16-bit")
 WIDE_HELP = "every line whole, however wide (default: $COLUMNS, the terminal, or 100)"
 FORCE_OUTPUT_HELP = ("replace an output file even where it is read-only (it stays read-only; "
                      "a symbolic link is never written through)")
-FORCE_HELP = ("apply a --calibration measured on another GPU or link (a warning line says so), and replace a "
-              "read-only --export file")
+FORCE_HELP = "apply a foreign --calibration (with a warning); replace a read-only --export file"
 
 # Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)
 STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chunks": int,
@@ -41,7 +40,7 @@ STACK_KNOBS = {
         help="AC by checkpoint_wrapper"),
     "use_cache": typer.Option(
         None, "--use-cache/--no-use-cache", rich_help_panel="Stack switches",
-        help="use_cache in training (KV cache under a checkpoint wrapper; Trainer/TRL: False)"),
+        help="KV cache in training (stack's)"),
     "expandable_segments": typer.Option(
         None, "--expandable-segments/--no-expandable-segments", rich_help_panel="Stack switches",
         help="expandable_segments allocator"),
