@@ -397,13 +397,20 @@ def _lora(text: str) -> dict[str, Any]:
     return out if targets is None else {**out, "lora_targets": targets}
 
 
+def _word(patterns, text: str, unrecognised: str, refused: str) -> str:
+    """The pattern table's word for a column's free text; a text no pattern reads, or one the table
+    marks 'refuse' (stated, but not expressible), is a named reason."""
+    word = _first(patterns, text)
+    if word is None:
+        raise _Refused(unrecognised, text)
+    if word == "refuse":
+        raise _Refused(refused, text)
+    return word
+
+
 def _checkpointing(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
     text = row["act_ckpt"]
-    mode = _first(AC_PATTERNS, text)
-    if mode is None:
-        raise _Refused("unrecognised_act_ckpt", text)
-    if mode == "refuse":
-        raise _Refused("ac_fraction_not_stated", text)
+    mode = _word(AC_PATTERNS, text, "unrecognised_act_ckpt", "ac_fraction_not_stated")
     out: dict[str, Any] = {}
     if re.search(r"activation offloading", text, re.I):
         out["activation_offload"] = True
@@ -422,11 +429,7 @@ def _offload(row: dict[str, str]) -> dict[str, Any]:
 
 def _optimizer(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
     text = row["optimizer"]
-    name = _first(OPTIMIZER_PATTERNS, text)
-    if name is None:
-        raise _Refused("unrecognised_optimizer", text)
-    if name == "refuse":
-        raise _Refused("optimizer_not_modelled", text)
+    name = _word(OPTIMIZER_PATTERNS, text, "unrecognised_optimizer", "optimizer_not_modelled")
     out: dict[str, Any] = {}
     if name == "stack":
         assumed.append("optimizer: not stated, the stack's default")
