@@ -4,6 +4,7 @@ interpreter the way an absent package is (``sys.modules[name] = None``)."""
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -74,9 +75,12 @@ def smoke(*args, source=REPO):
 
 
 def test_smoke_passes_on_this_checkout():
-    code, out = smoke("--only", "fit --export", "--only", "calibrate", "--only", "sweep", "--only", "version")
+    """Every check, as .ci/run stage 1 runs them (a subset here let a changed ``hardware show``
+    output reach CI unnoticed)."""
+    code, out = smoke()
     assert code == 0, out
-    assert "smoke: 15 of 15 checks passed" in out, out
+    checks = re.search(r"smoke: (\d+) of (\d+) checks passed", out)
+    assert checks and checks[1] == checks[2] and int(checks[2]) >= 46, out
 
 
 def test_smoke_fails_when_export_imports_yaml_at_the_top_again(tmp_path):
