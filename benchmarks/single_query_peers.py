@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import random
-from functools import partial
 import sys
 import time
+from functools import partial
 
 
 def best_seconds(call, items, passes: int) -> float:
@@ -65,8 +65,7 @@ def llm_analysis_items(n: int) -> tuple:
 
     logging.disable(logging.CRITICAL)
     from llm_analysis.analysis import ActivationRecomputation, DSZeRO, LLMAnalysis
-    from llm_analysis.config import (ParallelismConfig, get_dtype_config_by_name, get_gpu_config_by_name,
-                                     get_model_config_by_name)
+    from llm_analysis.config import ParallelismConfig, get_dtype_config_by_name, get_gpu_config_by_name, get_model_config_by_name
 
     models = [get_model_config_by_name(m) for m in ("facebook_opt-1.3b", "NousResearch_Llama-2-7b-hf", "facebook_opt-6.7b")]
     gpu, dtype = get_gpu_config_by_name("a100-sxm-80gb"), get_dtype_config_by_name("w16a16e16")

@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from shardplan.support.errors import ShardplanError
-from shardplan.support.limits import MAX_BYTES, MAX_GPUS, _shown, bounded_int
-from shardplan.support.names import lookup
 from shardplan.exporters import deepspeed as ds_export
 from shardplan.exporters import fsdp as fsdp_export
 from shardplan.exporters import hf as hf_export
 from shardplan.exporters import launch as launch_export
 from shardplan.exporters.spec import KNOBS, STACK_FIELDS, PlanSpec
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import MAX_BYTES, MAX_GPUS, _shown, bounded_int
+from shardplan.support.names import lookup
 
 __all__ = ["FORMATS", "PlanSpec", "export", "load_plans", "plan_spec", "read_back"]
 

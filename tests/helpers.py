@@ -1,7 +1,7 @@
 """Shared test helpers: build Columns from a model name and knob overrides."""
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.columns import Columns, model_values
+from shardplan.inputs import strategy as st
 from shardplan.inputs.models import get_model
 from shardplan.inputs.units import GiB
 

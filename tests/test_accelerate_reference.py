@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.memory import estimate_memory
+from shardplan.inputs import strategy as st
 from shardplan.inputs.models import get_model
 from tests.helpers import columns
 from tools.make_model_profiles import NAMES

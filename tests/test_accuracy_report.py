@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools import update_accuracy  # noqa: E402
 from shardplan.validation import accuracy  # noqa: E402
+from tools import update_accuracy  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,15 @@
 
 import pytest
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import (
-    block_activation_bytes, compute_dtype_bytes, layer_bytes_per_token, logits_and_loss_bytes,
-    logits_backward_bytes, logits_forward_bytes,
+    block_activation_bytes,
+    compute_dtype_bytes,
+    layer_bytes_per_token,
+    logits_and_loss_bytes,
+    logits_backward_bytes,
+    logits_forward_bytes,
 )
+from shardplan.inputs import strategy as st
 from tests.helpers import columns
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.formulas.allocator import CLASSES, largest_transient_bytes
-from shardplan.inputs.allocator_profile import default_allocator
 from shardplan.calibrate.gpu_compare import compare_folder, fragmentation_ratios, load_records
+from shardplan.formulas.allocator import CLASSES, largest_transient_bytes
 from shardplan.formulas.columns import columns_for
+from shardplan.formulas.memory import estimate_memory
+from shardplan.inputs.allocator_profile import default_allocator
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
-from shardplan.formulas.memory import estimate_memory
 from shardplan.inputs.models import resolve_model
 
 DATA = Path(__file__).parent / "data"

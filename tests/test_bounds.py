@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from shardplan.support import limits
 from shardplan.planning.planner import divisors
+from shardplan.support import limits
 from tests.helpers import run_cli
 
 

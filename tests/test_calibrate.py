@@ -101,8 +101,8 @@ def test_grid_fsdp2_model_state_bytes_are_exact(grid_records):
         cfg = r["config"]
         if cfg["engine"] != "fsdp2" or cfg["model"] != "llama-3.1-8b" or cfg["cpu_offload"]:
             continue
-        from shardplan.calibrate.runner import resolve_spec
         from shardplan.calibrate.config import RunConfig
+        from shardplan.calibrate.runner import resolve_spec
         from shardplan.calibrate.tiny_model import build_tiny_model
 
         c = RunConfig.model_validate(cfg)

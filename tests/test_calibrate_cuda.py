@@ -220,9 +220,9 @@ def test_real_16xh100_table_alpha_is_its_small_message_time(tmp_path):
     """16 H100s over 2 nodes: the table's small messages take ~123 us (out-of-place, 8 B-1 KiB:
     135.8, 123.2, 123.3, 123.4, 123.0, 123.6, 126.6, 147.1 us; median 123.5). The overlay must give
     that α, not the large-message segment's intercept rescaled as if from an 8-rank ring."""
-    from shardplan.formulas import comm
     from shardplan.calibrate.collectives import fit_all, parse_nccl_tests_file
     from shardplan.calibrate.overlay import load_calibration, write_calibration
+    from shardplan.formulas import comm
     from shardplan.inputs.hardware import parse_gpus
 
     samples = parse_nccl_tests_file(AR_H100, tier="inter_node")
@@ -333,8 +333,8 @@ def test_compute_measures_gemm_batches_and_bandwidth_on_cpu(tmp_path):
 def test_calibrated_bandwidth_and_sm_count_overlay_the_profile(tmp_path):
     from shardplan.calibrate.compute import fit_efficiency
     from shardplan.calibrate.overlay import load_calibration, write_calibration
-    from shardplan.inputs.hardware import parse_gpus
     from shardplan.formulas.throughput import NCCL_CTAS, compute_rates
+    from shardplan.inputs.hardware import parse_gpus
 
     cluster = parse_gpus("8xh100-sxm")
     fit = fit_efficiency(_curve([256, 512, 1024, 2048, 4096, 8192, 16384]), sm_count=120)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from shardplan.calibrate.gpu_compare import compare_folder, training_config
 from shardplan.formulas.columns import columns_for
+from shardplan.formulas.memory import estimate_memory, kv_cache_leftover_bytes
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.hf_config import spec_from_hf_config
-from shardplan.formulas.memory import estimate_memory, kv_cache_leftover_bytes
 
 DATA = Path(__file__).parent / "data"
 RECORDS = json.loads((DATA / "checkpoint_wrapper_cpu.json").read_text())["records"]

@@ -4,12 +4,22 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as hs
+from hypothesis import given
+from hypothesis import strategies as hs
 
-from shardplan.inputs import strategy as st
-from shardplan.formulas.comm import (algbw_to_busbw, busbw_to_algbw, collective_time_s, comm_times, comm_volume, link_rates,
-                            no_sync_grad_bytes, ring_bus_bytes_per_s, ring_factor)
 from shardplan.formulas.columns import columns_for
+from shardplan.formulas.comm import (
+    algbw_to_busbw,
+    busbw_to_algbw,
+    collective_time_s,
+    comm_times,
+    comm_volume,
+    link_rates,
+    no_sync_grad_bytes,
+    ring_bus_bytes_per_s,
+    ring_factor,
+)
+from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model

@@ -9,8 +9,8 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.columns import Columns, columns_for, model_values
+from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import get_model

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from shardplan.support.atomic_write import write_text_atomic as write_atomic
 from shardplan.export import export, load_plans, plan_spec, read_back
 from shardplan.exporters.spec import PlanSpec
+from shardplan.support.atomic_write import write_text_atomic as write_atomic
 from shardplan.support.errors import ShardplanError
 
 BASE = dict(model_name="llama-3.1-8b", hf_id="meta-llama/Llama-3.1-8B", block_class="LlamaDecoderLayer",
@@ -359,11 +359,11 @@ def test_fsdp_snippet_runs_and_matches_predicted_state_bytes(engine, strategy, a
 
     from shardplan.calibrate.tiny_model import build_tiny_model, tiny_spec
     from shardplan.formulas.columns import columns_for
-    from shardplan.inputs.config import TrainingConfig
     from shardplan.formulas.model_states import model_states
-    from shardplan.planning.fit import evaluate
+    from shardplan.inputs.config import TrainingConfig
     from shardplan.inputs.hardware import parse_gpus
     from shardplan.inputs.models import get_model
+    from shardplan.planning.fit import evaluate
 
     # rebuilt from its fields: model_copy would carry the 8B profile's cached counts (cached_property)
     model_spec = type(get_model("llama-3.1-8b")).model_validate(tiny_spec(get_model("llama-3.1-8b")).model_dump())

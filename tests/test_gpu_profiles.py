@@ -11,13 +11,12 @@ import pytest
 
 from shardplan.cli.app import main
 from shardplan.inputs.config import TrainingConfig
-from shardplan.support.errors import ShardplanError
-from shardplan.planning.fit import fit
-from shardplan.inputs.hardware import (CAPACITY_DEFAULTS, MAX_GPUS, NOT_A_CAPACITY, cluster_notes, even_layout, get_gpu, get_link,
-                                gpu_profiles, parse_gpus)
+from shardplan.inputs.hardware import CAPACITY_DEFAULTS, MAX_GPUS, NOT_A_CAPACITY, cluster_notes, even_layout, get_gpu, get_link, gpu_profiles, parse_gpus
 from shardplan.inputs.models import resolve_model
-from shardplan.support.names import normalize
 from shardplan.inputs.units import GiB
+from shardplan.planning.fit import fit
+from shardplan.support.errors import ShardplanError
+from shardplan.support.names import normalize
 
 NEW_GPUS = ("a10g", "l4", "l40", "rtx-a6000", "rtx6000-ada", "v100-16gb", "v100-32gb", "t4", "h20",
             "gh200-96gb", "gh200-144gb", "mi250x", "mi325x", "rtx5080")

@@ -6,9 +6,9 @@ and ``sweep`` count the same bytes for the same configuration (the knob is the
 import numpy as np
 import pytest
 
+from shardplan.formulas.columns import columns_for
 from shardplan.formulas.comm import no_sync_grad_bytes
 from shardplan.formulas.memory import estimate_memory
-from shardplan.formulas.columns import columns_for
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.support.errors import ShardplanError
 from shardplan.inputs.hardware import (
     CAPACITY_DEFAULTS,
     GPUProfile,
@@ -20,6 +19,7 @@ from shardplan.inputs.hardware import (
 )
 from shardplan.inputs.profiles import DATA_DIR, PROFILE_PATH_ENV, load_profile, normalize_name
 from shardplan.inputs.units import GiB
+from shardplan.support.errors import ShardplanError
 
 GPU_DIR = DATA_DIR / "hardware_profiles" / "gpus"
 LINK_DIR = DATA_DIR / "hardware_profiles" / "links"
@@ -319,8 +319,8 @@ def test_user_profile_is_found_by_name_and_capacity(tmp_path, monkeypatch):
 
 
 def test_links_must_serve_their_tier():
-    from shardplan.support.errors import ShardplanError
     from shardplan.inputs.hardware import parse_gpus
+    from shardplan.support.errors import ShardplanError
 
     with pytest.raises(ShardplanError, match="intra_link='ib-ndr'"):
         parse_gpus("8xh100-sxm", intra_link="ib-ndr")
@@ -339,8 +339,8 @@ def test_renamed_gpu_profile_predicts_exactly_the_same(tmp_path, monkeypatch):
     from shardplan.formulas.columns import columns_for
     from shardplan.inputs.config import TrainingConfig
     from shardplan.inputs.models import resolve_model
-    from shardplan.planning.evaluate import evaluate_grid
     from shardplan.inputs.profiles import DATA_DIR
+    from shardplan.planning.evaluate import evaluate_grid
 
     data = json.loads((DATA_DIR / "hardware_profiles/gpus/h100-sxm.json").read_text())
     data.update(name="my-lab-gpu", display_name="a lab's renamed copy", aliases=[])
@@ -379,8 +379,8 @@ def test_profile_coefficients_need_a_source(tmp_path):
 
 
 def test_nccl_buffers_come_from_the_link_profile():
-    from shardplan.inputs.hardware import get_link
     from shardplan.formulas.overheads import NCCL_BYTES_PER_CHANNEL, nccl_bytes_for_link
+    from shardplan.inputs.hardware import get_link
 
     assert nccl_bytes_for_link(get_link("nvlink4")) == 32 * NCCL_BYTES_PER_CHANNEL
     assert nccl_bytes_for_link("nvlink3") == 16 * NCCL_BYTES_PER_CHANNEL

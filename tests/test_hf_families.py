@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.support.errors import ShardplanError
+from shardplan.cli.app import main
 from shardplan.inputs.hf_config import spec_from_hf_config
 from shardplan.inputs.model import block_linear_bias_params
 from shardplan.inputs.models import get_model, resolve_model
-from shardplan.cli.app import main
+from shardplan.support.errors import ShardplanError
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)
@@ -253,9 +253,9 @@ def test_block_activations_equal_autograd_saves(model_type, method):
     more norms; Phi-3 the o_proj input copy (+2·256)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from shardplan.inputs import strategy as st
     from shardplan.formulas.activations import layer_bytes_per_token
     from shardplan.formulas.columns import Columns, model_values
+    from shardplan.inputs import strategy as st
     from tests.helpers import DEFAULT_KNOBS
 
     frozen = method == "lora"

@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACTS = {c["id"]: c for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]}
@@ -54,5 +55,6 @@ def test_the_contracts_are_the_architectures():
 
 def test_ruff_checks_what_it_says():
     config = tomllib.loads((ROOT / "ruff.toml").read_text())
-    assert {"E", "W", "F"} <= set(config["lint"]["select"]) and config["line-length"] <= 160
+    assert {"E", "W", "F", "I"} <= set(config["lint"]["select"]) and config["line-length"] <= 160
+    assert config["lint"]["isort"]["known-first-party"] == ["shardplan"]
     assert set(config["lint"].get("ignore", [])) <= {"E731", "E741"}

@@ -4,10 +4,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import block_activation_bytes, compute_dtype_bytes, recompute_extra_bytes_per_token
 from shardplan.formulas.columns import Columns
 from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.inputs import strategy as st
 from tests.helpers import DEFAULT_KNOBS
 
 STATE_KEYS = ("params", "grads", "grad_buckets", "master_params", "optimizer_states")

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from shardplan.cli.app import main
-from shardplan.inputs.models import SIZE_REFERENCES, SIZE_TOLERANCE, get_model, nearest_for_size
 from shardplan.inputs.model_names import VARIANT_WORDS, name_forms
+from shardplan.inputs.models import SIZE_REFERENCES, SIZE_TOLERANCE, get_model, nearest_for_size
 
 MISTRAL_CONFIG = {"model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8}
@@ -218,8 +218,8 @@ def test_docs_size_table_is_what_resolve_model_answers():
     import re
     from pathlib import Path
 
-    from shardplan.support.errors import ShardplanError
     from shardplan.inputs.models import resolve_model
+    from shardplan.support.errors import ShardplanError
 
     doc = (Path(__file__).parent.parent / "docs" / "model-names.md").read_text()
     rows = re.findall(r"^\| `([\d.]+[MBT])` \| (\S+) \| [\d.]+[MB] \| ([+−-][\d.]+) % \|$", doc, re.MULTILINE)

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.memory import deepspeed_estimator_host_bytes, estimate_memory
 from shardplan.formulas.model_states import zero_paper_model_state_bytes
+from shardplan.inputs import strategy as st
 from tests.helpers import columns
 
 DATA = Path(__file__).parent / "data"

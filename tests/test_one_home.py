@@ -4,15 +4,15 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-
 from helpers import DEFAULT_KNOBS, columns
+
+from shardplan.formulas import columns as columns_module
 from shardplan.formulas import model_states as ms
+from shardplan.formulas.columns import Columns, model_values
 from shardplan.formulas.comm import ring_factor
 from shardplan.formulas.load import model_load_bytes
 from shardplan.formulas.throughput import attention_forward_flops_per_token, flops_per_token, model_flops_per_token
-from shardplan.formulas import columns as columns_module
 from shardplan.inputs import strategy as st
-from shardplan.formulas.columns import Columns, model_values
 from shardplan.inputs.model import block_linear_params
 from shardplan.inputs.models import get_model, model_profiles
 from shardplan.support.errors import ShardplanError

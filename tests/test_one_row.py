@@ -10,13 +10,12 @@ import warnings
 
 import numpy as np
 import pytest
+from test_evaluate import _random_queries
 
 from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
 from shardplan.planning import evaluate as evaluator
 from shardplan.planning.evaluate import evaluate_queries, evaluate_query
-
-from test_evaluate import _random_queries
 
 KIND = {"i": int, "b": bool, "f": float}
 

@@ -4,7 +4,6 @@ sweep, never a verdict; numpy warnings never reach the user (docs/errors.md)."""
 from tests.helpers import run_cli
 from tests.test_bad_values import INT_RANGES, one_line_error
 
-
 # --- int64 overflow: an error for one query, an invalid row in a sweep, never a verdict -----------------
 BIG = ("fit", "llama-3.1-405b on 8xh100-sxm", "--strategy", "full_shard", "--seq-len", "16777216",
        "--micro-batch", "65536")  # in range, but ~2**66 bytes of activations: wrapped to a plausible 1.8e9 GiB before
@@ -42,10 +41,10 @@ def test_no_guarded_result_is_negative_or_past_int64_in_range_extremes():
     import numpy as np
 
     from shardplan.formulas.columns import Columns, model_values
-    from shardplan.support.limits import INT64_SAFE
     from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
-    from shardplan.inputs.models import get_model
     from shardplan.formulas.overflow import GUARDED_BYTES, bad_results, quiet_numpy
+    from shardplan.inputs.models import get_model
+    from shardplan.support.limits import INT64_SAFE
     from tests.helpers import DEFAULT_KNOBS
 
     for model in ("llama-3.1-405b", "gpt2", "mixtral-8x7b"):
@@ -69,11 +68,11 @@ def test_the_input_bound_covers_every_term():
     term/bound 0.55; host RAM per node sums a node's GPUs and is left to the result check)."""
     import numpy as np
 
-    from shardplan.inputs import strategy as st
     from shardplan.formulas.columns import Columns, model_values
     from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
-    from shardplan.inputs.models import model_profiles
     from shardplan.formulas.overflow import GUARDED_BYTES, input_scale_bytes, quiet_numpy
+    from shardplan.inputs import strategy as st
+    from shardplan.inputs.models import model_profiles
     from tests.helpers import DEFAULT_KNOBS
 
     terms = [t for t in BREAKDOWN_TERMS + GUARDED_BYTES if t != "host_bytes_per_node"]

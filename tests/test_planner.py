@@ -9,10 +9,10 @@ import pytest
 
 from shardplan.cli.app import main
 from shardplan.inputs.config import TrainingConfig
-from shardplan.support.errors import ShardplanError
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model
 from shardplan.planning.planner import plan, resolve_workload
+from shardplan.support.errors import ShardplanError
 
 SPEC = resolve_model("llama-3.1-8b").spec
 
@@ -115,6 +115,7 @@ def test_plan_reduce_dtype_is_a_user_choice_not_searched():
 def test_reduce_dtype_cli_option_query_word_and_export(capsys, tmp_path):
     """--reduce-dtype / "reduce bf16" reach the config, the step time and the exported policy."""
     import json
+
     from shardplan.cli.app import main
 
     def run(*argv):

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.formulas.comm import link_rates
 from shardplan.formulas.columns import columns_for
+from shardplan.formulas.comm import link_rates
+from shardplan.formulas.throughput import compute_rates, step_time
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model
-from shardplan.formulas.throughput import compute_rates, step_time
 
 DATA = Path(__file__).parent / "data" / "published_runs.csv"
 ROWS = list(csv.DictReader(DATA.open()))

@@ -185,9 +185,10 @@ def test_plan_ranks_full_fine_tuning_when_no_method_is_named(capsys):
 def test_lora_mfu_counts_the_arithmetic_lora_does(method):
     # frozen base: forward 2N + input gradients 2N, no weight gradients; adapters 6·N_lora (flops_per_token)
     from helpers import DEFAULT_KNOBS
+
+    from shardplan.formulas.columns import Columns, model_values
     from shardplan.formulas.throughput import attention_forward_flops_per_token, flops_per_token, model_flops_per_token
     from shardplan.inputs import strategy as st
-    from shardplan.formulas.columns import Columns, model_values
 
     spec = resolve_model("llama-3.1-8b").spec
     full = Columns.build(**model_values(spec), **DEFAULT_KNOBS)

@@ -11,8 +11,8 @@ import warnings
 import numpy as np
 import pytest
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.columns import Columns, columns_for
+from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model

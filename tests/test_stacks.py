@@ -6,24 +6,23 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from shardplan.inputs.allocator_profile import default_allocator
-
-from shardplan.inputs import strategy as st
 from shardplan.formulas.columns import columns_for, model_values
-from shardplan.inputs.config import TrainingConfig
-from shardplan.support.errors import ShardplanError
-from shardplan.planning.fit import evaluate, fit
-from shardplan.inputs.hardware import parse_gpus
 from shardplan.formulas.memory import estimate_memory
 from shardplan.formulas.model_states import AWQ_BYTES_PER_PARAM, GPTQ_BYTES_PER_PARAM, NF4_BYTES_PER_PARAM
+from shardplan.inputs import strategy as st
+from shardplan.inputs.allocator_profile import default_allocator
+from shardplan.inputs.config import TrainingConfig
+from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import get_model
 from shardplan.inputs.query import parse_query
 from shardplan.inputs.stacks import ENGINE_DEFAULTS, resolve_stack, stack_profiles
+from shardplan.planning.fit import evaluate, fit
+from shardplan.support.errors import ShardplanError
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = get_model("llama-2-7b")
@@ -134,7 +133,10 @@ def test_chunked_ce_holds_one_chunk_upcast():
     """bf16, C = 8: 16-bit logits (2) + saved fp32 log-softmax of every chunk (4) + one chunk's fp32
     upcast (4/8) = 6.5 bytes per logit, vs 2 + 4 + 4 = 10 unchunked."""
     from shardplan.formulas.activations import (
-        chunked_logits_backward_bytes, chunked_logits_forward_bytes, logits_backward_bytes, logits_forward_bytes,
+        chunked_logits_backward_bytes,
+        chunked_logits_forward_bytes,
+        logits_backward_bytes,
+        logits_forward_bytes,
     )
     # unchunked, the loss upcasts the whole logits (logits_fp32, as HF does); chunked, one chunk's
     base = TrainingConfig(strategy="single", method="lora", ac="full", seq_len=4096, stack="plain", logits_fp32=True)

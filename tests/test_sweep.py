@@ -7,16 +7,17 @@ import pandas as pd
 import pytest
 
 import shardplan
-from shardplan.inputs import strategy as st
 from shardplan.cli.app import main
-from shardplan.inputs.config import TrainingConfig
-from shardplan.support.errors import ShardplanError
-from shardplan.planning.fit import evaluate
-from shardplan.inputs.hardware import parse_gpus
 from shardplan.formulas.memory import BREAKDOWN_TERMS
+from shardplan.inputs import strategy as st
+from shardplan.inputs.config import TrainingConfig
+from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import get_model
+from shardplan.planning.fit import evaluate
 from shardplan.planning.grid_sweep import sweep
-from shardplan.planning.sweep_analysis import fewest_gpus_per_group as minimum_gpus, pareto
+from shardplan.planning.sweep_analysis import fewest_gpus_per_group as minimum_gpus
+from shardplan.planning.sweep_analysis import pareto
+from shardplan.support.errors import ShardplanError
 
 GRID = dict(
     models=["gpt2", "llama-3.1-8b", "mixtral-8x7b", "llama-3.1-70b", "deepseek-v2-lite"],

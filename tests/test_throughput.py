@@ -4,14 +4,15 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as hs
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
-from shardplan.formulas.comm import link_rates
 from shardplan.formulas.columns import columns_for
+from shardplan.formulas.comm import link_rates
+from shardplan.formulas.throughput import compute_rates, flops_per_token, step_time, training_cost
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model
-from shardplan.formulas.throughput import compute_rates, flops_per_token, step_time, training_cost
 
 SPEC = resolve_model("llama-3.1-8b").spec
 

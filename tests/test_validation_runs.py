@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from shardplan.support.errors import ShardplanError
-from shardplan.validation.runs import (COUNTER_CLASSES, GIB, REASONS, RunQuery, Unexpressible, express, read_runs,
-                                       summary)
+from shardplan.validation.runs import COUNTER_CLASSES, GIB, REASONS, RunQuery, Unexpressible, express, read_runs, summary
 
 RUNS = Path(__file__).parent / "data" / "published_runs" / "runs.csv"
 

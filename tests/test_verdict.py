@@ -5,19 +5,19 @@ point at the class carrying the band, and the outputs carry the keys."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from pathlib import Path
 
 import shardplan
-from shardplan.inputs import strategy as st
-from shardplan.formulas.accuracy_bands import BAND_CLASSES, BASES, AccuracyOverlay, load_bands
 from shardplan.cli.app import main
-from shardplan.support.errors import ShardplanError
+from shardplan.formulas.accuracy_bands import BAND_CLASSES, BASES, AccuracyOverlay, load_bands
 from shardplan.formulas.memory import ACTIVATION_TERMS, BREAKDOWN_TERMS, STATE_TERMS
 from shardplan.formulas.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge, throughput_band
+from shardplan.inputs import strategy as st
+from shardplan.support.errors import ShardplanError
 
 BANDS = load_bands()
 GiB = 2**30

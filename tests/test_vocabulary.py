@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from shardplan.inputs import vocabulary as vocab
 from shardplan.cli.app import app, main
-from shardplan.inputs.config import TrainingConfig
-from shardplan.support.errors import ShardplanError
 from shardplan.export import read_back
+from shardplan.inputs import vocabulary as vocab
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.query import parse_query
+from shardplan.support.errors import ShardplanError
 
 BASE = "8b on 8xh100-sxm"
 ROOT = Path(__file__).resolve().parents[1]

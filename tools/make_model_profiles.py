@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
+from shardplan.inputs.hf_config import spec_from_hf_config
 from shardplan.inputs.profile_index import write_index
 from shardplan.support.atomic_write import write_text_atomic
-from shardplan.inputs.hf_config import spec_from_hf_config
 
 OUT = Path(__file__).resolve().parents[1] / "shardplan" / "data" / "model_profiles"
 

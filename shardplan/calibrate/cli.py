@@ -317,8 +317,7 @@ def compute_cmd(
     _check_outputs(out=out, samples_csv=samples_csv)
     torch = require("torch", "calibrate")
 
-    from shardplan.calibrate.compute import (bandwidth_entries, fit_efficiency, measure_bandwidth,
-                                             measure_matmul)
+    from shardplan.calibrate.compute import bandwidth_entries, fit_efficiency, measure_bandwidth, measure_matmul
     from shardplan.calibrate.overlay import write_calibration
     from shardplan.calibrate.results import write_csv_atomic
 

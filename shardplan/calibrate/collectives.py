@@ -34,13 +34,22 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardplan.support.atomic_write import write_text_atomic
 from shardplan.calibrate.timing import seconds_per_call
 from shardplan.formulas.comm import OPS, ring_factor
+from shardplan.support.atomic_write import write_text_atomic
 from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import (
+    MAX_BYTES,
+    MAX_FIT_POINTS,
+    MAX_GPUS,
+    MAX_ITERS,
+    MAX_LINK_BYTES_PER_S,
+    MAX_LOCAL_CPU_RANKS,
+    MAX_SIZE_LADDER,
+    bounded_float,
+    bounded_int,
+)
 from shardplan.support.names import lookup
-from shardplan.support.limits import (MAX_BYTES, MAX_FIT_POINTS, MAX_GPUS, MAX_ITERS, MAX_LINK_BYTES_PER_S, MAX_LOCAL_CPU_RANKS,
-                              MAX_SIZE_LADDER, bounded_float, bounded_int)
 
 MIN_R2_LOG = 0.90
 MAX_REL_ERR = 0.50

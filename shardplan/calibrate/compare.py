@@ -39,18 +39,18 @@ from typing import Annotated, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardplan.inputs import strategy as st
-from shardplan.formulas.columns import Columns, model_values
 from shardplan.calibrate.config import RunConfig, tiny_spec
-from shardplan.support.limits import MAX_BYTES
-from shardplan.formulas.memory import estimate_memory
-from shardplan.inputs.model import ModelSpec
-from shardplan.formulas.model_states import model_states
 from shardplan.formulas.activations import compute_dtype_bytes
 from shardplan.formulas.buffers import fsdp1_unit_buffers, fsdp_units
+from shardplan.formulas.columns import Columns, model_values
+from shardplan.formulas.memory import estimate_memory
+from shardplan.formulas.model_states import model_states
+from shardplan.inputs import strategy as st
+from shardplan.inputs.model import ModelSpec
+from shardplan.inputs.models import resolve_model
 from shardplan.support.errors import ShardplanError
 from shardplan.support.input_files import check_file
-from shardplan.inputs.models import resolve_model
+from shardplan.support.limits import MAX_BYTES
 
 CATEGORIES = ("params_sharded", "grads_sharded", "optimizer", "all_gather_buffers", "reduce_scatter_buffers",
               "unsharded_params", "unsharded_grads", "activations", "forward_peak", "backward_peak", "total_peak")
@@ -403,8 +403,8 @@ def print_table(rows: list[dict], echo=print) -> None:
 
 
 def write_outputs(rows: list[dict], csv_path=None, json_path=None, md_path=None, command: str = "") -> None:
-    from shardplan.support.atomic_write import write_text_atomic
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
+    from shardplan.support.atomic_write import write_text_atomic
 
     if csv_path:
         columns = ["source", "key", "configuration", "engine", "fake_tensors", "category", "predicted_bytes",

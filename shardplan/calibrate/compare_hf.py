@@ -25,13 +25,13 @@ from __future__ import annotations
 import statistics
 from typing import Iterable
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import block_activation_bytes, head_activation_bytes, logits_forward_bytes
 from shardplan.formulas.columns import Columns, model_values
-from shardplan.inputs.hf_config import spec_from_hf_config
 from shardplan.formulas.memory import estimate_memory
-from shardplan.inputs.model import ModelSpec
 from shardplan.formulas.model_states import model_states
+from shardplan.inputs import strategy as st
+from shardplan.inputs.hf_config import spec_from_hf_config
+from shardplan.inputs.model import ModelSpec
 
 # The peak is the tracker's overall maximum; the trackers' module-level phase peaks are not compared
 # (FSDPMemTracker's root PEAK_BW is taken at its post-backward hook, not over the whole backward).
@@ -166,8 +166,8 @@ def summary_markdown(rows: list[dict], command: str = "") -> str:
 
 
 def write_outputs(rows: list[dict], csv_path=None, md_path=None, command: str = "") -> None:
-    from shardplan.support.atomic_write import write_text_atomic
     from shardplan.calibrate.results import write_csv_atomic
+    from shardplan.support.atomic_write import write_text_atomic
 
     if csv_path:
         write_csv_atomic(csv_path, rows, columns=["key", "configuration", "family", "method", "wrapper", "category",

@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from shardplan.support.errors import ShardplanError
 from shardplan.inputs.model import ModelSpec
+from shardplan.support.errors import ShardplanError
 
 Strategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard"]
 Engine = Literal["fsdp2", "fsdp1"]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from shardplan.formulas.columns import Columns, columns_for
+from shardplan.formulas.memory import estimate_memory
 from shardplan.inputs import strategy as st
 from shardplan.inputs.allocator_profile import default_allocator
-from shardplan.formulas.columns import Columns, columns_for
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.hf_config import spec_from_hf_config
-from shardplan.formulas.memory import estimate_memory
 from shardplan.inputs.model import ModelSpec
 
 # Llama-3.2-1B has no built-in profile; the campaign's copy of its published config.

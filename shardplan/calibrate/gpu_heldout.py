@@ -23,9 +23,9 @@ import statistics
 from pathlib import Path
 
 from shardplan.calibrate import gpu_split
-from shardplan.inputs.allocator_profile import default_allocator
-from shardplan.formulas.memory import estimate_memory
 from shardplan.formulas.columns import Columns, columns_for
+from shardplan.formulas.memory import estimate_memory
+from shardplan.inputs.allocator_profile import default_allocator
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 

@@ -30,9 +30,9 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from shardplan.support.atomic_write import write_text_atomic
 from shardplan.calibrate.config import RunConfig
 from shardplan.calibrate.results import append_jsonl, done_keys
+from shardplan.support.atomic_write import write_text_atomic
 
 MERGE_MAX = ("measured",)
 # The CUDA caching allocator's own peaks, per rank (``torch.cuda.max_memory_allocated`` /

@@ -31,14 +31,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardplan.inputs.allocator_profile import FragmentationCoefficient
-
-from shardplan.formulas.accuracy_bands import AccuracyOverlay
 from shardplan.calibrate.results import write_json_atomic
+from shardplan.formulas.accuracy_bands import AccuracyOverlay
+from shardplan.inputs.allocator_profile import FragmentationCoefficient
 from shardplan.support.errors import ShardplanError
 from shardplan.support.input_files import read_json
-from shardplan.support.limits import (MAX_BYTES, MAX_FLOPS_PER_S, MAX_GPUS, MAX_LATENCY_S, MAX_LINK_BYTES_PER_S,
-                              MAX_MEMORY_BYTES_PER_S, MAX_PROFILE_FILE_BYTES)
+from shardplan.support.limits import MAX_BYTES, MAX_FLOPS_PER_S, MAX_GPUS, MAX_LATENCY_S, MAX_LINK_BYTES_PER_S, MAX_MEMORY_BYTES_PER_S, MAX_PROFILE_FILE_BYTES
 
 SCHEMA = "shardplan.calibration/1"
 

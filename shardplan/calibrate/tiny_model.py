@@ -34,8 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardplan.calibrate.config import TINY_DEFAULTS, tiny_spec  # noqa: F401  (re-exported)
-from shardplan.support.errors import ShardplanError
 from shardplan.inputs.model import ModelSpec
+from shardplan.support.errors import ShardplanError
+
 
 def block_style(spec: ModelSpec) -> str:
     if spec.moe is not None or spec.mla is not None:

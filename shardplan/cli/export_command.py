@@ -13,8 +13,8 @@ from shardplan.cli.options import FORCE_OUTPUT_HELP
 def export_results(plans: list[dict], fmt_path: str, index: Optional[int], block_class: Optional[str] = None,
                    path_field: str = "export", force: bool = False) -> None:
     """``--export FORMAT[=PATH]``: write the chosen plan's export atomically, or to stdout."""
-    from shardplan.support.atomic_write import write_text_atomic
     from shardplan.export import export_chosen, export_option
+    from shardplan.support.atomic_write import write_text_atomic
 
     fmt, path = export_option(fmt_path, path_field, force)
     text, _, note = export_chosen(plans, fmt, index, block_class)

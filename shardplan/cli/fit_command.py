@@ -155,10 +155,9 @@ def _calibration(path: Optional[Path], timed: bool, notes: list[str], cluster, f
 
 def _with_time(results: list, spec, cluster, overlay, bands) -> list:
     """Each result with its step time, tokens/s and MFU (``fit.step_timings``: one vectorized pass)."""
+    from shardplan.formulas.efficiencies import efficiencies_used
     from shardplan.inputs.config import TrainingConfig
     from shardplan.planning.fit import step_timings
-
-    from shardplan.formulas.efficiencies import efficiencies_used
 
     times = step_timings(spec, cluster, [TrainingConfig(**r.config) for r in results], overlay, bands)
     return [r.model_copy(update={"time": t, "efficiencies": efficiencies_used(cluster, r.config, t["gemm_efficiency"], overlay)})

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from shardplan.cli import layout
-from shardplan.planning.planner import SECOND_CRITERION, Plan, PlanResult
 from shardplan.inputs.units import GiB
-
+from shardplan.planning.planner import SECOND_CRITERION, Plan, PlanResult
 
 _METHOD_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
 

@@ -9,9 +9,9 @@ from typing import Iterable
 from tabulate import tabulate
 
 from shardplan.cli import layout
-from shardplan.planning.fit import FitResult
 from shardplan.formulas.memory import BREAKDOWN_TERMS
 from shardplan.inputs.units import GiB
+from shardplan.planning.fit import FitResult
 
 TERM_NOTES = {
     "params": "sharded parameters at rest (fp32 master under mixed precision; 16-bit/NF4 frozen base for LoRA/QLoRA)",

@@ -78,8 +78,8 @@ def run_sweep_command(args: dict) -> None:
     """``sweep``'s work: check the output, evaluate, write atomically, report the rate."""
     import time
 
-    from shardplan.support.progress import progress_bar
     from shardplan.planning.grid_sweep import sweep
+    from shardplan.support.progress import progress_bar
 
     output = _checked_output(args["output"], args["force"])
     t0 = time.perf_counter()

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shardplan.exporters.spec import PlanSpec
 from shardplan.inputs.engines import engine_profiles, get_engine, runs_deepspeed
 from shardplan.support.errors import ShardplanError
-from shardplan.exporters.spec import PlanSpec
 
 OPTIMIZER_TYPES = {"adamw": "AdamW", "sgd": "SGD", "lion": "Lion"}  # DeepSpeed-native; others: client optimizer
 

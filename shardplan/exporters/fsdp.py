@@ -13,8 +13,8 @@ import json
 import re
 from typing import Any
 
-from shardplan.support.errors import ShardplanError
 from shardplan.exporters.spec import LORA_TARGET_MODULES, PlanSpec
+from shardplan.support.errors import ShardplanError
 
 FSDP1_STRATEGY = {"no_shard": "NO_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "full_shard": "FULL_SHARD",
                   "hybrid_shard": "HYBRID_SHARD", "hybrid_shard_zero2": "_HYBRID_SHARD_ZERO2"}

@@ -14,14 +14,13 @@ import json
 import shlex
 from typing import Any
 
-
-from shardplan.inputs.engines import get_engine, runs_deepspeed
-from shardplan.support.errors import ShardplanError
-from shardplan.support.extras import require
 from shardplan.exporters.deepspeed import deepspeed_config
 from shardplan.exporters.fsdp import FSDP1_STRATEGY
 from shardplan.exporters.launch import launcher_prefix
 from shardplan.exporters.spec import LORA_TARGET_MODULES, PlanSpec
+from shardplan.inputs.engines import get_engine, runs_deepspeed
+from shardplan.support.errors import ShardplanError
+from shardplan.support.extras import require
 
 MIXED = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-pure": "bf16", "fp32": "no"}
 HF_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit",

@@ -36,13 +36,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.formulas.activations import compute_dtype_bytes
+from shardplan.formulas.model_states import (
+    fsdp1_unit_elements,
+    master_dtype_bytes,
+    padded_unit_elements,
+    qlora_block_bytes_per_param,
+    trainable_fraction,
+    trainable_params,
+)
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 from shardplan.inputs.engines import per_engine, per_strategy
-from shardplan.formulas.activations import compute_dtype_bytes
-from shardplan.formulas.model_states import (fsdp1_unit_elements, master_dtype_bytes, padded_unit_elements,
-                                             qlora_block_bytes_per_param, trainable_fraction, trainable_params)
-
 
 
 def bucket_bytes(engine, element_bytes, which="grad_bucket"):

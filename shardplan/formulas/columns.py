@@ -20,9 +20,15 @@ from shardplan.formulas.overheads import nccl_bytes_for_link
 from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig, resolved_knob_values
 from shardplan.inputs.hardware import Cluster
-from shardplan.inputs.model import (ModelSpec, block_linear_bias_params, block_linear_params, lora_adapted_inputs,
-                                    lora_blocks_params, lora_root_params, matmul_params_per_token)
-
+from shardplan.inputs.model import (
+    ModelSpec,
+    block_linear_bias_params,
+    block_linear_params,
+    lora_adapted_inputs,
+    lora_blocks_params,
+    lora_root_params,
+    matmul_params_per_token,
+)
 
 MODEL_FIELDS = (
     "total_params", "root_params", "unit_params", "largest_module_params", "num_layers", "hidden_size",

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import compute_dtype_bytes
 from shardplan.formulas.buffers import bucket_bytes, reduce_dtype_bytes, unsharded_block_bytes_per_param
 from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs import engines as eng
+from shardplan.inputs import strategy as st
 from shardplan.inputs.engines import per_engine, per_strategy
 from shardplan.support.errors import ShardplanError
 

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.formulas.model_states import params_offloaded, qlora_block_bytes_per_param, quant_replicated, quantized_base_bytes
 from shardplan.inputs import strategy as st
-from shardplan.formulas.model_states import (params_offloaded, qlora_block_bytes_per_param, quant_replicated,
-                                             quantized_base_bytes)
 
 
 def model_load_bytes(c):

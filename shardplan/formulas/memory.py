@@ -37,22 +37,35 @@ from operator import is_not
 
 import numpy as np
 
-from shardplan.inputs import engines as eng
-from shardplan.inputs import strategy as st
 from shardplan.formulas.activations import (
-    backward_working_bytes_per_token, block_activation_bytes, block_forward_working_bytes_per_token, checkpointed_layers, compute_dtype_bytes,
-    chunked_logits_backward_bytes, chunked_logits_forward_bytes, head_activation_bytes, kept_layer_bytes_per_token,
-    layer_bytes_per_token, layers_on_device, logits_backward_bytes, logits_forward_bytes, lora_recompute_bytes_per_token,
-    offloaded_activation_bytes, position_ids_bytes, recompute_extra_bytes_per_token, rope_bytes,
+    backward_working_bytes_per_token,
+    block_activation_bytes,
+    block_forward_working_bytes_per_token,
+    checkpointed_layers,
+    chunked_logits_backward_bytes,
+    chunked_logits_forward_bytes,
+    compute_dtype_bytes,
+    head_activation_bytes,
+    kept_layer_bytes_per_token,
+    layer_bytes_per_token,
+    layers_on_device,
+    logits_backward_bytes,
+    logits_forward_bytes,
+    lora_recompute_bytes_per_token,
+    offloaded_activation_bytes,
+    position_ids_bytes,
+    recompute_extra_bytes_per_token,
+    rope_bytes,
 )
 from shardplan.formulas.allocator import reserved_terms
-from shardplan.inputs.allocator_profile import default_allocator
-from shardplan.formulas.buffers import (engine_buffers, fsdp_units, optimizer_step_temporaries,
-                                       trainable_fraction)
+from shardplan.formulas.buffers import engine_buffers, fsdp_units, optimizer_step_temporaries, trainable_fraction
 from shardplan.formulas.comm import no_sync_grad_bytes
 from shardplan.formulas.load import load_peak_allocated_bytes, model_load_bytes
 from shardplan.formulas.model_states import fsdp1_shard_elements, model_states, padded_shard_elements
 from shardplan.formulas.overheads import HOST_PROCESS_BYTES, non_torch_device_bytes
+from shardplan.inputs import engines as eng
+from shardplan.inputs import strategy as st
+from shardplan.inputs.allocator_profile import default_allocator
 
 # Order of the breakdown table; also the DataFrame column names.
 STATE_TERMS = ("params", "grads", "grad_buckets", "master_params", "optimizer_states")

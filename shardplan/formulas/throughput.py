@@ -34,14 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
+from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes, grad_comm_bytes_per_element, sync_count
+from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element, trainable_params
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 from shardplan.inputs.engines import per_engine
-from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element
-from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
-from shardplan.formulas.comm import (COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes,
-                                     grad_comm_bytes_per_element, sync_count)
-from shardplan.formulas.model_states import trainable_params
 from shardplan.inputs.hardware import DEFAULT_SM_COUNT
 from shardplan.inputs.model import attention_flops_per_token, train_flops_per_token
 

@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shardplan.inputs import strategy as st
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, BASES, AccuracyBands, load_bands
 from shardplan.formulas.memory import ACTIVATION_TERMS, STATE_TERMS
+from shardplan.inputs import strategy as st
 from shardplan.support.identity_cache import IdentityCache
 
 VERDICTS = ("fits", "tight", "does_not_fit")

@@ -12,12 +12,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from shardplan.support.errors import ShardplanError
-from shardplan.support.limits import (MAX_BYTES, MAX_FLOPS_PER_S, MAX_GPUS, MAX_LATENCY_S, MAX_LINK_BYTES_PER_S,
-                                     MAX_MEMORY_BYTES_PER_S, bounded_int, checked_int)
-from shardplan.support.names import did_you_mean, normalize
 from shardplan.inputs.profile_index import entries, find_entry, profile_of
 from shardplan.inputs.profiles import load_all
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import MAX_BYTES, MAX_FLOPS_PER_S, MAX_GPUS, MAX_LATENCY_S, MAX_LINK_BYTES_PER_S, MAX_MEMORY_BYTES_PER_S, bounded_int, checked_int
+from shardplan.support.names import did_you_mean, normalize
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 

@@ -16,11 +16,10 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from shardplan.support.errors import ShardplanError
-from shardplan.support.limits import (MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
-                              _shown)
 from shardplan.inputs.model import MLASpec, ModelSpec, MoESpec
 from shardplan.inputs.profiles import read_json
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, _shown
 
 _ACTIVATIONS = {
     "silu": "swiglu", "swish": "swiglu",

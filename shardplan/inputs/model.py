@@ -13,8 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shardplan.support.limits import (MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_PARAMS, MAX_POSITIONS,
-                              MAX_VOCAB)
+from shardplan.support.limits import MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_PARAMS, MAX_POSITIONS, MAX_VOCAB
 
 # Dimensions with their stated ranges (limits.py): a profile file or an API caller past them is refused
 # by name before any per-layer list or int64 formula sees the value.

@@ -19,13 +19,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardplan.support.errors import ShardplanError
-from shardplan.support.input_files import path_kind, read_text
 from shardplan.inputs.model import ModelSpec
 from shardplan.inputs.profile_index import Entry, entries, find_entry, lookup, profile_of
+from shardplan.inputs.profiles import load_all, load_profile, read_json
+from shardplan.support.errors import ShardplanError
+from shardplan.support.input_files import path_kind, read_text
 from shardplan.support.limits import MAX_DIGITS, MAX_PARAMS, _shown
 from shardplan.support.names import did_you_mean
-from shardplan.inputs.profiles import load_all, load_profile, read_json
 
 _BARE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mbt])\s*$", re.IGNORECASE)
 _SCALE = {"m": 1e6, "b": 1e9, "t": 1e12}

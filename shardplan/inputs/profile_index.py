@@ -22,8 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from shardplan.inputs.profiles import (DATA_DIR, PROFILE_PATH_ENV, announce_shadowing, find_by_name, load_all,
-                                      load_profile)
+from shardplan.inputs.profiles import DATA_DIR, PROFILE_PATH_ENV, announce_shadowing, find_by_name, load_all, load_profile
 from shardplan.support.errors import ShardplanError
 from shardplan.support.names import normalize
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from shardplan.inputs import vocabulary as vocab
+from shardplan.inputs.units import parse_count
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import INT_RANGES
 from shardplan.support.names import normalize
-from shardplan.inputs.units import parse_count
 
 GRAMMAR = "MODEL on [COUNTx]GPU [words]"
 EXAMPLE = "8b on 2x4090 lora"

@@ -25,8 +25,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shardplan.inputs import strategy as st
-from shardplan.support.errors import ShardplanError
 from shardplan.inputs.profiles import DATA_DIR, load_profile
+from shardplan.support.errors import ShardplanError
 
 STACK_DIR = DATA_DIR / "stack_profiles"
 

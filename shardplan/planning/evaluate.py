@@ -19,17 +19,17 @@ import numpy as np
 
 from shardplan.formulas import comm, throughput
 from shardplan.formulas.accuracy_bands import AccuracyBands
+from shardplan.formulas.columns import Columns, cluster_values, model_values
 from shardplan.formulas.comm import link_rates
 from shardplan.formulas.memory import estimate_memory
+from shardplan.formulas.overflow import bad_results, quiet_numpy
 from shardplan.formulas.throughput import compute_rates
 from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_band
-from shardplan.formulas.columns import Columns, cluster_values, model_values
 from shardplan.inputs.config import TrainingConfig, resolved_knob_values
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.support.identity_cache import IdentityCache
-from shardplan.formulas.overflow import bad_results, quiet_numpy
 from shardplan.support.limits import INT_RANGES
 
 

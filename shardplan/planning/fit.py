@@ -12,22 +12,29 @@ from typing import Any, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from shardplan.inputs import contradictions
-
-from shardplan.inputs import strategy as st
-from shardplan.formulas.columns import Columns
-from shardplan.inputs.config import TrainingConfig, resolved_knob_values
-from shardplan.support.errors import ShardplanError, require_type, safe_repr
-from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
+from shardplan.formulas.columns import Columns
 from shardplan.formulas.memory import BREAKDOWN_TERMS, PEAK_MOMENTS
 from shardplan.formulas.model_states import trainable_params
-from shardplan.inputs.model import ModelSpec
 from shardplan.formulas.overflow import check_one
-from shardplan.planning.evaluate import (cached_model_values, checked_time_columns, memory_verdict, query_time,
-                                         query_values, resolved_query_values, rows_of, stack_queries,
-                                         take_row)
 from shardplan.formulas.verdict import ADVICE, PEAKS, VERDICTS
+from shardplan.inputs import contradictions
+from shardplan.inputs import strategy as st
+from shardplan.inputs.config import TrainingConfig, resolved_knob_values
+from shardplan.inputs.hardware import Cluster, check_precision
+from shardplan.inputs.model import ModelSpec
+from shardplan.planning.evaluate import (
+    cached_model_values,
+    checked_time_columns,
+    memory_verdict,
+    query_time,
+    query_values,
+    resolved_query_values,
+    rows_of,
+    stack_queries,
+    take_row,
+)
+from shardplan.support.errors import ShardplanError, require_type, safe_repr
 
 
 class Alternative(BaseModel):

@@ -30,15 +30,15 @@ import numpy as np
 import pandas as pd
 
 from shardplan.formulas.accuracy_bands import AccuracyBands
-from shardplan.planning.sweep_axes import bounded_axis
-from shardplan.planning.sweep_chunks import OVERFLOW_KEY, axis_index, chunk_columns, chunks, evaluate_columns
-from shardplan.planning.sweep_frame import FrameBuilder
-from shardplan.planning.sweep_plan import plan_sweep
+from shardplan.formulas.overflow import OVERFLOW_NOTE
+
 # names this module had before the split (the notebooks import pareto and minimum_gpus from here)
 from shardplan.planning.sweep_analysis import minimum_gpus, pareto  # noqa: F401
-from shardplan.planning.sweep_frame import MEMORY_COLUMNS, SUMMARY_COLUMNS  # noqa: F401
+from shardplan.planning.sweep_axes import bounded_axis
+from shardplan.planning.sweep_chunks import OVERFLOW_KEY, axis_index, chunk_columns, chunks, evaluate_columns
+from shardplan.planning.sweep_frame import MEMORY_COLUMNS, SUMMARY_COLUMNS, FrameBuilder  # noqa: F401
+from shardplan.planning.sweep_plan import plan_sweep
 from shardplan.support.limits import MAX_SWEEP_CONFIGURATIONS, bounded_int
-from shardplan.formulas.overflow import OVERFLOW_NOTE
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 # sweep's arguments that are not knob axes

@@ -16,23 +16,23 @@ from typing import Any, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from shardplan.inputs import strategy as st
-from shardplan.inputs.engines import tables as engine_tables
-from shardplan.formulas.comm import COLLECTIVES
-from shardplan.formulas.columns import Columns, cluster_values, model_values
-from shardplan.inputs.config import TrainingConfig, knob_values
-from shardplan.support.errors import ShardplanError
-from shardplan.inputs.hardware import Cluster, check_precision
-from shardplan.support.limits import INT64_SAFE, MAX_DIVISOR_TRIALS, MAX_PLAN_CONFIGURATIONS, approx_bytes, bounded_int
-from shardplan.formulas.memory import BREAKDOWN_TERMS
-from shardplan.inputs.model import ModelSpec
-from shardplan.formulas.overflow import OVERFLOW_NOTE, check_one
-from shardplan.inputs.stacks import stack_label
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, AccuracyBands
+from shardplan.formulas.columns import Columns, cluster_values, model_values
+from shardplan.formulas.comm import COLLECTIVES
+from shardplan.formulas.memory import BREAKDOWN_TERMS
+from shardplan.formulas.overflow import OVERFLOW_NOTE, check_one
 from shardplan.formulas.throughput import training_cost
 from shardplan.formulas.verdict import ADVICE, TIGHT, VERDICTS
+from shardplan.inputs import strategy as st
+from shardplan.inputs.config import TrainingConfig, knob_values
+from shardplan.inputs.engines import tables as engine_tables
+from shardplan.inputs.hardware import Cluster, check_precision
+from shardplan.inputs.model import ModelSpec
+from shardplan.inputs.stacks import stack_label
 from shardplan.planning.evaluate import evaluate_grid
 from shardplan.planning.workload import Workload, resolve_workload  # noqa: F401  (planner.resolve_workload, as before)
+from shardplan.support.errors import ShardplanError
+from shardplan.support.limits import INT64_SAFE, MAX_DIVISOR_TRIALS, MAX_PLAN_CONFIGURATIONS, approx_bytes, bounded_int
 
 PLAN_AC = ("none", "selective", "full")
 PLAN_OFFLOADS = ("none", "optimizer", "optimizer+params")

@@ -13,13 +13,13 @@ import numpy as np
 
 from shardplan.formulas import comm, throughput
 from shardplan.formulas.accuracy_bands import AccuracyBands
+from shardplan.formulas.columns import MODEL_FIELDS, STACK_COLUMN_DEFAULTS, Columns
 from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
+from shardplan.formulas.overflow import bad_results, quiet_numpy
 from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, bounded_verdict, judge, throughput_band
 from shardplan.inputs import strategy as st
-from shardplan.formulas.columns import MODEL_FIELDS, STACK_COLUMN_DEFAULTS, Columns
 from shardplan.planning.sweep_axes import AXES, CATEGORICAL_KNOBS, INTEGER_KNOBS, STACK_KNOB_AXES
 from shardplan.planning.sweep_plan import CLUSTER_FIELDS, COMPUTE_FIELDS, PEAK_FIELD, RATE_FIELDS, SweepPlan
-from shardplan.formulas.overflow import bad_results, quiet_numpy
 
 # The verdict's columns (shardplan/formulas/verdict.py): ``fits`` is the verdict's too (peak + band under capacity).
 VERDICT_COLUMNS = ("verdict", "band_bytes", "margin_bytes", "risk_term")

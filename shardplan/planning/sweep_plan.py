@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from shardplan.formulas import comm, throughput
-from shardplan.inputs import strategy as st
 from shardplan.formulas.columns import MODEL_FIELDS, cluster_values, model_values
+from shardplan.inputs import strategy as st
 from shardplan.inputs.hardware import Cluster, parse_gpus
 from shardplan.inputs.models import resolve_model
 from shardplan.planning.sweep_axes import AXES, Axis, as_list, checked_ints, dedupe, knob_axes

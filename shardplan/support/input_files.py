@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.support.errors import ShardplanError
-from shardplan.support.limits import (MAX_DIGITS, MAX_FILE_NAME_BYTES, MAX_JSON_DEPTH, MAX_PATH_BYTES,
-                              MAX_PROFILE_FILE_BYTES)
+from shardplan.support.limits import MAX_DIGITS, MAX_FILE_NAME_BYTES, MAX_JSON_DEPTH, MAX_PATH_BYTES, MAX_PROFILE_FILE_BYTES
 
 
 def shown_path(path: object) -> str:
