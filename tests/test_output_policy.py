@@ -156,3 +156,58 @@ def test_a_killed_sweep_leaves_nothing_after_the_next_write(tmp_path, sig):
     assert not (tmp_path / "big.csv").exists()
     write_text_atomic(tmp_path / "small.json", "{}")
     assert list(tmp_path.glob(".*.tmp")) == []
+
+
+# --- the calibrate commands keep the same policy ---------------------------------------------------
+RECORDS = REPO / "data" / "calibration" / "grid_cpu.jsonl"
+NCCL_LOG = REPO / "tests" / "data" / "nccl_tests_sample_all_gather_perf.txt"
+
+
+@posix
+@pytest.mark.parametrize("option", ["--csv", "--json", "--md"])
+def test_calibrate_compare_refuses_links_and_read_only_files_without_force(tmp_path, option):
+    s = secret(tmp_path)
+    link = tmp_path / "out"
+    link.symlink_to(s)
+    for force in ([], ["--force"]):  # --force never writes through a link
+        one_line_error(run_cli("calibrate", "compare", RECORDS, option, link, *force), "symbolic link")
+    assert untouched(s) and link.is_symlink()
+    target = tmp_path / "ro"
+    target.write_text("old\n")
+    os.chmod(target, 0o444)
+    one_line_error(run_cli("calibrate", "compare", RECORDS, option, target), "read-only", "--force")
+    assert target.read_text() == "old\n"
+    result = run_cli("calibrate", "compare", RECORDS, option, target, "--force")
+    assert result.exit_code == 0, result.output
+    assert target.read_text() != "old\n" and mode(target) == 0o444
+
+
+@posix
+def test_calibrate_collectives_overlay_is_forced_like_any_output(tmp_path):
+    overlay = tmp_path / "cal.json"
+    assert run_cli("calibrate", "collectives", "--nccl-tests", NCCL_LOG, "--out", overlay).exit_code == 0
+    os.chmod(overlay, 0o440)
+    before = overlay.read_text()
+    one_line_error(run_cli("calibrate", "collectives", "--nccl-tests", NCCL_LOG, "--out", overlay), "read-only")
+    assert overlay.read_text() == before
+    result = run_cli("calibrate", "collectives", "--nccl-tests", NCCL_LOG, "--out", overlay, "--force")
+    assert result.exit_code == 0, result.output
+    assert mode(overlay) == 0o440 and '"links"' in overlay.read_text()
+
+
+@posix
+def test_an_appended_records_file_needs_force_when_read_only(tmp_path):
+    """``calibrate fsdp --out`` appends through results.append_jsonl, one atomic rewrite per record."""
+    from shardplan.calibrate.results import append_jsonl, read_jsonl
+
+    out = tmp_path / "runs.jsonl"
+    append_jsonl(out, {"key": "a"})
+    os.chmod(out, 0o444)
+    with pytest.raises(ShardplanError, match="read-only"):
+        append_jsonl(out, {"key": "b"})
+    append_jsonl(out, {"key": "b"}, force=True)
+    assert [r["key"] for r in read_jsonl(out)] == ["a", "b"] and mode(out) == 0o444
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(out)
+    with pytest.raises(ShardplanError, match="symbolic link"):
+        append_jsonl(link, {"key": "c"}, force=True)

@@ -18,17 +18,20 @@ import typer
 from shardplan.support.errors import ShardplanError
 from shardplan.support.extras import require
 from shardplan.support.limits import MAX_BYTES, MAX_MATMUL_SIZE, bounded_int
+from shardplan.support.output_path import FORCE_OUTPUT_HELP
 
 calibrate_app = typer.Typer(help="Measure real torch runs and fit link / compute coefficients.",
                             no_args_is_help=True, add_completion=False)
 
 
-def _check_outputs(**paths: Optional[Path]) -> None:
-    """Every file the command will write, checked before anything is measured (output_path.py)."""
+def _check_outputs(force: bool, **paths: Optional[Path]) -> None:
+    """Every file the command will write, checked before anything is measured (output_path.py):
+    never a symbolic link, a read-only file only with ``force`` (the policy of every writer,
+    shardplan/support/atomic_write.py)."""
     from shardplan.support.output_path import writable_output
 
     for field, path in paths.items():
-        writable_output(path, field)
+        writable_output(path, field, force)
 
 
 def _progress(msg: str) -> None:
@@ -65,22 +68,23 @@ def fsdp_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write all records as one JSON file"),
     compare_csv: Optional[Path] = typer.Option(None, help="write predicted vs measured per category (CSV)"),
     compare_json: Optional[Path] = typer.Option(None, help="write predicted vs measured per category (JSON)"),
+    force: bool = typer.Option(False, "--force", help=FORCE_OUTPUT_HELP),
 ):
     """Measure FSDP training runs: per-category peak memory, phase peaks, step time, collectives;
     then print shardplan's prediction next to each measured category."""
     from shardplan.calibrate.launch import run_grid
 
     _check_options(world_size=world_size, micro_batch=micro_batch, seq_len=seq_len, timeout=timeout)
-    _check_outputs(out=out, csv=csv, json=json_out, compare_csv=compare_csv, compare_json=compare_json)
+    _check_outputs(force, out=out, csv=csv, json=json_out, compare_csv=compare_csv, compare_json=compare_json)
     axes = {"world_size": world_size, "engine": engine, "strategy": strategy, "ac": ac}
     fields = dict(model=model, param_dtype=param_dtype, reduce_dtype=reduce_dtype, optimizer=optimizer,
                   micro_batch=micro_batch, seq_len=seq_len, fake_tensors=fake_tensors,
                   **({"tiny": {}} if full_size else {}))
     configs = _fsdp_configs(grid, config, launch, device, axes, fields)
     run_grid(configs, out, isolate=isolate, timeout_s=timeout, resume=resume, retry_failed=retry_failed,
-             progress=_progress)
-    _report_fsdp(configs, out, csv, json_out)
-    _compare([out], compare_csv, compare_json, None)
+             progress=_progress, force=force)
+    _report_fsdp(configs, out, csv, json_out, force)
+    _compare([out], compare_csv, compare_json, None, force=force)
 
 
 def _fsdp_configs(grid: str, config: Optional[Path], launch: str, device: Optional[str], axes: dict,
@@ -129,7 +133,7 @@ def _device_field(launch: str, device: Optional[str]) -> dict:
     return {"device": device} if device else {}
 
 
-def _report_fsdp(configs: list, out: Path, csv: Optional[Path], json_out: Optional[Path]) -> None:
+def _report_fsdp(configs: list, out: Path, csv: Optional[Path], json_out: Optional[Path], force: bool) -> None:
     """Write the optional CSV / JSON of every record in ``out`` and print them; refuse (exit 2) when
     none of this run's configurations was measured, so a script sees it."""
     from shardplan.calibrate.results import flatten, read_jsonl, write_csv_atomic, write_json_atomic
@@ -137,9 +141,9 @@ def _report_fsdp(configs: list, out: Path, csv: Optional[Path], json_out: Option
     records = read_jsonl(out)
     rows = [flatten(r) for r in records]
     if csv:
-        write_csv_atomic(csv, rows)
+        write_csv_atomic(csv, rows, force=force)
     if json_out:
-        write_json_atomic(json_out, records)
+        write_json_atomic(json_out, records, force=force)
     _print_rows(rows)
     asked = {c.key() for c in configs}
     mine = [r for r in records if r.get("key") in asked]
@@ -149,7 +153,7 @@ def _report_fsdp(configs: list, out: Path, csv: Optional[Path], json_out: Option
                                               f"{statuses} (see the error column; --retry-failed runs them again)")
 
 
-def _compare(paths, csv_path, json_path, md_path, command: str = ""):
+def _compare(paths, csv_path, json_path, md_path, command: str = "", force: bool = False):
     from shardplan.calibrate.compare import compare_files, print_table, write_outputs
 
     table = compare_files(paths)
@@ -158,7 +162,7 @@ def _compare(paths, csv_path, json_path, md_path, command: str = ""):
                              "nothing to compare: no FSDP harness record with status ok (real-HF-stack records "
                              "are compared by benchmarks/calibrate_hf_stack.py)")
     print_table(table, echo=typer.echo)
-    write_outputs(table, csv_path=csv_path, json_path=json_path, md_path=md_path, command=command)
+    write_outputs(table, csv_path=csv_path, json_path=json_path, md_path=md_path, command=command, force=force)
 
 
 @calibrate_app.command("compare")
@@ -167,11 +171,12 @@ def compare_cmd(
     csv: Optional[Path] = typer.Option(None, help="write the table as CSV"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the table and its summary as JSON"),
     md: Optional[Path] = typer.Option(None, help="write a markdown summary (max/median error per category)"),
+    force: bool = typer.Option(False, "--force", help=FORCE_OUTPUT_HELP),
 ):
     """Predicted vs measured per category for records already measured (no torch needed)."""
-    _check_outputs(csv=csv, json=json_out, md=md)
+    _check_outputs(force, csv=csv, json=json_out, md=md)
     _compare(records, csv, json_out, md, command="shardplan calibrate compare " + " ".join(str(r) for r in records)
-             + (f" --csv {csv}" if csv else "") + (f" --md {md}" if md else ""))
+             + (f" --csv {csv}" if csv else "") + (f" --md {md}" if md else ""), force=force)
 
 
 def _print_rows(rows):
@@ -205,6 +210,7 @@ def collectives_cmd(
     link: Optional[str] = typer.Option(None, help="link profile the ranks talked over (nvlink4, pcie4, ib-ndr ...): "
                                                   "recorded in the overlay, which fit/plan then refuse on other links"),
     gpu: Optional[str] = typer.Option(None, help="GPU profile of imported files (measured here: the device's own)"),
+    force: bool = typer.Option(False, "--force", help=FORCE_OUTPUT_HELP),
 ):
     """Benchmark (or import nccl-tests output for) AG/RS/AR and fit t = α + S·f(n)/B per size regime."""
     from dataclasses import asdict
@@ -214,7 +220,7 @@ def collectives_cmd(
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
 
     _check_options(world_size=world_size, iters=iters, warmup=warmup, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
-    _check_outputs(out=out, samples_csv=samples_csv, fits_json=fits_json)
+    _check_outputs(force, out=out, samples_csv=samples_csv, fits_json=fits_json)
     link, gpu_name = _stated_machine(link, gpu)
     if nccl_tests or samples:
         got, source = _imported_samples(nccl_tests, samples, op=op, world_size=world_size, tier=tier)
@@ -223,11 +229,12 @@ def collectives_cmd(
                                            factor=factor, iters=iters, warmup=warmup, dtype=dtype)
     if samples_csv:  # written before fitting, so a refused fit can still be inspected
         write_csv_atomic(samples_csv, [dict(asdict(s), algbw_bytes_per_s=s.algbw_bytes_per_s,
-                                            busbw_bytes_per_s=s.busbw_bytes_per_s) for s in got])
+                                            busbw_bytes_per_s=s.busbw_bytes_per_s) for s in got], force=force)
     fits = fit_all(got, min_r2_log=min_r2_log, max_rel_err=max_rel_err)
     if fits_json:
-        write_json_atomic(fits_json, [f.to_dict() for f in fits])
-    write_calibration(out, links=fits, source={**({"gpu": gpu_name} if gpu_name else {}), **source}, link=link)
+        write_json_atomic(fits_json, [f.to_dict() for f in fits], force=force)
+    write_calibration(out, links=fits, source={**({"gpu": gpu_name} if gpu_name else {}), **source}, link=link,
+                      force=force)
     _print_link_fits(fits)
     typer.echo(f"wrote {out}")
 
@@ -305,6 +312,7 @@ def compute_cmd(
     peak_tflops: Optional[float] = typer.Option(None, help="nameplate peak (TFLOP/s) to express efficiency"),
     threads: int = typer.Option(1, help="CPU threads (torch.set_num_threads)"),
     samples_csv: Optional[Path] = typer.Option(None),
+    force: bool = typer.Option(False, "--force", help=FORCE_OUTPUT_HELP),
 ):
     """Measure achieved GEMM FLOP/s per dtype and size (fit F_max/(1+(m_half/m)^p)) and the
     element-wise memory bandwidth."""
@@ -314,7 +322,7 @@ def compute_cmd(
     size = [bounded_int(m, "size", 1, MAX_MATMUL_SIZE) for m in size]
     bandwidth_bytes = [bounded_int(b, "bandwidth_bytes", 1, MAX_BYTES) for b in bandwidth_bytes]
     threads = bounded_int(threads, "threads", 1, os.cpu_count() or 1)  # more than the cores only contend
-    _check_outputs(out=out, samples_csv=samples_csv)
+    _check_outputs(force, out=out, samples_csv=samples_csv)
     torch = require("torch", "calibrate")
 
     from shardplan.calibrate.compute import bandwidth_entries, fit_efficiency, measure_bandwidth, measure_matmul
@@ -327,13 +335,13 @@ def compute_cmd(
     samples = measure_matmul(dtypes=tuple(dtype) or None, sizes=tuple(size) or None, iters=iters, warmup=warmup,
                              progress=_progress)
     if samples_csv:  # written before fitting, so a refused fit can still be inspected
-        write_csv_atomic(samples_csv, [dict(asdict(s), flops_per_s=s.flops_per_s) for s in samples])
+        write_csv_atomic(samples_csv, [dict(asdict(s), flops_per_s=s.flops_per_s) for s in samples], force=force)
     dtypes = list(dict.fromkeys(s.dtype for s in samples))
     fits = [fit_efficiency([s for s in samples if s.dtype == d], min_saturation=min_saturation, sm_count=sm_count,
                            peak_flops_per_s=peak_tflops * 1e12 if peak_tflops else None) for d in dtypes]
     bw = measure_bandwidth(sizes_bytes=tuple(bandwidth_bytes) or None, iters=iters, warmup=warmup,
                            progress=_progress) if bandwidth else []
-    write_calibration(out, compute=fits, bandwidth=bandwidth_entries(bw), source=_env())
+    write_calibration(out, compute=fits, bandwidth=bandwidth_entries(bw), source=_env(), force=force)
     for f in fits:
         typer.echo(f"{f.dtype:14s} {f.device}: F_max {f.f_max_flops_per_s / 1e12:.4f} TFLOP/s, m_half {f.m_half:.0f}, "
                    f"p {f.p:.1f}, max rel err {f.max_rel_err:.3f}")

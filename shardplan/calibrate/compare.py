@@ -402,7 +402,8 @@ def print_table(rows: list[dict], echo=print) -> None:
              f"{r['measured_bytes']:16,d} {100 * r['error']:8.3f}%")
 
 
-def write_outputs(rows: list[dict], csv_path=None, json_path=None, md_path=None, command: str = "") -> None:
+def write_outputs(rows: list[dict], csv_path=None, json_path=None, md_path=None, command: str = "",
+                  force: bool = False) -> None:
     from shardplan.calibrate.results import write_csv_atomic, write_json_atomic
     from shardplan.support.atomic_write import write_text_atomic
 
@@ -411,8 +412,8 @@ def write_outputs(rows: list[dict], csv_path=None, json_path=None, md_path=None,
                    "measured_bytes", "error"]
         if any(r.get("device", "cpu") != "cpu" for r in rows):
             columns.insert(4, "device")
-        write_csv_atomic(csv_path, rows, columns=columns)
+        write_csv_atomic(csv_path, rows, columns=columns, force=force)
     if json_path:
-        write_json_atomic(json_path, {"rows": rows, "summary": summarize(rows)})
+        write_json_atomic(json_path, {"rows": rows, "summary": summarize(rows)}, force=force)
     if md_path:
-        write_text_atomic(md_path, summary_markdown(rows, command))
+        write_text_atomic(md_path, summary_markdown(rows, command), force=force)

@@ -246,8 +246,9 @@ def _failed(cfg: RunConfig, status: str, exc: BaseException) -> dict:
 
 def run_grid(configs: list[RunConfig], out_path, isolate: bool = True, timeout_s: float = 300.0,
              resume: bool = True, retry_failed: bool = False,
-             progress: Callable[[str], None] | None = print) -> list[dict]:
-    """Measure every configuration not yet in ``out_path``; append each record as soon as it exists."""
+             progress: Callable[[str], None] | None = print, force: bool = False) -> list[dict]:
+    """Measure every configuration not yet in ``out_path``; append each record as soon as it exists
+    (``force``: into a read-only file too, which stays read-only)."""
     done = done_keys(out_path, retry_failed=retry_failed) if resume else set()
     todo = [c for c in configs if c.key() not in done]
     if progress and len(todo) < len(configs):
@@ -255,7 +256,7 @@ def run_grid(configs: list[RunConfig], out_path, isolate: bool = True, timeout_s
     records, t_start = [], time.monotonic()
     for i, cfg in enumerate(todo, 1):
         rec = run_one(cfg, isolate=isolate, timeout_s=timeout_s)
-        append_jsonl(out_path, rec)
+        append_jsonl(out_path, rec, force=force)
         records.append(rec)
         if progress:
             elapsed = time.monotonic() - t_start

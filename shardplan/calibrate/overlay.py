@@ -224,11 +224,12 @@ def _merged(old_entries, new_fits, key) -> dict:
 
 
 def write_calibration(path, links=(), compute=(), allocator: dict | None = None, source: dict | None = None,
-                      merge: bool = True, bandwidth=(), link: str | None = None) -> Calibration:
+                      merge: bool = True, bandwidth=(), link: str | None = None, force: bool = False) -> Calibration:
     """Write (merging into an existing file) the overlay atomically; returns what was written.
 
     ``links`` / ``compute`` / ``bandwidth`` take LinkFit / ComputeFit / BandwidthSample objects or
-    dicts of the same fields; ``link``: the link profile the collectives ran over, when known."""
+    dicts of the same fields; ``link``: the link profile the collectives ran over, when known;
+    ``force``: a read-only file is replaced (and stays read-only)."""
     p = Path(path)
     old = load_calibration(p).model_dump(by_alias=True, mode="json") if merge and p.exists() else {}
     links_d = _merged(old.get("links", []), links, _key_link)
@@ -247,7 +248,7 @@ def write_calibration(path, links=(), compute=(), allocator: dict | None = None,
         cal = Calibration.model_validate(data)
     except ValidationError as exc:
         raise _one_line(exc, f"{p.name} (not written)") from None
-    write_json_atomic(p, cal.model_dump(by_alias=True, mode="json"))
+    write_json_atomic(p, cal.model_dump(by_alias=True, mode="json"), force=force)
     return cal
 
 

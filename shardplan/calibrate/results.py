@@ -20,8 +20,8 @@ from shardplan.support.input_files import parse_json, path_kind, read_text
 from shardplan.support.limits import MAX_RECORDS_FILE_BYTES
 
 
-def write_json_atomic(path, data) -> Path:
-    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def write_json_atomic(path, data, force: bool = False) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", force=force)
 
 
 def _split_records(path: Path, text: str) -> tuple[list[dict], list[str]]:
@@ -58,13 +58,14 @@ def read_jsonl(path) -> list[dict]:
     return _split_records(path, read_text(path, "records", MAX_RECORDS_FILE_BYTES))[0]
 
 
-def append_jsonl(path, record: dict) -> Path:
+def append_jsonl(path, record: dict, force: bool = False) -> Path:
     """Append one record atomically (rewrite-and-replace: the file is always whole). The file is
     rewritten from its whole records, so a torn last line left by another writer is removed, not
-    buried in the middle of the file."""
+    buried in the middle of the file. ``force``: a read-only file is replaced (and stays read-only)."""
     path = Path(path)
     kept = _split_records(path, read_text(path, "out", MAX_RECORDS_FILE_BYTES))[1] if path_kind(path) is not None else []
-    return write_text_atomic(path, "".join(line + "\n" for line in kept) + json.dumps(record, sort_keys=True) + "\n")
+    return write_text_atomic(path, "".join(line + "\n" for line in kept) + json.dumps(record, sort_keys=True) + "\n",
+                             force=force)
 
 
 def done_keys(path, retry_failed: bool = False) -> set[str]:
@@ -76,7 +77,7 @@ def done_keys(path, retry_failed: bool = False) -> set[str]:
     return keys
 
 
-def write_csv_atomic(path, rows: Iterable[dict], columns: list[str] | None = None) -> Path:
+def write_csv_atomic(path, rows: Iterable[dict], columns: list[str] | None = None, force: bool = False) -> Path:
     rows = list(rows)
     if columns is None:
         columns = []
@@ -89,7 +90,7 @@ def write_csv_atomic(path, rows: Iterable[dict], columns: list[str] | None = Non
     writer.writeheader()
     for row in rows:
         writer.writerow(row)
-    return write_text_atomic(path, buf.getvalue())
+    return write_text_atomic(path, buf.getvalue(), force=force)
 
 
 CONFIG_COLUMNS = ["key", "status", "engine", "strategy", "world_size", "shard_size", "param_dtype", "reduce_dtype",

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from shardplan.cli.options import FORCE_OUTPUT_HELP
+from shardplan.support.output_path import FORCE_OUTPUT_HELP
 
 
 def export_results(plans: list[dict], fmt_path: str, index: Optional[int], block_class: Optional[str] = None,

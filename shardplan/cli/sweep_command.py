@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from shardplan.cli.options import FORCE_OUTPUT_HELP, STACK_HELP
+from shardplan.cli.options import STACK_HELP
+from shardplan.support.output_path import FORCE_OUTPUT_HELP
 from shardplan.inputs.vocabulary import help_text as vocab_help
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import MAX_AXIS_VALUES, MAX_SWEEP_CONFIGURATIONS

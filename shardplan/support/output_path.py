@@ -28,6 +28,10 @@ from pathlib import Path
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import _shown
 
+# The help of every writing command's --force (sweep, export, fit --export, the calibrate commands).
+FORCE_OUTPUT_HELP = ("replace an output file even where it is read-only (it stays read-only; "
+                     "a symbolic link is never written through)")
+
 DEFAULT_NAME_MAX = 255    # bytes, Linux / macOS file systems, when pathconf cannot answer
 DEFAULT_PATH_MAX = 4096   # bytes, Linux
 
