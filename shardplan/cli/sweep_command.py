@@ -8,10 +8,10 @@ from typing import Optional
 import typer
 
 from shardplan.cli.options import STACK_HELP
-from shardplan.support.output_path import FORCE_OUTPUT_HELP
 from shardplan.inputs.vocabulary import help_text as vocab_help
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import MAX_AXIS_VALUES, MAX_SWEEP_CONFIGURATIONS
+from shardplan.support.output_path import FORCE_OUTPUT_HELP
 
 # sweep option -> whether it lists integers ('1,2,8' or '1-8') rather than names
 LIST_OPTIONS = {"models": False, "gpus": False, "gpu_counts": True, "nodes": True, "strategies": False, "engines": False,
