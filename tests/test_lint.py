@@ -58,3 +58,24 @@ def test_ruff_checks_what_it_says():
     assert {"E", "W", "F", "I"} <= set(config["lint"]["select"]) and config["line-length"] <= 160
     assert config["lint"]["isort"]["known-first-party"] == ["shardplan"]
     assert set(config["lint"].get("ignore", [])) <= {"E731", "E741"}
+
+
+def _reductions_to_one_truth(tree) -> list[int]:
+    """Lines calling ``np.any`` / ``np.all`` (or a ``.any()`` / ``.all()`` method): the only way a
+    formula can turn rows' values into one Python bool to branch on."""
+    import ast
+
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("any", "all")]
+
+
+def test_formulas_never_reduce_rows_to_a_python_bool():
+    """docs/architecture.md principle 2: no formula branches in Python on the rows' values. The one
+    reduction allowed is the overflow guard of a single query (``overflow.check_one``), which raises
+    an error rather than choosing a computation."""
+    import ast
+
+    found = {path.name: _reductions_to_one_truth(ast.parse(path.read_text()))
+             for path in sorted((ROOT / "shardplan" / "formulas").glob("*.py"))}
+    found = {name: lines for name, lines in found.items() if lines}
+    assert list(found) == ["overflow.py"] and len(found["overflow.py"]) == 1, found

@@ -139,7 +139,8 @@ def row_errors(c, bands: AccuracyBands) -> RowErrors:
     """What the band of the rows of ``c`` reads, once per judge: each class's (name, base,
     relative error), the unknown stack's being the row's stack's (``stack_relative_error``), and
     the coefficient of each base (classes sharing a base add their errors first, in
-    ``BAND_CLASSES`` order), only the bases with a nonzero coefficient, in ``BASES`` order.
+    ``BAND_CLASSES`` order), for every base some class applies to, in ``BASES`` order (a zero
+    coefficient adds an exact 0.0: no test of its value).
     One configuration's are its stack's, read once per bands object and stack."""
     stack = getattr(c, "stack", None) if c is not None else None
     if stack is not None and np.ndim(stack) == 0:
@@ -153,15 +154,14 @@ def _row_errors(c, bands: AccuracyBands):
     coef: dict[str, Any] = {}
     for _, of, rel in errors:
         coef[of] = coef.get(of, 0.0) + rel
-    return RowErrors(errors, tuple((base, coef[base]) for base in BASES if base in coef and np.any(coef[base])))
+    return RowErrors(errors, tuple((base, coef[base]) for base in BASES if base in coef))
 
 
 def class_bands(bases: dict[str, np.ndarray], errors: RowErrors) -> dict[str, np.ndarray]:
     """Band bytes per class, ceil(relative error × its base): what each class contributes (the
     report's breakdown and ``risk_term``); they add up to ``band_bytes`` within a byte per class.
     ``errors``: ``row_errors``."""
-    return {name: np.asarray(np.ceil(rel * bases[of]), dtype=np.int64) if np.any(rel) else np.int64(0)
-            for name, of, rel in errors.classes}
+    return {name: np.asarray(np.ceil(rel * bases[of]), dtype=np.int64) for name, of, rel in errors.classes}
 
 
 def class_errors(bands: AccuracyBands) -> tuple[tuple[str, str, float], ...]:
@@ -207,10 +207,7 @@ def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
     zero = np.int64(0)
     errors = row_errors(c, bands)
     band_low = band_sum(dict(exact, model_states=zero, activations=zero, engine_buffers=zero), errors)
-    needs_breakdown = any(np.any(bands.cls(k).relative_error) for k in BAND_CLASSES
-                          if bands.cls(k).of in BREAKDOWN_BASES)
-    band_high = (band_sum(dict(exact, model_states=allocated, activations=allocated, engine_buffers=allocated),
-                          errors) if needs_breakdown else band_low)
+    band_high = band_sum(dict(exact, model_states=allocated, activations=allocated, engine_buffers=allocated), errors)
     capacity = np.asarray(m["gpu_memory_bytes"])
     room = capacity - np.asarray(m["device_total_bytes"])
     ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
@@ -252,10 +249,8 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
         binding = load_peak + load_band > total + train_band
         judged = np.where(binding, load_peak, total)
         band = np.where(binding, load_band, train_band)
-        chosen = train  # the training side for every row: its bands as they are
-        if np.any(binding):  # the load side's classes, for the rows whose load peak decides
-            load = class_bands(load_bases, errors)
-            chosen = {k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES}
+        load = class_bands(load_bases, errors)  # the load side's classes, for the rows whose load peak decides
+        chosen = {k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES}
         points_under = (lower_point(total, lower) <= capacity) & (lower_point(load_peak, lower) <= capacity)
     else:
         binding = np.zeros(np.shape(total), dtype=bool)
