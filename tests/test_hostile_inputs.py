@@ -151,6 +151,42 @@ def test_duplicate_json_keys_are_an_error(tmp_path, monkeypatch, where):
         assert res.exit_code == 2 and "duplicate key 'memory_bytes'" in res.stderr
 
 
+
+def _skipped(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("shardplan: warning: SHARDPLAN_PROFILE_PATH: skipped")]
+
+
+@pytest.mark.parametrize("change, field", [({"memory_bytes": 2**70}, "memory_bytes"), ({"memroy_gb": 80}, "memroy_gb"),
+                                           ({"memory_bytes": "lots"}, "memory_bytes")])
+def test_an_invalid_user_profile_is_announced_once_naming_file_and_field(tmp_path, monkeypatch, change, field):
+    path = _user_gpu(tmp_path, monkeypatch, name="bad-card", aliases=[], generic_aliases=[], **change)
+    res = run_cli("fit", "llama-3.1-8b on 8xbad-card")
+    lines = _skipped(res.stderr)
+    assert res.exit_code == 2 and len(lines) == 1, res.stderr
+    assert str(path) in lines[0] and f"{field}=" in lines[0]
+    res = run_cli("fit", FIT)  # the same process: the file was announced already
+    assert res.exit_code == 0 and _skipped(res.stderr) == []
+
+
+def test_a_folder_searched_for_every_kind_announces_only_profiles_of_the_kind(tmp_path, monkeypatch):
+    """A flat folder (no kind subfolders) is read as models, GPUs and links: a valid profile of one
+    kind is silently not another's; an invalid one is announced by the kind it is meant for."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    gpu = json.loads((REPO / "shardplan/data/hardware_profiles/gpus/a100-80gb.json").read_text())
+    link = json.loads((REPO / "shardplan/data/hardware_profiles/links/nvlink4.json").read_text())
+    model = json.loads((REPO / "shardplan/data/model_profiles/gpt2.json").read_text())
+    (flat / "gpu.json").write_text(json.dumps({**gpu, "name": "flat-card", "aliases": [], "generic_aliases": []}))
+    (flat / "link.json").write_text(json.dumps({**link, "name": "flat-link", "aliases": []}))
+    (flat / "model.json").write_text(json.dumps({**model, "name": "flat-model", "aliases": [], "num_layers": -1}))
+    (flat / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))  # not a profile
+    monkeypatch.setenv("SHARDPLAN_PROFILE_PATH", str(flat))
+    res = run_cli("fit", "gpt2 on 2xflat-card")
+    assert res.exit_code == 0, res.output
+    lines = _skipped(res.stderr)
+    assert len(lines) == 1 and str(flat / "model.json") in lines[0] and "num_layers=-1" in lines[0], res.stderr
+
+
 # --- item 5: process-level exits -------------------------------------------------------------------------
 def shardplan(args: list[str], suffix: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m shardplan ARGS SUFFIX`` in bash; after a pipe, stderr ends with shardplan's own status."""

@@ -27,13 +27,13 @@ PROFILE_PATH_ENV = "SHARDPLAN_PROFILE_PATH"
 T = TypeVar("T", bound=BaseModel)
 
 
-def _describe_validation_error(path: Path, err: ValidationError) -> ShardplanError:
+def _describe_validation_error(path: Path, err: ValidationError, whole_path: bool = False) -> ShardplanError:
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "(root)"
     value = first.get("input")
     if isinstance(value, dict):
         value = "{...}"
-    return ShardplanError(f"{path.name}: {field}", value, first["msg"])
+    return ShardplanError(f"{path if whole_path else path.name}: {field}", value, first["msg"])
 
 
 def read_json(path: Path, field: str = "profile") -> dict:
@@ -86,8 +86,9 @@ def _load_dir(kind: str, model: type[T], env_value: str) -> tuple[T, ...]:
 
 
 def _user_profile(path: Path, model: type[T]) -> T | None:
-    """A profile file on SHARDPLAN_PROFILE_PATH, or None (a broken file warned about; valid JSON of
-    another kind, a GPU profile beside model profiles, skipped silently)."""
+    """A profile file on SHARDPLAN_PROFILE_PATH, or None: a broken file, or a profile of this kind
+    that fails its schema, is skipped with one warning line naming the file and the field; valid
+    JSON of another kind (a GPU profile beside model profiles) is skipped silently."""
     try:
         data = read_json(path)
     except ShardplanError as err:
@@ -95,8 +96,19 @@ def _user_profile(path: Path, model: type[T]) -> T | None:
         return None
     try:
         return model.model_validate(data)
-    except ValidationError:
+    except ValidationError as err:
+        if _mostly_fields_of(data, model):
+            _warn_unreadable(path, _describe_validation_error(path, err, whole_path=True))
         return None
+
+
+def _mostly_fields_of(data: dict, model: type[BaseModel]) -> bool:
+    """A file is meant as a ``model`` profile when more than half of its keys are that schema's
+    fields (in a kind's sub-folder or in a folder searched for every kind alike). Why that rule:
+    the built-in profiles hold 100 % of their own schema's keys and at most 40 % of another's (a
+    link profile read as a GPU: name, display_name, aliases, sources), so a profile with a bad
+    value or a misspelt key is told apart from another kind's (tests/test_hostile_inputs.py)."""
+    return bool(data) and 2 * len(set(data) & set(model.model_fields)) > len(data)
 
 
 # (kind, SHARDPLAN_PROFILE_PATH, user profile name) -> what it shadows: a user profile whose name or an alias is also a
@@ -141,8 +153,9 @@ def _warn_unreadable(path: Path, err: ShardplanError) -> None:
     Why a warning and not an error: the folders are the user's and may hold other files; one
     broken file (binary, truncated, not UTF-8, a FIFO named *.json) must not stop every command,
     including those that never use its kind. Why not silence: the user who put a profile there
-    must learn why it is not found. A file that is valid JSON but another kind's schema is skipped
-    silently (a folder without kind subfolders is searched for every kind)."""
+    must learn why it is not found (a file of this kind that fails its schema too:
+    ``_user_profile``). A file that is valid JSON but another kind's schema is skipped silently (a
+    folder without kind subfolders is searched for every kind)."""
     key = str(path)
     if key not in _warned:
         _warned.add(key)
