@@ -96,7 +96,7 @@ def attention_saved_bytes_per_token(c, a):
     sdpa = a * (2 * c.q_width + 2 * c.kv_width) + 4 * c.num_heads
     sdpa = np.where(sdpa_math_fallback(c, a), 4 * a * c.q_width, sdpa)
     eager = a * (c.q_width + 2 * c.kv_width) + a * c.attn_out_width
-    return np.where(c.attention == st.SDPA, sdpa, eager)
+    return np.where(c.attention != st.EAGER, sdpa, eager)  # a Triton flash kernel saves what SDPA's flash does
 
 
 def fused_qkv_output_copy_bytes(c, a):
@@ -107,7 +107,7 @@ def fused_qkv_output_copy_bytes(c, a):
     in bf16 on CPU (tests/test_hf_families.py), +512 B/token at heads·d = 256; a frozen o_proj saves
     nothing (LoRA/QLoRA: 0). ASSUMPTION: CUDA's flash / memory-efficient kernels return the same
     layout for strided inputs as the CPU flash kernel."""
-    return np.where(c.fused_qkv & (c.attention == st.SDPA) & np.logical_not(sdpa_math_fallback(c, a)), a * c.attn_out_width, 0)
+    return np.where(c.fused_qkv & (c.attention != st.EAGER) & np.logical_not(sdpa_math_fallback(c, a)), a * c.attn_out_width, 0)
 
 
 def attention_quadratic_bytes_per_token(c, a):
@@ -222,7 +222,7 @@ def selective_layer_bytes_per_token(c, a):
     it recomputes norms, RoPE, activation functions and dropout, and (eager) the s² softmax
     (Korthikanti et al. 2022, §5: "selective activation recomputation")."""
     h = c.hidden_size
-    attn = a * (c.q_width + 2 * c.kv_width) + np.where(c.attention == st.SDPA, a * c.attn_out_width + 4 * c.num_heads, 0)
+    attn = a * (c.q_width + 2 * c.kv_width) + np.where(c.attention != st.EAGER, a * c.attn_out_width + 4 * c.num_heads, 0)
     mlp = np.where(c.gated_mlp, 2 * a * c.mlp_width, a * c.mlp_width)
     return a * h + attn + a * h + mlp + a * h
 

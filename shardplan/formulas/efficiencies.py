@@ -31,6 +31,16 @@ def _gemm(cluster, rates, gemm_value: float, precision: str) -> dict[str, Any]:
                   + f"; eff(m) curve m_half {tp.GEMM_M_HALF:.0f}, p {tp.GEMM_P:.0f} (ASSUMPTION)")
 
 
+def _attention(cluster, rates, kernel: str) -> dict[str, Any]:
+    """The attention core's efficiency for the configuration's kernel: the profile's
+    FlashAttention-2 figure, × ``TRITON_OVER_FLASH2`` for the Triton FlashAttention kernel."""
+    source = cluster.gpu.sources.get("attention_efficiency", "profile default")
+    if kernel == "triton":
+        return _entry("attention", float(rates.attention_efficiency) * tp.TRITON_OVER_FLASH2, "nameplate",
+                      f"{source}; × {tp.TRITON_OVER_FLASH2:.3f} for Triton FlashAttention (FlashAttention-2 paper §4.1)")
+    return _entry("attention", float(rates.attention_efficiency), "nameplate", f"{source} ({kernel})")
+
+
 def _links(cluster, calibration) -> list[dict[str, Any]]:
     links = link_rates(cluster, calibration)
     tiers = [("intra_node_link", cluster.intra_link, links.intra_alpha_measured)]
@@ -53,8 +63,7 @@ def efficiencies_used(cluster, config: dict[str, Any], gemm_value: float, calibr
     hbm_status = "calibrated" if rates.calibrated and float(rates.hbm_bytes_per_s) != nameplate_hbm * tp.HBM_EFFICIENCY \
         else "nameplate"
     out = [_gemm(cluster, rates, gemm_value, config.get("precision", "")),
-           _entry("attention", float(rates.attention_efficiency), "nameplate",
-                  cluster.gpu.sources.get("attention_efficiency", "profile default")),
+           _attention(cluster, rates, config.get("attention", "sdpa")),
            _entry("hbm", float(rates.hbm_bytes_per_s) / nameplate_hbm, hbm_status,
                   "the calibration's element-wise bandwidth" if hbm_status == "calibrated"
                   else f"ASSUMPTION {tp.HBM_EFFICIENCY} of nameplate (throughput.HBM_EFFICIENCY)")]

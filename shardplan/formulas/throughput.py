@@ -7,7 +7,8 @@ Time of one micro-batch's compute, per GPU (a roofline sum; every term below has
   GEMM efficiency from measured "maximum achievable matmul FLOPS" (``GPUProfile.gemm_efficiency``), falling
   for small matrices by the saturation curve the calibration harness fits
   (``shardplan/calibrate/compute.py``): eff(m) = eff_max / (1 + (m_half/m)^p);
-* attention core (flash/SDPA): FLOPs / (peak × attention efficiency) (``GPUProfile.attention_efficiency``);
+* attention core (flash/SDPA): FLOPs / (peak × attention efficiency) (``GPUProfile.attention_efficiency``,
+  FlashAttention-2's; the Triton FlashAttention kernel at ``TRITON_OVER_FLASH2`` of it);
 * element-wise work (norms, RoPE, SwiGLU, residual adds, cross-entropy), counted op by op for eager
   torchtitan / Hugging Face kernels (``elementwise_bytes_per_token``), and FSDP's own copies around
   its collectives (``fsdp_copy_bytes``): bytes / HBM bandwidth.
@@ -83,6 +84,14 @@ CROSS_ENTROPY_BYTES_PER_VOCAB = 42.0
 # Overlap Causes Severe GEMM Performance Degradation because of Tail Effect", nsys trace: GEMM of
 # 132 blocks pushed into a second wave). ASSUMPTION: 24 CTAs per running collective on every GPU.
 NCCL_CTAS = 24
+# The Triton FlashAttention kernel (``st.TRITON``) against FlashAttention-2, which the GPU profile's
+# ``attention_efficiency`` describes: "FlashAttention-2 is around 1.3-1.5× faster than FlashAttention
+# in Triton in the forward pass and around 2× faster in the backward pass" (Dao 2023, arXiv
+# 2307.08691, §4.1, A100 80GB, head dim 64/128, seq 512-16k). Weighted by FLOPs (backward 2.5× the
+# forward's, the same section): (1 + 2.5) / (1.4 + 2.5·2) = 0.547 of FlashAttention-2's rate.
+# ASSUMPTION: the same ratio on Hopper, where both run Ampere's mma.sync path (FlashAttention-3,
+# arXiv 2407.08608: FlashAttention-2 uses none of Hopper's new instructions).
+TRITON_OVER_FLASH2 = (1 + 2.5) / (1.4 + 2.5 * 2.0)
 
 
 @dataclass(frozen=True)
@@ -218,7 +227,7 @@ def flops_per_token(c):
     bwd_mm = np.where(peft, 2.0 * (blocks + head) + 6.0 * c.lora_params, 4.0 * (blocks + head))
     attn_fwd = attention_forward_flops_per_token(c)
     # flash backward recomputes the scores: 2.5× the forward (FlashAttention-2 paper §3.2 / §4.1)
-    attn_bwd = np.where(c.attention == st.SDPA, 2.5, 2.0) * attn_fwd
+    attn_bwd = np.where(c.attention != st.EAGER, 2.5, 2.0) * attn_fwd
     frac = recompute_fraction(c)
     full_like = (c.ac == st.AC_FULL) | (c.ac == st.AC_EVERY_K)
     rec_mm = np.where(full_like, frac * 2.0 * blocks, 0.0)
@@ -234,7 +243,8 @@ def elementwise_bytes_per_token(c):
     by a/2 for the activation width a): 2 RMSNorms 2·36·h; RoPE on q and k 20·(q + kv); GQA's
     ``repeat_kv`` (torchtitan; HF ``repeat_kv``) materialises k and v at the query width, read kv +
     write q each: 2a·(kv + q) when q > kv; attention output ``transpose(1, 2).contiguous()`` 2a·q;
-    2 residual adds 3a·h each; gated MLP silu(gate)·up 5a·i (2a·i non-gated). Backward moves
+    2 residual adds 3a·h each; gated MLP silu(gate)·up 5a·i (2a·i non-gated); no RoPE bytes for a
+    model with learned positions (``rope_dim`` 0: GPT-2, OPT, MPT's ``learned_pos_emb``). Backward moves
     ``BACKWARD_ELEMENTWISE_FACTOR`` × the forward's bytes; recomputed blocks repeat their forward.
     Head: ``CROSS_ENTROPY_BYTES_PER_VOCAB`` · V (fp32 cross-entropy, forward + backward).
     ASSUMPTION: eager mode, no fused RMSNorm/RoPE/cross-entropy kernels (torch.compile or Liger
@@ -245,7 +255,8 @@ def elementwise_bytes_per_token(c):
     scale = a / 2.0
     mlp = np.where(c.gated_mlp, 5, 2) * a * c.mlp_width
     gqa = np.where(c.q_width > c.kv_width, 2 * a * (c.kv_width + c.q_width), 0)
-    layer_fwd = (2 * RMSNORM_EAGER_BYTES * h + ROPE_EAGER_BYTES * (c.q_width + c.kv_width)) * scale \
+    rope = np.where(np.asarray(c.rope_dim) > 0, ROPE_EAGER_BYTES * (c.q_width + c.kv_width), 0.0)
+    layer_fwd = (2 * RMSNORM_EAGER_BYTES * h + rope) * scale \
         + gqa + 2 * a * c.q_width + 6 * a * h + mlp
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
     layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
@@ -370,9 +381,17 @@ def compute_time_per_token_s(c, rates: ComputeRates):
     eff = gemm_efficiency(c, rates)
     ew = elementwise_bytes_per_token(c) / rates.hbm_bytes_per_s
     share_fwd = 1.0 / (2.0 + BACKWARD_ELEMENTWISE_FACTOR + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c)))
-    fwd = f["fwd_matmul"] / (mm_peak * eff) + f["fwd_attention"] / (peak * rates.attention_efficiency) + ew * share_fwd
-    bwd = f["bwd_matmul"] / (mm_peak * eff) + f["bwd_attention"] / (peak * rates.attention_efficiency) + ew * (1 - share_fwd)
+    attn = peak * attention_efficiency(c, rates)
+    fwd = f["fwd_matmul"] / (mm_peak * eff) + f["fwd_attention"] / attn + ew * share_fwd
+    bwd = f["bwd_matmul"] / (mm_peak * eff) + f["bwd_attention"] / attn + ew * (1 - share_fwd)
     return fwd, bwd
+
+
+def attention_efficiency(c, rates: ComputeRates):
+    """Fraction of peak the attention core runs at: the GPU profile's FlashAttention-2 figure
+    (``GPUProfile.attention_efficiency``, also what SDPA's flash / cuDNN kernels and eager attention
+    are priced at), × ``TRITON_OVER_FLASH2`` for the Triton FlashAttention kernel."""
+    return rates.attention_efficiency * np.where(np.asarray(c.attention) == st.TRITON, TRITON_OVER_FLASH2, 1.0)
 
 
 def matmul_precision(c):

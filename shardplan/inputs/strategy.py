@@ -40,8 +40,11 @@ OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_ALL = range(len(OFFLOADS))
 METHODS = ("full", "lora", "qlora")
 FULL, LORA, QLORA = range(len(METHODS))
 
-ATTENTIONS = ("sdpa", "eager")
-SDPA, EAGER = range(len(ATTENTIONS))
+# "triton": the Triton FlashAttention kernel of FlashAttention-1's design (flash-attn 1.0's
+# ``flash_attn_triton``, copied into llm-foundry, whose ``attn_impl: triton`` runs it): SDPA's
+# flash memory, its own speed (``throughput.TRITON_OVER_FLASH2``).
+ATTENTIONS = ("sdpa", "eager", "triton")
+SDPA, EAGER, TRITON = range(len(ATTENTIONS))
 
 # The training stack whose code surrounds the engine (shardplan/inputs/stacks.py, data/stack_profiles/).
 STACKS = ("hf", "torchtitan", "torchtune", "lightning", "plain")

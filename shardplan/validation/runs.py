@@ -198,7 +198,7 @@ def model_spec(row: dict[str, str], assumed: list[str]) -> ModelSpec:
             assumed.append(f"model: catalogue profile {profile.name} (the row states no architecture)")
             return profile
         raise _Refused("architecture_not_stated", row["model"])
-    return _spec_from_columns(row["model"], dims, assumed)
+    return _spec_from_columns(row["model"], dims, assumed, _learned_positions(row))
 
 
 def _catalogue_profile(name: str) -> ModelSpec | None:
@@ -224,21 +224,30 @@ def _agrees(spec: ModelSpec, dims: dict[str, int | None]) -> bool:
     return all(dims[k] is None or dims[k] == v for k, v in ours.items())
 
 
-def _spec_from_columns(name: str, dims: dict[str, int | None], assumed: list[str]) -> ModelSpec:
+def _learned_positions(row: dict[str, str]) -> int:
+    """Rows of a learned position table when the row's architecture note says the model has one
+    (MPT's ``learned_pos_emb``, its config default, whose NumParams grows with seq_len): seq_len;
+    0 otherwise."""
+    return (_int(row["seq_len"]) or 0) if re.search(r"learned pos", row.get("arch_source", ""), re.I) else 0
+
+
+def _spec_from_columns(name: str, dims: dict[str, int | None], assumed: list[str], positions: int = 0) -> ModelSpec:
     """A decoder from the row's dimensions. A 4h MLP is a GELU MLP with LayerNorm and tied
-    embeddings, without learned positions (MPT: ALiBi; GPT-3-style models are counted the same
-    way, their learned positions are < 0.1 % of the parameters); any other width is a gated SwiGLU
-    MLP with RMSNorm (the Llama layout)."""
+    embeddings, with a learned position table of ``positions`` rows where the row says so (else
+    none: GPT-3-style models' learned positions are < 0.1 % of the parameters, and they have no
+    RoPE either way); any other width is a gated SwiGLU MLP with RMSNorm (the Llama layout)."""
     h, ffn = dims["hidden"], dims["ffn"] or 4 * dims["hidden"]
     gelu = ffn == 4 * h
     kv = dims["n_kv_heads"] or dims["n_heads"]
     layout = (dict(family="gpt2", mlp="gelu", norm="layernorm", tie_word_embeddings=True) if gelu
               else dict(family="llama", mlp="swiglu", norm="rmsnorm"))
+    if gelu and positions:
+        layout.update(learned_position_embeddings=True)
     assumed.append(f"model: built from the row's columns with the {'GELU/LayerNorm' if gelu else 'Llama'} layout")
     try:
         return ModelSpec(name=re.sub(r"[^\w.-]+", "-", name).strip("-").lower() or "run", display_name=name,
                          vocab_size=dims["vocab"], hidden_size=h, num_layers=dims["n_layers"], num_heads=dims["n_heads"],
-                         num_kv_heads=kv, intermediate_size=ffn, max_position_embeddings=1 << 17, **layout)
+                         num_kv_heads=kv, intermediate_size=ffn, max_position_embeddings=positions or 1 << 17, **layout)
     except ValueError as err:
         raise _Refused("rejected_by_shardplan", str(err).splitlines()[0]) from None
 
@@ -335,7 +344,7 @@ def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -
     """The row's settings as a ``TrainingConfig``; what the row leaves unstated is the stack's."""
     knobs: dict[str, Any] = {"stack": _stack(row, assumed)}
     for part in (_strategy(row, cluster), _precision_and_method(row, assumed), _checkpointing(row, assumed), _offload(row),
-                 _optimizer(row, assumed), _workload(row)):
+                 _optimizer(row, assumed), _workload(row), _attention(row, assumed)):
         knobs.update(part)  # two columns may both say activations go to the CPU
     try:
         return TrainingConfig(**knobs)
@@ -440,6 +449,21 @@ def _optimizer(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
     if re.search(r"optimizer_in_bwd=true|step fused into backward", text, re.I):
         out["optimizer_in_backward"] = True
     return out
+
+
+# (pattern over the row's source, attention kernel): what a source's harness ran when the row does
+# not say. llm-foundry's benchmark tables come from scripts/train/benchmarking/submit_benchmarks.py,
+# whose ``--attn_impl`` defaulted to 'triton' at the commits that wrote them (b2a43a147, 5e85bd62d):
+# llm-foundry's Triton FlashAttention (``triton_flash_attn_fn``; the MPT yamls say ``attn_impl: triton`` too).
+ATTENTION_PATTERNS = ((r"llm-foundry scripts/train/benchmarking", "triton"),)
+
+
+def _attention(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+    kernel = _first(ATTENTION_PATTERNS, row.get("source", ""))
+    if kernel is None:
+        return {}
+    assumed.append(f"attention: {kernel} (the source's benchmark harness default)")
+    return {"attention": kernel}
 
 
 def _workload(row: dict[str, str]) -> dict[str, Any]:
