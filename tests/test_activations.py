@@ -79,6 +79,25 @@ def test_logits_and_loss():
     assert int(logits_forward_bytes(fp32)) == 8 * 8192 * 128256 + 8 * (2 * 8192 + 1) + 8 * 8192
 
 
+@pytest.mark.parametrize("vocab", [32000, 50368, 256000])
+@pytest.mark.parametrize("seq,batch", [(512, 1), (2048, 4), (32768, 3)])
+def test_fused_cross_entropy_holds_the_16_bit_logits_and_their_gradient(vocab, seq, batch):
+    # flash-attn's fused kernel (llm-foundry's default loss): the forward keeps the a-byte logits
+    # and writes an fp32 loss and log-sum-exp per row; the backward writes the logits' gradient in
+    # their dtype next to the saved logits. Eager fp32 loss: 10·bsV forward, 12·bsV backward.
+    labels = 8 * batch * (2 * seq + 1) + 8 * seq
+    for precision, a in ((st.BF16_MIXED, 2), (st.FP32, 4)):
+        fused = columns("llama-2-7b", vocab_size=vocab, seq_len=seq, micro_batch=batch, precision=precision,
+                        fused_ce=True)
+        eager = columns("llama-2-7b", vocab_size=vocab, seq_len=seq, micro_batch=batch, precision=precision)
+        entries = batch * seq * vocab
+        assert int(logits_forward_bytes(fused)) == a * entries + 8 * batch * seq + labels
+        assert int(logits_backward_bytes(fused)) == 2 * a * entries
+        assert int(logits_backward_bytes(eager)) == 12 * entries  # the fp32 loss, whatever the compute dtype
+        # the kernel's saving grows with the vocabulary and the tokens alike: (12 - 2a)·bsV
+        assert int(logits_and_loss_bytes(eager)) - int(logits_and_loss_bytes(fused)) == (12 - 2 * a) * entries
+
+
 @pytest.mark.parametrize("mode", [st.AC_FULL, st.AC_SELECTIVE, st.AC_EVERY_K])
 @pytest.mark.parametrize("model", ["llama-2-7b", "gpt2", "mixtral-8x7b", "falcon-7b", "deepseek-v2-lite"])
 def test_checkpointing_never_raises_activation_bytes(model, mode):

@@ -108,6 +108,18 @@ def test_chunked_loss_shrinks_the_largest_transient():
     assert int(largest_transient_bytes(cols)) == 4 * 1024 * 128256 // 8
 
 
+
+@pytest.mark.parametrize("seq,batch", [(1024, 1), (4096, 2)])
+def test_a_fused_loss_leaves_the_16_bit_gradient_as_the_largest_transient(seq, batch):
+    # flash-attn's fused cross-entropy makes no fp32 copy; its largest short-lived block is the
+    # logits' bf16 gradient it writes (activations.logits_backward_bytes)
+    spec = resolve_model("llama-3.1-8b").spec
+    config = TrainingConfig(strategy="single", seq_len=seq, micro_batch=batch)
+    eager = columns_for(spec, parse_gpus("1xh100-sxm"), config)
+    fused = columns_for(spec, parse_gpus("1xh100-sxm"), config.model_copy(update={"fused_ce": True}))
+    assert int(largest_transient_bytes(eager)) == 4 * batch * seq * 128256
+    assert int(largest_transient_bytes(fused)) == 2 * batch * seq * 128256
+
 def test_calibration_overlay_allocator_is_read_by_fit(tmp_path, capsys):
     from shardplan.calibrate.overlay import write_calibration
     from shardplan.cli.app import main

@@ -95,3 +95,22 @@ def test_a_file_without_the_columns_is_a_one_line_error(tmp_path):
     bad.write_text("row_id,model\nA1,llama\n")
     with pytest.raises(ShardplanError, match="missing"):
         read_runs(bad)
+
+
+@pytest.mark.parametrize("changes, knobs", [
+    # llm-foundry: init_device meta (yamls/pretrain/mpt-*.yaml), loss_fn fused_crossentropy (ComposerMPTCausalLM)
+    (dict(framework="Composer + PyTorch FSDP (fsdp1)", precision="bf16 autocast (Composer amp_bf16)"),
+     dict(stack="plain", load_mode="meta_init", fused_ce=True)),
+    # Megatron-DeepSpeed builds the model inside deepspeed.zero.Init when ZeRO-3 is on
+    (dict(framework="DeepSpeed 0.6.2 + Megatron-DeepSpeed", strategy="zero3"),
+     dict(stack="plain", load_mode="meta_init", fused_ce=None)),
+    # ... and not under ZeRO-2, where nothing is partitioned at construction
+    (dict(framework="DeepSpeed 0.6.2 + Megatron-DeepSpeed", strategy="zero2"),
+     dict(stack="plain", load_mode=None, fused_ce=None)),
+    (dict(), dict(stack="hf", load_mode=None, fused_ce=None)),
+])
+def test_a_framework_without_a_profile_gets_the_knobs_its_code_sets(changes, knobs):
+    q = express(_row(**changes))
+    assert isinstance(q, RunQuery)
+    assert {k: getattr(q.config, k) for k in knobs} == knobs
+    assert any("stack knobs" in a for a in q.assumed) == (knobs["load_mode"] is not None)

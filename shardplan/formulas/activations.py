@@ -288,31 +288,62 @@ def head_activation_bytes(c):
     return np.asarray(norm + rope_bytes(c), dtype=np.int64)
 
 
-def logits_forward_bytes(c):
-    """Logits and loss at the forward peak (inside ``cross_entropy``'s log-softmax):
-    a·bsV logits + 4·bsV fp32 upcast (HF ``ForCausalLMLoss``: ``logits.float()``; a no-op in fp32)
-    + 4·bsV log-softmax output; plus the int64 labels HF pads and shifts (8·b·(s+1) + 8·b·s) and
-    the int64 position ids (8·s). Measured: 10 B/token/vocab entry in bf16 (fsdp2_facts.json).
-    ``logits_fp32=False`` (a loss that takes the 16-bit logits as they are) drops the upcast copy.
-    ASSUMPTION: no chunked/fused cross-entropy (e.g. Liger)."""
-    a = compute_dtype_bytes(c.precision)
-    tokens = c.micro_batch * c.seq_len
-    per_entry = a + np.where((a < 4) & np.asarray(c.logits_fp32, dtype=bool), 4, 0) + 4
-    labels = 8 * c.micro_batch * (2 * c.seq_len + 1) + 8 * c.seq_len
+def loss_dtype_bytes(c):
+    """Bytes per element of the log-softmax the loss saves, and so of its gradients: the eager
+    losses shardplan models run in fp32 (an explicit upcast, ``logits_fp32``: HF ``ForCausalLMLoss``
+    ``logits.float()``, torchtitan ``pred.float()``, torchtune's chunks; or fp32 training)."""
+    return np.full(np.shape(c.precision), 4)
+
+
+def _logits_labels_bytes(c):
+    """The int64 labels HF pads and shifts (8·b·(s+1) + 8·b·s) and the int64 position ids (8·s)."""
+    return 8 * c.micro_batch * (2 * c.seq_len + 1) + 8 * c.seq_len
+
+
+def _held_hidden_bytes(c, a):
     # the last hidden state stays referenced by the model's forward while the loss runs
     # (transformers ``LlamaForCausalLM.forward``: ``hidden_states = outputs.last_hidden_state``);
     # a trainable lm_head saves it anyway (``head_activation_bytes``), a frozen one does not
-    held = np.where(c.method != st.FULL, tokens * a * c.hidden_size, 0)
-    return np.asarray(tokens * c.vocab_size * per_entry + labels + held, dtype=np.int64)
+    return np.where(c.method != st.FULL, c.micro_batch * c.seq_len * a * c.hidden_size, 0)
+
+
+def logits_forward_bytes(c):
+    """Logits and loss at the forward peak (inside ``cross_entropy``'s log-softmax), per token and
+    vocabulary entry: the a-byte logits, the fp32 copy the loss makes of 16-bit logits
+    (``logits_fp32``: ``.float()``; an input of log-softmax, not saved), and the fp32 log-softmax
+    output it saves (``loss_dtype_bytes``): HF / torchtitan bf16 2 + 4 + 4 = 10. Plus the labels
+    and position ids and, LoRA/QLoRA, the held last hidden state. Measured: 10 B/token/vocab entry
+    in bf16 (fsdp2_facts.json).
+
+    ``fused_ce`` (a fused kernel: flash-attn ``flash_attn/losses/cross_entropy.py`` →
+    ``xentropy_cuda_lib`` / ``ops/triton/cross_entropy.py``, llm-foundry's default
+    ``loss_fn: fused_crossentropy`` in ``ComposerMPTCausalLM``): the kernel reads the 16-bit logits
+    and writes only an fp32 loss and log-sum-exp per row (8·bs), saving the logits themselves.
+    ASSUMPTION: no chunked/fused-linear cross-entropy (Liger) unless ``ce_chunks`` / ``fused_ce``."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    loss = loss_dtype_bytes(c)
+    per_entry = a + np.where((a < 4) & np.asarray(c.logits_fp32, dtype=bool), 4, 0) + loss
+    eager = tokens * c.vocab_size * per_entry
+    fused = tokens * c.vocab_size * a + 8 * tokens
+    return np.asarray(np.where(c.fused_ce, fused, eager) + _logits_labels_bytes(c) + _held_hidden_bytes(c, a),
+                      dtype=np.int64)
 
 
 def logits_backward_bytes(c):
-    """Logits and loss at the start of backward: the saved fp32 log-softmax output (4·bsV), and
-    while its backward runs the incoming fp32 gradient from nll_loss and its own fp32 result
-    (4 + 4)·bsV = 12·bsV. The 16-bit logits are gone by then: the model's forward (or the HF
-    Trainer's ``compute_loss``) drops them; a loop that keeps ``outputs.logits`` adds a·bsV.
-    Measured: 7B runs, backward peak Temp = 8·bsV, Activation = saved + 4·bsV."""
-    return np.asarray(12 * c.micro_batch * c.seq_len * c.vocab_size, dtype=np.int64)
+    """Logits and loss at the start of backward: the saved log-softmax output, and while its
+    backward runs the incoming gradient from nll_loss and its own result, each in the loss dtype
+    ``l`` (``loss_dtype_bytes``): 3·l·bsV = 12·bsV.
+    The 16-bit logits are gone by then: the model's forward (or the HF Trainer's ``compute_loss``)
+    drops them; a loop that keeps ``outputs.logits`` adds a·bsV. Measured (fp32 loss): 7B runs,
+    backward peak Temp = 8·bsV, Activation = saved + 4·bsV.
+
+    ``fused_ce``: the saved 16-bit logits and the gradient the kernel writes in their dtype
+    (flash-attn ``SoftmaxCrossEntropyLossFn.backward``: a new tensor unless ``inplace_backward``,
+    which llm-foundry does not set): 2·a·bsV."""
+    a = compute_dtype_bytes(c.precision)
+    per_entry = np.where(c.fused_ce, 2 * a, 3 * loss_dtype_bytes(c))
+    return np.asarray(c.micro_batch * c.seq_len * c.vocab_size * per_entry, dtype=np.int64)
 
 
 def logits_and_loss_bytes(c):
@@ -417,11 +448,11 @@ def chunked_logits_forward_bytes(c):
     a = compute_dtype_bytes(c.precision)
     tokens = c.micro_batch * c.seq_len
     chunks = np.maximum(c.ce_chunks, 1)
-    per_entry = a + 4 + np.where(a < 4, 4.0 / chunks, 0.0)
-    labels = 8 * c.micro_batch * (2 * c.seq_len + 1) + 8 * c.seq_len
+    loss = loss_dtype_bytes(c)
+    per_entry = a + loss + np.where((a < 4) & (loss == 4), 4.0 / chunks, 0.0)
     # the model's forward still holds the last hidden state (see ``logits_forward_bytes``)
-    held = np.where(c.method != st.FULL, tokens * a * c.hidden_size, 0)
-    return np.asarray(np.ceil(tokens * c.vocab_size * per_entry) + labels + held, dtype=np.int64)
+    return np.asarray(np.ceil(tokens * c.vocab_size * per_entry) + _logits_labels_bytes(c) + _held_hidden_bytes(c, a),
+                      dtype=np.int64)
 
 
 def chunked_logits_backward_bytes(c):
@@ -432,7 +463,8 @@ def chunked_logits_backward_bytes(c):
     a = compute_dtype_bytes(c.precision)
     tokens = c.micro_batch * c.seq_len
     chunks = np.maximum(c.ce_chunks, 1)
-    per_entry = 4 + (8 + np.where(a < 4, a, 0)) / chunks
+    loss = loss_dtype_bytes(c)
+    per_entry = loss + (2 * loss + np.where((a < 4) & (loss == 4), a, 0)) / chunks
     return np.asarray(np.ceil(tokens * c.vocab_size * per_entry), dtype=np.int64)
 
 

@@ -137,6 +137,7 @@ class Columns:
     stack: np.ndarray                # STACKS code (reports and sweeps only; no formula reads it)
     logits_fp32: np.ndarray
     ce_chunks: np.ndarray
+    fused_ce: np.ndarray             # fused cross-entropy kernel (activations.logits_forward_bytes)
     optimizer_in_backward: np.ndarray
     activation_offload: np.ndarray
     fp32_master: np.ndarray
@@ -189,7 +190,7 @@ def completed_values(values: dict[str, Any]) -> dict[str, Any]:
 
 # Stack-knob columns when a caller gives none: hf, the knobs off, fp32 loss upcast, NF4, rank-0 load.
 STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
-    stack=st.HF, logits_fp32=True, ce_chunks=0, optimizer_in_backward=False, activation_offload=False,
+    stack=st.HF, logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False,
     fp32_master=True, paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False,
     quant_state_sharded=True, quant_format=st.NF4, load_mode=st.LOAD_RANK0_BROADCAST, checkpoint_wrapper=False,
     use_cache=False,

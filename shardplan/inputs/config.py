@@ -48,6 +48,8 @@ class TrainingConfig(BaseModel):
                                          "torchtune, lightning, plain")
     logits_fp32: bool | None = Field(None, description="the loss runs on an fp32 upcast of the logits")
     ce_chunks: NonNegativeInt | None = Field(None, description="chunked cross-entropy chunks (0: off)")
+    fused_ce: bool | None = Field(None, description="a fused cross-entropy kernel (flash-attn xentropy): keeps the "
+                                  "16-bit logits and a per-row log-sum-exp, writes a 16-bit gradient")
     optimizer_in_backward: bool | None = Field(None, description="optimizer step fused into backward")
     activation_offload: bool | None = Field(None, description="saved activations offloaded to CPU")
     fp32_master: bool | None = Field(None, description="an fp32 master copy exists (None: unless bf16-pure)")
@@ -95,7 +97,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     as they are (None stays None); one-line errors for unknown names. ``check_names`` also checks
     the ordinary knobs a stack profile may set (precision, optimizer, ac, engine, method, targets)."""
     get = knobs.get if isinstance(knobs, dict) else vars(knobs).get  # a model's (or namespace's) fields
-    out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "optimizer_in_backward", "activation_offload",
+    out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload",
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "checkpoint_wrapper", "use_cache")}
     if get("quant_format") is not None:

@@ -34,7 +34,7 @@ STACK_DIR = DATA_DIR / "stack_profiles"
 # numbers shardplan gave before stacks were an input). ``fp32_master`` None: derived from the
 # precision (none under bf16-pure).
 ENGINE_DEFAULTS: dict[str, Any] = dict(
-    logits_fp32=True, ce_chunks=0, optimizer_in_backward=False, activation_offload=False, fp32_master=None,
+    logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False, fp32_master=None,
     paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False, quant_state_sharded=True,
     quant_format="nf4", load_mode="rank0_broadcast", checkpoint_wrapper=False, use_cache=False,
 )

@@ -29,7 +29,7 @@ CATEGORICAL_KNOBS = {
 }
 # Stack knobs: None (the default) takes each row's stack default (``stacks.stack_tables``, one-GPU
 # rows their ``single_gpu`` values); values given make an axis of their own.
-STACK_KNOB_AXES = ("logits_fp32", "ce_chunks", "optimizer_in_backward", "activation_offload", "fp32_master",
+STACK_KNOB_AXES = ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload", "fp32_master",
                    "paged_optimizer", "lora_dropout", "reentrant_checkpointing", "quant_state_sharded",
                    "quant_format", "load_mode", "checkpoint_wrapper", "use_cache")
 STACK_KNOB_NAMES = {"quant_format": st.QUANT_FORMATS, "load_mode": st.LOAD_MODES}

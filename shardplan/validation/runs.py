@@ -339,12 +339,34 @@ OPTIMIZER_PATTERNS = (
     (r"^na$|not stated|^$", "stack"),
 )
 
+# What a framework with no stack profile of its own sets for the stack knobs, read from its code:
+# (pattern over "framework strategy", knobs, source). The plain stack's defaults fill the rest.
+FRAMEWORK_KNOBS = (
+    (r"composer", {"load_mode": "meta_init", "fused_ce": True},
+     "llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml model.init_device: meta (built on the meta device, "
+     "FSDP materialises each rank's shard); ComposerMPTCausalLM loss_fn default 'fused_crossentropy' "
+     "(flash_attn.losses.cross_entropy.CrossEntropyLoss)"),
+    (r"megatron-deepspeed.*zero-?3|zero-?3.*megatron-deepspeed", {"load_mode": "meta_init"},
+     "Megatron-DeepSpeed pretrain_gpt.py model_provider: the model is built inside "
+     "deepspeed.zero.Init(enabled=args.zero_stage == 3), which partitions each parameter as it is created"),
+)
+
+
+def _framework_knobs(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+    text = f"{row['framework']} {row['strategy']}"
+    for pattern, knobs, source in FRAMEWORK_KNOBS:
+        if re.search(pattern, text, re.I):
+            assumed.append(f"stack knobs {knobs} as {source}")
+            return dict(knobs)
+    return {}
+
 
 def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -> TrainingConfig:
     """The row's settings as a ``TrainingConfig``; what the row leaves unstated is the stack's."""
     knobs: dict[str, Any] = {"stack": _stack(row, assumed)}
-    for part in (_strategy(row, cluster), _precision_and_method(row, assumed), _checkpointing(row, assumed), _offload(row),
-                 _optimizer(row, assumed), _workload(row), _attention(row, assumed)):
+    for part in (_framework_knobs(row, assumed), _strategy(row, cluster), _precision_and_method(row, assumed),
+                 _checkpointing(row, assumed), _offload(row), _optimizer(row, assumed), _workload(row),
+                 _attention(row, assumed)):
         knobs.update(part)  # two columns may both say activations go to the CPU
     try:
         return TrainingConfig(**knobs)
