@@ -40,6 +40,9 @@ __all__ = ["__version__", *_LAZY]
 
 def __getattr__(name: str):
     if name in _LAZY:
+        from shardplan.calibrate import install_module_tree_reader
+
+        install_module_tree_reader()  # a config.json of a model_type no family reader knows: its module tree
         module, attribute = _LAZY[name]
         value = getattr(importlib.import_module(module), attribute)
         globals()[name] = value  # the next access is a plain attribute

@@ -16,7 +16,6 @@ from shardplan.cli.app import main
 from shardplan.inputs.hf_config import spec_from_hf_config
 from shardplan.inputs.model import block_linear_bias_params
 from shardplan.inputs.models import get_model, resolve_model
-from shardplan.support.errors import ShardplanError
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)
@@ -120,14 +119,6 @@ def test_without_transformers_the_defaults_say_so(monkeypatch):
     spec = spec_from_hf_config({"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
                                 "num_hidden_layers": 26}, name="x")
     assert any("transformers is not installed" in a and "num_attention_heads=8" in a for a in spec.assumed)
-
-
-def test_unknown_model_type_with_standard_fields_reads_as_llama():
-    spec = spec_from_hf_config({"model_type": "newlm", **TINY}, name="x")
-    assert spec.family == "llama"
-    assert any("layout=llama" in a and "newlm" in a for a in spec.assumed)
-    with pytest.raises(ShardplanError, match="model_type"):
-        spec_from_hf_config({"model_type": "newlm", "hidden_size": 64}, name="x")
 
 
 def run(capsys, *argv):

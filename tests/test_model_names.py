@@ -127,7 +127,9 @@ def test_model_folder_with_config_json(tmp_path, capsys, monkeypatch):
     assert code == 0, err
     data = json.loads(out)
     assert data["model"]["params"] == MISTRAL_7B_PARAMS
-    assert f"model: Hugging Face config {snapshot / 'config.json'}" in data["notes"]
+    # a folder's config says what it left out, as a config.json path does
+    note = [n for n in data["notes"] if n.startswith(f"model: Hugging Face config {snapshot / 'config.json'}")]
+    assert len(note) == 1 and "ASSUMED" in note[0] and "head_dim=128" in note[0]
     monkeypatch.setenv("HOME", str(tmp_path))
     code, out, _ = run(capsys, "models", "show", "~/Mistral-7B-v0.1", "--json")
     assert code == 0 and json.loads(out)["hidden_size"] == 4096

@@ -40,6 +40,7 @@ def test_exports_without_a_library_work(tmp_path, fmt):
     (("calibrate", "compute", "--out", "c.json"), "calibrate"),
     (("calibrate", "fsdp", "--out", "f.jsonl"), "calibrate"),
     (("calibrate", "collectives", "--out", "co.json"), "calibrate"),
+    (("fit", "--model", str(REPO / "tests" / "data" / "unknown_model_type"), "--gpus", "1xrtx4090"), "hf"),
 ])
 def test_commands_needing_an_extra_name_it_in_one_line(tmp_path, args, extra):
     code, out, err = shardplan_without_extras(tmp_path, *args)

@@ -89,6 +89,7 @@ def checks() -> tuple[list[Check], list[Check]]:
     """Two waves: the second reads files (fit.json, plan.json, cal.json) that the first writes."""
     nccl = str(REPO / "tests" / "data" / "nccl_tests_sample_all_gather_perf.txt")
     records = str(REPO / "data" / "calibration" / "grid_cpu.jsonl")
+    unknown_type = str(REPO / "tests" / "data" / "unknown_model_type")
     first = [
         Check("--version", ["--version"], then=_contains("shardplan ")),
         Check("--help", ["--help"], then=_contains("fit")),
@@ -104,6 +105,8 @@ def checks() -> tuple[list[Check], list[Check]]:
         Check("plan", ["plan", "llama-3.1-8b", "--gpus", "8xh100-sxm"]),
         Check("plan --json", ["plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--json"], then=_json(dict),
               save_stdout="plan.json"),
+        Check("fit an unknown model_type (module tree)", ["fit", "--model", unknown_type, "--gpus", "1xrtx4090"],
+              extra="hf", then=_contains("module tree")),
         Check("models", ["models"], then=_contains("llama-3.1-8b")),
         Check("models show", ["models", "show", "llama-3.1-8b"]),
         Check("models show --json", ["models", "show", "llama-3.1-8b", "--json"], then=_json(dict)),

@@ -13,4 +13,20 @@ themselves (install the ``calibrate`` extra). Submodules:
 * ``overlay``     — calibrated hardware-profile overlay (write/load)
 * ``env``         — GPU / driver / CUDA / NCCL / torch versions recorded with every measurement
 * ``cli``         — the typer app mounted as ``shardplan calibrate``
+* ``module_tree`` — a config of a model_type no family reader knows, built on the meta device
 """
+
+
+def install_module_tree_reader() -> None:
+    """Let ``inputs/hf_config.py`` read a config whose model_type no family reader knows from its
+    module tree (``module_tree.py``, imported on first use: installing costs no import). The CLI
+    (``cli.app.main``) and the public API (``shardplan.__getattr__``) call this."""
+    from shardplan.support.extras import install_reader
+
+    install_reader("module_tree", _read_module_tree)
+
+
+def _read_module_tree(*args, **kwargs):
+    from shardplan.calibrate.module_tree import spec_from_module_tree
+
+    return spec_from_module_tree(*args, **kwargs)

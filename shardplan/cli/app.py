@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         _process_setup()
     try:
         args = sys.argv[1:] if argv is None else list(argv)
+        from shardplan.calibrate import install_module_tree_reader
+        install_module_tree_reader()  # a config.json of a model_type no family reader knows: its module tree
         app = app_for(args)
         from shardplan.cli.options import check_repeated_options
         check_repeated_options(typer.main.get_command(app), args)  # '--seq-len' twice: an error, not last-one-wins

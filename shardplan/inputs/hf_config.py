@@ -5,8 +5,13 @@ the defaults come from it (``AutoConfig.for_model(model_type, **config).to_dict(
 otherwise from each family's mapping below, which mirrors the transformers 5.23 classes. Either
 way the spec lists every key the file left out and the value it took (``ModelSpec.assumed``), so a
 report can say what was not read from the user's file. Multimodal configs (Gemma 3, Llama 4) are
-read through their ``text_config``: the decoder a causal-LM fine-tune trains. An unknown
-``model_type`` with the standard decoder fields is read with the Llama layout, and says so.
+read through their ``text_config``: the decoder a causal-LM fine-tune trains.
+
+A ``model_type`` no family reader knows goes to the reader of module trees the layer above
+installs (``support.extras.installed_reader("module_tree")``; ``calibrate/module_tree.py`` builds
+the model on the meta device with torch and transformers, the ``hf`` extra). Without that reader, or without those
+libraries, it is a one-line error naming the extra: a guessed layout would answer for another
+architecture (GPT-NeoX read as Llama: +30.6 % parameters).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pydantic import ValidationError
 from shardplan.inputs.model import MLASpec, ModelSpec, MoESpec
 from shardplan.inputs.profiles import read_json
 from shardplan.support.errors import ShardplanError
+from shardplan.support.extras import installed_reader
 from shardplan.support.limits import MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, _shown
 
 _ACTIVATIONS = {
@@ -393,8 +399,16 @@ TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3"
 SIZE_KEYS = {"gpt2": ("n_embd", "n_layer")}
 SIZE_KEYS_DEFAULT = ("hidden_size", "num_hidden_layers")
 
-# An unknown model_type is read with the Llama layout when it has these keys.
-STANDARD_DECODER_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+# A config of a model_type no family reader knows is read by the "module_tree" reader, when the layer
+# that may import torch installed it (support/extras.py; calibrate/module_tree.py); this extra has
+# torch and transformers (pyproject.toml).
+MODULE_TREE_EXTRA = "hf"
+
+
+def unknown_type_error(origin: str, model_type: Any, why: str) -> ShardplanError:
+    """The one line for a model_type no family reader knows, and why its module tree was not read."""
+    return ShardplanError(f"{origin}: model_type", _shown(model_type),
+                          f"no shardplan reader (supported: {', '.join(sorted(FAMILIES))}); {why}")
 
 
 def complete_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
@@ -444,9 +458,9 @@ def _decoder_config(config: dict[str, Any], origin: str) -> tuple[dict[str, Any]
 def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config.json", **extra: Any) -> ModelSpec:
     """Map one HF config dict to a ModelSpec; ``extra`` adds name-level fields (aliases, source).
 
-    ``ModelSpec.assumed`` says what the file did not: notes (text decoder only, Llama layout for an
-    unknown model_type) and one entry naming where defaults came from (transformers' class, or
-    shardplan's copy of it) with each key the file left out and the value it took."""
+    ``ModelSpec.assumed`` says what the file did not: notes (text decoder only) and one entry
+    naming where defaults came from (transformers' class, or shardplan's copy of it) with each key
+    the file left out and the value it took. An unknown model_type goes to the module-tree reader."""
     if not isinstance(config, dict):
         raise ShardplanError(origin, type(config).__name__, "a Hugging Face config must be a JSON object")
     config, notes = _decoder_config(config, origin)
@@ -454,25 +468,23 @@ def spec_from_hf_config(config: dict[str, Any], name: str, origin: str = "config
     if not isinstance(model_type, (str, type(None))):
         raise ShardplanError(f"{origin}: model_type", _shown(model_type), "must be a string such as \"llama\"")
     check_int_ranges(config, origin)
-    layout = model_type
     if model_type not in FAMILIES:
-        if not all(k in config for k in STANDARD_DECODER_KEYS):
-            raise ShardplanError(f"{origin}: model_type", model_type,
-                                 f"unsupported; supported: {', '.join(sorted(FAMILIES))} (or any decoder config with "
-                                 f"{', '.join(STANDARD_DECODER_KEYS)})")
-        layout = "llama"
-        notes.append(f"layout=llama (model_type {model_type!r} is not a family shardplan knows: separate q/k/v/o, "
-                     "gated MLP, two RMSNorms per block)")
-    for key in SIZE_KEYS.get(layout, SIZE_KEYS_DEFAULT):
+        read_tree = installed_reader("module_tree")
+        if read_tree is None:
+            raise unknown_type_error(origin, model_type, "any model transformers knows is read from its module tree "
+                                                         f"with torch and transformers: pip install \"shardplan[{MODULE_TREE_EXTRA}]\"")
+        spec = read_tree(config, name, origin, **extra)
+        return spec.model_copy(update={"assumed": (*notes, *spec.assumed)}) if notes else spec
+    for key in SIZE_KEYS.get(model_type, SIZE_KEYS_DEFAULT):
         if config.get(key) is None:
             raise ShardplanError(f"{origin}: {key}", None, "missing from config.json (the model's size is not assumed)")
     provided = set(config)
-    completed, provenance = complete_config(config, origin) if layout == model_type else (config, "shardplan's defaults")
+    completed, provenance = complete_config(config, origin)
     for alias, canonical in completed.get("_attribute_map", {}).items():  # a key given under either name
         if alias in provided or canonical in provided:
             provided |= {alias, canonical}
     reader = _Reader(completed, origin, provided, class_keys=set(completed) if completed is not config else None)
-    fields = FAMILIES[layout](reader)
+    fields = FAMILIES[model_type](reader)
     defaults = ", ".join(f"{k}={v!r}" for k, v in sorted(reader.defaulted.items()))
     assumed = tuple(notes) + ((f"defaults ({provenance}): {defaults}",) if defaults else ())
     try:

@@ -62,6 +62,28 @@ class MLASpec(BaseModel):
     v_head_dim: Width
 
 
+Shape = tuple[Annotated[int, Field(gt=0, le=MAX_PARAMS)], ...]
+
+
+class ModuleTree(BaseModel):
+    """A model's parameter tensors as transformers builds them (``calibrate/module_tree.py``: the
+    module tree on the meta device, for a ``model_type`` no family reader knows). Where a spec has
+    one, its counts and tensor shapes are these, not the ones its dimensions would give."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str = Field(description="the class and library version that built it")
+    root: tuple[Shape, ...] = Field(description="tensors outside the decoder blocks, a shared (tied) one once")
+    blocks: tuple[tuple[Shape, ...], ...] = Field(min_length=1, max_length=MAX_LAYERS,
+                                                  description="each decoder block's tensors, in order")
+    block_norm_params: int = Field(ge=0, description="elements of block 0's normalization modules")
+    largest_module_params: int = Field(gt=0, description="the largest module's own parameters (ZeRO-3's unit)")
+
+
+def _elements(shapes) -> int:
+    return sum(math.prod(s) for s in shapes)
+
+
 class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -70,7 +92,8 @@ class ModelSpec(BaseModel):
     aliases: tuple[str, ...] = ()
     source: str = ""
     family: Literal["llama", "mistral", "mixtral", "qwen2", "gemma2", "gpt2", "opt", "falcon", "deepseek_v2",
-                    "qwen3", "qwen3_moe", "gemma3_text", "phi3", "llama4_text", "olmo2", "granite", "deepseek_v3"]
+                    "qwen3", "qwen3_moe", "gemma3_text", "phi3", "llama4_text", "olmo2", "granite", "deepseek_v3",
+                    "module_tree"]  # module_tree: another model_type, read from its module tree (ModuleTree)
     block_class: str = Field("", description="the transformers class FSDP wraps, e.g. LlamaDecoderLayer")
 
     vocab_size: Annotated[int, Field(gt=0, le=MAX_VOCAB)]
@@ -104,6 +127,8 @@ class ModelSpec(BaseModel):
     mla: MLASpec | None = None
     assumed: tuple[str, ...] = Field(
         (), description="what the source config did not say and the value taken for it (hf_config.spec_from_hf_config)")
+    module_tree: ModuleTree | None = Field(
+        None, description="tensor shapes transformers built on the meta device; the counts come from them")
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -115,6 +140,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}")
         if self.moe and self.moe.experts_per_token > self.moe.num_experts:
             raise ValueError("moe.experts_per_token exceeds moe.num_experts")
+        if self.module_tree and len(self.module_tree.blocks) != self.num_layers:
+            raise ValueError(f"module_tree has {len(self.module_tree.blocks)} blocks, num_layers={self.num_layers}")
         if self.total_params > MAX_PARAMS:
             raise ValueError(f"{self.total_params:,} parameters exceeds the {MAX_PARAMS:,} shardplan plans for")
         return self
@@ -229,6 +256,8 @@ class ModelSpec(BaseModel):
     @property
     def block_norm_params(self) -> int:
         """Every norm weight of one block (the 1-D tensors that are not Linear biases)."""
+        if self.module_tree:
+            return self.module_tree.block_norm_params
         return self.norms_per_block * self.norm_params + self.attention_norm_params
 
     @property
@@ -242,6 +271,8 @@ class ModelSpec(BaseModel):
     @property
     def block_params(self) -> tuple[int, ...]:
         """Parameters of each decoder block, in order (blocks differ only for partly-MoE models)."""
+        if self.module_tree:
+            return tuple(_elements(b) for b in self.module_tree.blocks)
         return tuple(self.moe_block_params if moe else self.dense_block_params for moe in self.moe_layer_mask)
 
     @property
@@ -275,6 +306,8 @@ class ModelSpec(BaseModel):
     @property
     def root_params(self) -> int:
         """What is not inside a decoder block: FSDP's root unit when each block is wrapped."""
+        if self.module_tree:
+            return _elements(self.module_tree.root)
         untied_head = 0 if self.tie_word_embeddings else self.lm_head_params
         return self.embedding_params + untied_head + self.position_embedding_params + self.final_norm_params
 
@@ -295,6 +328,8 @@ class ModelSpec(BaseModel):
         Candidates: token embedding, an untied lm_head, one MLP projection (Phi-3's fused gate_up),
         a fused QKV projection (GPT-2, Falcon, Phi-3), and a fused MoE expert bank (transformers >= 5 keeps it as one module).
         """
+        if self.module_tree:
+            return self.module_tree.largest_module_params
         h = self.hidden_size
         ups = 2 if self.fused_gate_up else 1
         mlp_proj = ups * (h * self.intermediate_size + (self.intermediate_size if self.mlp_bias else 0))
@@ -319,6 +354,8 @@ class ModelSpec(BaseModel):
         mirrored (dim 0 is what FSDP pads: the expert count either way, and the calibration harness
         uses ``nn.Linear``).
         """
+        if self.module_tree:  # every block as transformers built it (the first, where blocks differ)
+            return self.module_tree.blocks[0]
         h, q, kv, o = self.hidden_size, self.q_width, self.kv_width, self.attn_out_width
         shapes: list[tuple[int, ...]] = []
         norm = [(h,), (h,)] if self.norm == "layernorm" else [(h,)]
@@ -366,6 +403,8 @@ class ModelSpec(BaseModel):
 
     def root_parameter_shapes(self) -> tuple[tuple[int, ...], ...]:
         """The root unit's tensors: token embedding, learned positions, final norm, untied lm_head."""
+        if self.module_tree:
+            return self.module_tree.root
         h = self.hidden_size
         shapes: list[tuple[int, ...]] = [(self.vocab_size, h)]
         if self.learned_position_embeddings:
@@ -378,6 +417,8 @@ class ModelSpec(BaseModel):
     def parameter_shapes(self) -> dict[str, tuple[tuple[int, ...], ...]]:
         """Parameter tensor shapes per FSDP unit: ``root`` and ``block0`` ... ``block{L-1}``."""
         out = {"root": self.root_parameter_shapes()}
+        if self.module_tree:
+            return {**out, **{f"block{i}": b for i, b in enumerate(self.module_tree.blocks)}}
         for i, moe in enumerate(self.moe_layer_mask):
             out[f"block{i}"] = self.block_parameter_shapes(moe_block=moe)
         return out

@@ -141,7 +141,7 @@ def _local_config(text: str) -> ResolvedModel | None:
         return None
     kind = path_kind(path)  # never raises: a 300-character model name is a name, not an OSError
     if kind == "dir":
-        from shardplan.inputs.hf_config import spec_from_hf_config_file  # imported only where a path is read
+        from shardplan.inputs.hf_config import how_read, spec_from_hf_config_file  # imported only where a path is read
 
         config = _config_in_folder(path, text)
         spec = spec_from_hf_config_file(config)
@@ -149,8 +149,8 @@ def _local_config(text: str) -> ResolvedModel | None:
             # named after the snapshot's commit hash; the hub-cache folder "models--org--name" has the id
             repo = path.name.removeprefix("models--").replace("--", "/")
             spec = spec.model_copy(update={"name": repo, "display_name": repo})
-            return ResolvedModel(spec, f"Hugging Face config {config}", hf_id=repo)
-        return ResolvedModel(spec, f"Hugging Face config {config}")
+            return ResolvedModel(spec, how_read(spec, config), hf_id=repo)
+        return ResolvedModel(spec, how_read(spec, config))
     if kind is not None or text.endswith(".json"):
         data = read_json(path, field="model")  # names what is there instead of a file, or that nothing is
         if "model_type" in data:
