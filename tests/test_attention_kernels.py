@@ -28,16 +28,40 @@ def test_triton_adds_attention_time_that_grows_with_sequence(seq):
     """Only the attention core slows: by its FLOPs / (peak · eff) · (1/ratio − 1), ∝ s per token."""
     sdpa, triton = columns(seq_len=seq, attention=st.SDPA), columns(seq_len=seq, attention=st.TRITON)
     f = tp.flops_per_token(sdpa)
-    attn_s = (f["fwd_attention"] + f["bwd_attention"]) / (RATES.peak_flops_by_precision[0] * RATES.attention_efficiency)
+    attn_s = (f["fwd_attention"] + f["bwd_attention"]) / (RATES.peak_flops_by_precision[0] * tp.attention_efficiency(sdpa, RATES))
     slow = sum(tp.compute_time_per_token_s(triton, RATES)) - sum(tp.compute_time_per_token_s(sdpa, RATES))
     assert float(slow) == pytest.approx(float(attn_s) * (1 / tp.TRITON_OVER_FLASH2 - 1), rel=1e-9)
-    assert float(tp.attention_efficiency(triton, RATES)) == pytest.approx(0.35 * tp.TRITON_OVER_FLASH2)
+    ratio = tp.attention_efficiency(triton, RATES) / tp.attention_efficiency(sdpa, RATES)
+    assert float(ratio) == pytest.approx(tp.TRITON_OVER_FLASH2)
 
 
-def test_gap_per_token_is_linear_in_sequence():
+def test_gap_per_token_is_linear_in_sequence_past_the_long_end():
     gaps = [float(sum(tp.compute_time_per_token_s(columns(seq_len=s, attention=st.TRITON), RATES))
-                  - sum(tp.compute_time_per_token_s(columns(seq_len=s, attention=st.SDPA), RATES))) for s in (4096, 8192)]
+                  - sum(tp.compute_time_per_token_s(columns(seq_len=s, attention=st.SDPA), RATES))) for s in (16384, 32768)]
     assert gaps[1] == pytest.approx(2 * gaps[0], rel=1e-9)
+
+
+def test_flash_rate_rises_with_sequence_from_the_papers_low_end():
+    """FlashAttention-2 §4.1 / abstract: 50 % at the short end vs the 73 % fwd / 63 % bwd maxima."""
+    assert tp.FLASH_SHORT_SEQ_FACTOR == pytest.approx(0.50 * (1 / 0.73 + 2.5 / 0.63) / 3.5)
+    seqs = [256, 512, 1024, 4096, 16384, 65536]
+    sdpa = [float(tp.attention_rate_factor(st.SDPA, s)) for s in seqs]
+    assert sdpa[0] == sdpa[1] == pytest.approx(tp.FLASH_SHORT_SEQ_FACTOR) and sdpa[-2] == sdpa[-1] == 1.0
+    assert all(a < b for a, b in zip(sdpa[1:-2], sdpa[2:-1]))
+    assert float(tp.attention_rate_factor(st.SDPA, 2896)) == pytest.approx((tp.FLASH_SHORT_SEQ_FACTOR + 1) / 2, rel=1e-3)
+    assert {float(tp.attention_rate_factor(st.EAGER, s)) for s in seqs} == {1.0}  # eager: matmuls + softmax
+    assert float(tp.attention_rate_factor(st.TRITON, 512)) == pytest.approx(tp.FLASH_SHORT_SEQ_FACTOR * tp.TRITON_OVER_FLASH2)
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_mis_set_short_sequence_factor_is_worse_on_the_short_sequence_rows(monkeypatch, factor):
+    """The llm-foundry rows at ≤ 2k tokens get worse when the short-sequence factor's distance from
+    1 is halved or doubled (median |error| 4.7 % → 5.1 % / 4.8 % on this tree; nothing was fitted
+    on them: the factor is the paper's range). A weak lever: attention is ≤ 10 % of these steps."""
+    queries = [q for q in _mf_queries() if q.config.seq_len <= 2048]
+    sourced = _median_abs(queries)
+    monkeypatch.setattr(tp, "FLASH_SHORT_SEQ_FACTOR", 1 - (1 - tp.FLASH_SHORT_SEQ_FACTOR) * factor)
+    assert _median_abs(queries) > sourced
 
 
 def test_triton_saves_what_sdpa_flash_saves():

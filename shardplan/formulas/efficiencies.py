@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardplan.formulas import throughput as tp
+from shardplan.inputs import strategy as st
 from shardplan.formulas.comm import link_rates
 
 
@@ -31,14 +32,15 @@ def _gemm(cluster, rates, gemm_value: float, precision: str) -> dict[str, Any]:
                   + f"; eff(m) curve m_half {tp.GEMM_M_HALF:.0f}, p {tp.GEMM_P:.0f} (ASSUMPTION)")
 
 
-def _attention(cluster, rates, kernel: str) -> dict[str, Any]:
-    """The attention core's efficiency for the configuration's kernel: the profile's
-    FlashAttention-2 figure, × ``TRITON_OVER_FLASH2`` for the Triton FlashAttention kernel."""
+def _attention(cluster, rates, config: dict[str, Any]) -> dict[str, Any]:
+    """The attention core's efficiency for the configuration's kernel and sequence length: the
+    profile's FlashAttention-2 figure × ``throughput.attention_rate_factor``."""
+    kernel, seq = config.get("attention", "sdpa"), int(config.get("seq_len", tp.FLASH_SEQ_LONG))
+    factor = float(tp.attention_rate_factor(st.ATTENTIONS.index(kernel), seq))
     source = cluster.gpu.sources.get("attention_efficiency", "profile default")
-    if kernel == "triton":
-        return _entry("attention", float(rates.attention_efficiency) * tp.TRITON_OVER_FLASH2, "nameplate",
-                      f"{source}; × {tp.TRITON_OVER_FLASH2:.3f} for Triton FlashAttention (FlashAttention-2 paper §4.1)")
-    return _entry("attention", float(rates.attention_efficiency), "nameplate", f"{source} ({kernel})")
+    return _entry("attention", float(rates.attention_efficiency) * factor, "nameplate",
+                  f"{source}; {kernel} at seq {seq}: × {factor:.3f} (FlashAttention-2 paper §4.1: "
+                  "range over sequence length, Triton kernel's speed)")
 
 
 def _links(cluster, calibration) -> list[dict[str, Any]]:
@@ -63,7 +65,7 @@ def efficiencies_used(cluster, config: dict[str, Any], gemm_value: float, calibr
     hbm_status = "calibrated" if rates.calibrated and float(rates.hbm_bytes_per_s) != nameplate_hbm * tp.HBM_EFFICIENCY \
         else "nameplate"
     out = [_gemm(cluster, rates, gemm_value, config.get("precision", "")),
-           _attention(cluster, rates, config.get("attention", "sdpa")),
+           _attention(cluster, rates, config),
            _entry("hbm", float(rates.hbm_bytes_per_s) / nameplate_hbm, hbm_status,
                   "the calibration's element-wise bandwidth" if hbm_status == "calibrated"
                   else f"ASSUMPTION {tp.HBM_EFFICIENCY} of nameplate (throughput.HBM_EFFICIENCY)")]

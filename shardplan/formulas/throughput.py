@@ -8,7 +8,8 @@ Time of one micro-batch's compute, per GPU (a roofline sum; every term below has
   for small matrices by the saturation curve the calibration harness fits
   (``shardplan/calibrate/compute.py``): eff(m) = eff_max / (1 + (m_half/m)^p);
 * attention core (flash/SDPA): FLOPs / (peak × attention efficiency) (``GPUProfile.attention_efficiency``,
-  FlashAttention-2's; the Triton FlashAttention kernel at ``TRITON_OVER_FLASH2`` of it);
+  FlashAttention-2's at long sequences; slower on short ones and for the Triton kernel,
+  ``attention_rate_factor``);
 * element-wise work (norms, RoPE, SwiGLU, residual adds, cross-entropy), counted op by op for eager
   torchtitan / Hugging Face kernels (``elementwise_bytes_per_token``), and FSDP's own copies around
   its collectives (``fsdp_copy_bytes``): bytes / HBM bandwidth.
@@ -92,6 +93,17 @@ NCCL_CTAS = 24
 # ASSUMPTION: the same ratio on Hopper, where both run Ampere's mma.sync path (FlashAttention-3,
 # arXiv 2407.08608: FlashAttention-2 uses none of Hopper's new instructions).
 TRITON_OVER_FLASH2 = (1 + 2.5) / (1.4 + 2.5 * 2.0)
+# Flash kernels run slower on short sequences (fewer key blocks per query block, a larger causal
+# diagonal share). FlashAttention-2 on A100 spans "50-73% of the theoretical maximum FLOPs/s"
+# (abstract) over its benchmark (§4.1: seq 512-16k at 16k tokens per batch, head dim 64/128),
+# and reaches "up to 73% ... in the forward pass, and up to 63% ... in the backward pass": a
+# forward + backward maximum of 3.5 / (1/0.73 + 2.5/0.63) = 0.655 (FLOPs weighted 1 : 2.5). The
+# profile's ``attention_efficiency`` is the long-sequence rate (H100's 0.35 is FlashAttention-2's
+# maximum there, "up to 335 TFLOPs/s", §4.1); at FLASH_SEQ_SHORT tokens a flash kernel runs at
+# FLASH_SHORT_SEQ_FACTOR of it. ASSUMPTION: the range's low end is its shortest sequence, its
+# high end the longest, log-linear in between, the same on every GPU and for the Triton kernel.
+FLASH_SHORT_SEQ_FACTOR = 0.50 / ((1 + 2.5) / (1 / 0.73 + 2.5 / 0.63))
+FLASH_SEQ_SHORT, FLASH_SEQ_LONG = 512, 16384
 
 
 @dataclass(frozen=True)
@@ -390,8 +402,19 @@ def compute_time_per_token_s(c, rates: ComputeRates):
 def attention_efficiency(c, rates: ComputeRates):
     """Fraction of peak the attention core runs at: the GPU profile's FlashAttention-2 figure
     (``GPUProfile.attention_efficiency``, also what SDPA's flash / cuDNN kernels and eager attention
-    are priced at), × ``TRITON_OVER_FLASH2`` for the Triton FlashAttention kernel."""
-    return rates.attention_efficiency * np.where(np.asarray(c.attention) == st.TRITON, TRITON_OVER_FLASH2, 1.0)
+    are priced at) × ``attention_rate_factor`` (kernel and sequence length)."""
+    return rates.attention_efficiency * attention_rate_factor(c.attention, c.seq_len)
+
+
+def attention_rate_factor(attention, seq_len):
+    """A kernel's rate relative to the profile's figure: × ``TRITON_OVER_FLASH2`` for the Triton
+    FlashAttention kernel; flash kernels (not eager) × ``FLASH_SHORT_SEQ_FACTOR`` at ≤ 512 tokens,
+    rising log-linearly to 1 at ≥ 16k."""
+    kernel = np.asarray(attention)
+    x = np.clip(np.log2(np.maximum(np.asarray(seq_len, dtype=np.float64), 1) / FLASH_SEQ_SHORT)
+                / np.log2(FLASH_SEQ_LONG / FLASH_SEQ_SHORT), 0.0, 1.0)
+    seq = np.where(kernel != st.EAGER, FLASH_SHORT_SEQ_FACTOR + (1 - FLASH_SHORT_SEQ_FACTOR) * x, 1.0)
+    return seq * np.where(kernel == st.TRITON, TRITON_OVER_FLASH2, 1.0)
 
 
 def matmul_precision(c):
