@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from shardplan.formulas import throughput as tp
-from shardplan.inputs import strategy as st
 from shardplan.formulas.comm import link_rates
+from shardplan.inputs import strategy as st
 
 
 def _entry(name: str, value: float, status: str, source: str) -> dict[str, Any]:
