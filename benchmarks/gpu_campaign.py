@@ -682,6 +682,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: check the code paths")
     ap.add_argument("--only", type=int, nargs="*", help="indices of the grid to run")
+    ap.add_argument("--unmeasured", action="store_true",
+                    help="userscripts: only the configurations with no committed ok record")
     ap.add_argument("--timeout", type=int, default=240)
     a = ap.parse_args(argv)
     if a.part == "one":
@@ -707,12 +709,13 @@ def main(argv=None) -> int:
         load_grid(a.out, a.smoke)
         return 0
     if a.part == "userscripts":
-        from gpu_userscripts import user_grid
+        from gpu_userscripts import unmeasured, user_grid
 
         if not a.smoke:
             make_checkpoint("Llama-3.2-1B")  # QLoRA loads it quantized; made before any run is timed
         grid = user_grid(a.smoke)
-        run_grid([grid[i] for i in a.only] if a.only else grid, a.out / "userscripts.jsonl", a.timeout, prewarm=True)
+        pick = a.only or (unmeasured(grid) if a.unmeasured else range(len(grid)))
+        run_grid([grid[i] for i in pick], a.out / "userscripts.jsonl", a.timeout, prewarm=True)
         return 0
     grid = {"hf": [c for c in hf_grid(a.smoke) if c["method"] != "qlora"],
             "qlora": [c for c in hf_grid(a.smoke) if c["method"] == "qlora"], "fsdp": fsdp_grid(a.smoke)}.get(a.part, [])

@@ -20,7 +20,8 @@ for dt in bfloat16 float8_e4m3fn tf32; do
     $([ $dt = bfloat16 ] || echo --no-bandwidth) >>"$LOG" 2>&1
 done
 step userscripts
-timeout "${USER_S:-250}" python3 benchmarks/gpu_campaign.py userscripts --out "$OUT" --timeout 60 ${ONLY:+--only $ONLY} >>"$LOG" 2>&1
+timeout "${USER_S:-250}" python3 benchmarks/gpu_campaign.py userscripts --out "$OUT" --timeout 60 ${ONLY:+--only $ONLY} \
+  $([ -z "${ONLY:-}" ] && echo --unmeasured) >>"$LOG" 2>&1
 step calibrate fsdp
 timeout 80 python3 -m shardplan calibrate fsdp --launch fake --device cuda --world-size 8 --world-size 64 \
   --ac none --ac full --timeout 40 --out "$OUT/calibrate_fsdp.jsonl" >>"$LOG" 2>&1

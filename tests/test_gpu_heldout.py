@@ -113,3 +113,35 @@ def test_train_runs_within_the_heldout_p90():
     tol = quantile(held, 0.9)
     train = [abs(r["allocated_error"]) for r in compare_file(TRAIN)]
     assert sum(e <= tol for e in train) >= 0.8 * len(train)
+
+
+def test_a_later_session_adds_runs_and_never_erases_a_measurement(tmp_path, monkeypatch):
+    """benchmarks/gpu_userscripts.py split: the committed records stay, a new configuration is added
+    to the file the rule names, and a timeout of a measured configuration does not replace it; the
+    unmeasured list shrinks by what was measured."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_userscripts as us
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for path in (TRAIN, HELDOUT):
+        shutil.copy(path, tmp_path / path.name)
+    monkeypatch.setattr(gpu_split, "FOLDER", tmp_path)
+    before = gpu_split.read(tmp_path / TRAIN.name) + gpu_split.read(tmp_path / HELDOUT.name)
+    grid = us.user_grid(False)
+    todo = us.unmeasured(grid)
+    assert len(todo) == len(grid) - len({gpu_split.config_digest(r["config"]) for r in before if r["status"] == "ok"})
+    measured = next(r for r in before if r["status"] == "ok")
+    seen = {gpu_split.config_digest(r["config"]) for r in before}
+    new = next(i for i in todo if gpu_split.config_digest(grid[i]) not in seen)  # no record at all yet
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps({"config": grid[new], "status": "ok", "max_allocated_bytes": 1}) + "\n"
+                   + json.dumps({"config": measured["config"], "status": "timeout"}) + "\n")
+    n_train, n_held = us.split_raw(raw)
+    after = gpu_split.read(tmp_path / TRAIN.name) + gpu_split.read(tmp_path / HELDOUT.name)
+    assert n_train + n_held == len(after) == len(before) + 1
+    assert measured in after
+    assert us.unmeasured(grid) == [i for i in todo if i != new]
