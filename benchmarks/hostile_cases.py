@@ -1,4 +1,4 @@
-"""Hostile-case driver for issue 22 items 2-5: runs each class of hostile case as a user (or an
+"""Hostile-case driver for issue 22 items 2-5 and 10: runs each class of hostile case as a user (or an
 attacker) would, in subprocesses of ``python -m shardplan`` (process-level cases need a real
 process: closed descriptors, /dev/full, a pipe closed by ``head``) or through the Python API, and
 counts how each case ended, per class.
@@ -580,6 +580,136 @@ def api_cases():
     return [(name, lambda f, e=expr: _api(f, e)) for name, expr in API_CASES.items()]
 
 
+
+# --- class: calibrate-outputs (session 2: the calibrate commands' files under the same policy) ------------
+
+RECORDS = str(REPO / "data" / "calibration" / "grid_cpu.jsonl")
+NCCL_LOG = str(REPO / "tests" / "data" / "nccl_tests_sample_all_gather_perf.txt")
+
+
+def _overlay_mode_case(folder: Path, force: bool) -> str:
+    """An overlay made read-only, then merged into again by ``calibrate collectives``."""
+    out = folder / "cal.json"
+    code, _, err = shardplan("calibrate", "collectives", "--nccl-tests", NCCL_LOG, "--out", out, cwd=folder)
+    if code != 0:
+        return exit_class(code, err)
+    os.chmod(out, 0o440)
+    before = out.read_text()
+    code, _, err = shardplan("calibrate", "collectives", "--nccl-tests", NCCL_LOG, "--out", out,
+                             *(["--force"] if force else []), cwd=folder)
+    if mode(out) != 0o440:
+        return "unsafe-write"
+    if not force:
+        return "unsafe-write" if out.read_text() != before else exit_class(code, err, allow_ok=False)
+    return "clean" if code == 0 else "wrong-exit"
+
+
+def calibrate_output_cases():
+    compare = ["calibrate", "compare", RECORDS]
+    return [
+        ("calibrate compare --csv link-to-0600", lambda f: _link_case(f, [*compare, "--csv", "{out}"], "out.csv")),
+        ("calibrate compare --json link-to-0600 --force",
+         lambda f: _link_case(f, [*compare, "--json", "{out}", "--force"], "out.json")),
+        ("calibrate compare --md link in sticky 1777 folder",
+         lambda f: _link_case(f, [*compare, "--md", "{out}"], "out.md", sticky=True)),
+        ("calibrate compare --md read-only 0444 refused",
+         lambda f: _mode_case(f, [*compare, "--md", "{out}"], "out.md", 0o444, False)),
+        ("calibrate compare --csv read-only 0444 --force",
+         lambda f: _mode_case(f, [*compare, "--csv", "{out}"], "out.csv", 0o444, True)),
+        ("calibrate compare --csv existing 0600 keeps 0600",
+         lambda f: _mode_case(f, [*compare, "--csv", "{out}"], "out.csv", 0o600, False)),
+        ("calibrate collectives --out read-only overlay refused", lambda f: _overlay_mode_case(f, False)),
+        ("calibrate collectives --out read-only overlay --force", lambda f: _overlay_mode_case(f, True)),
+    ]
+
+
+# --- class: invalid-user-profiles (session 2: a skipped profile is announced, naming file and field) -------
+
+def _invalid_gpu(folder: Path, change: dict, field: str) -> str:
+    gpu = {**_base_gpu(), "name": "bad-card", "aliases": [], "generic_aliases": [], **change}
+    env = _profile_dir(folder, "hardware_profiles/gpus", "bad.json", json.dumps(gpu))
+    code, out, err = shardplan("fit", "llama-3.1-8b on 8xbad-card", env=env, cwd=folder)
+    said = [ln for ln in err.splitlines() if "bad.json" in ln and f"{field}=" in ln]
+    if "Traceback" in err:
+        return "traceback"
+    return exit_class(code, err) if said else "wrong-exit"
+
+
+def _invalid_model_flat(folder: Path) -> str:
+    """A flat folder: an invalid model profile beside a valid GPU profile; a fit on built-ins."""
+    flat = folder / "flat"
+    flat.mkdir()
+    spec = json.loads((REPO / "shardplan/data/model_profiles/llama-3.1-8b.json").read_text())
+    (flat / "model.json").write_text(json.dumps({**spec, "name": "my-model", "aliases": [], "num_layers": -1}))
+    (flat / "gpu.json").write_text(json.dumps({**_base_gpu(), "name": "ok-card", "aliases": [], "generic_aliases": []}))
+    code, out, err = shardplan("fit", FIT, env={"SHARDPLAN_PROFILE_PATH": str(flat)}, cwd=folder)
+    warned = [ln for ln in err.splitlines() if "SHARDPLAN_PROFILE_PATH" in ln]
+    if code != 0:
+        return exit_class(code, err)
+    if any("gpu.json" in ln for ln in warned):  # a valid profile of another kind must stay silent
+        return "wrong-exit"
+    return "clean" if any("model.json" in ln and "num_layers=" in ln for ln in warned) else "wrong-exit"
+
+
+def invalid_profile_cases():
+    return [
+        ("user GPU memory_bytes 2**70 (out of range)", lambda f: _invalid_gpu(f, {"memory_bytes": 2**70}, "memory_bytes")),
+        ("user GPU misspelt key memroy_gb", lambda f: _invalid_gpu(f, {"memroy_gb": 80}, "memroy_gb")),
+        ("user GPU memory_bytes 'lots' (wrong type)", lambda f: _invalid_gpu(f, {"memory_bytes": "lots"}, "memory_bytes")),
+        ("flat folder: invalid model beside a valid GPU", _invalid_model_flat),
+    ]
+
+
+# --- class: unknown-model-type (session 2: item 10, a config no family reader knows) -----------------------
+
+NEOX = {"model_type": "gpt_neox", "hidden_size": 256, "num_hidden_layers": 3, "num_attention_heads": 8,
+        "intermediate_size": 1024, "vocab_size": 5000, "max_position_embeddings": 2048, "tie_word_embeddings": False}
+HIDE_EXTRAS = ("import runpy, sys\nfor m in ('torch', 'transformers'):\n    sys.modules[m] = None\n"
+               "sys.argv = ['shardplan', *sys.argv[1:]]\nrunpy.run_module('shardplan', run_name='__main__')\n")
+
+
+def _neox_total(c: dict) -> int:
+    """GPT-NeoX's parameters by hand (transformers GPTNeoXLayer: LayerNorms with bias, fused QKV, biases)."""
+    h, i, v, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    return 2 * v * h + 2 * h + L * (4 * h + 3 * h * h + 3 * h + h * h + h + h * i + i + i * h + h)
+
+
+def _config_folder(folder: Path, config: dict) -> Path:
+    model = folder / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "never_run.Config",
+                                                                          "AutoModelForCausalLM": "never_run.Model"}}))
+    (model / "never_run.py").write_text(f"open({str(folder / 'RAN')!r}, 'w').write('ran')\n")
+    return model
+
+
+def _unknown_type(folder: Path, config: dict, hidden: bool) -> str:
+    """exit 0 with transformers' own count, or one line naming the extra (hidden) or the model_type;
+    any other answer is for another architecture (wrong-answer); the auto_map module running is unsafe."""
+    model = _config_folder(folder, config)
+    args = ["fit", "--model", str(model), "--gpus", "1xrtx4090"]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{model}"}  # auto_map's module importable: must not run
+    cmd = [PY, "-c", HIDE_EXTRAS, *args] if hidden else [PY, "-m", "shardplan", *args]
+    proc = subprocess.run(cmd, env=env, cwd=folder, capture_output=True, text=True, timeout=300)
+    if (folder / "RAN").exists():
+        return "unsafe-write"
+    if proc.returncode == 0:
+        return "clean" if f"{_neox_total(config):,} params" in proc.stdout and not hidden else "wrong-answer"
+    if hidden and 'shardplan[hf]' not in proc.stderr:
+        return "wrong-exit"
+    return exit_class(proc.returncode, proc.stderr, allow_ok=False)
+
+
+def unknown_type_cases():
+    made_up = {**NEOX, "model_type": "made_up_lm"}
+    return [
+        ("gpt_neox config.json + auto_map, transformers installed", lambda f: _unknown_type(f, NEOX, False)),
+        ("gpt_neox config.json, torch/transformers absent", lambda f: _unknown_type(f, NEOX, True)),
+        ("model_type transformers does not ship (standard keys)", lambda f: _unknown_type(f, made_up, False)),
+        ("gpt_neox 10,000 layers of width 2**20", lambda f: _unknown_type(
+            f, {**NEOX, "hidden_size": 2**20, "num_hidden_layers": 10_000}, False)),
+    ]
+
 CLASSES = {
     "output-links-modes": output_cases,
     "stale-temps": temp_cases,
@@ -587,6 +717,9 @@ CLASSES = {
     "shadow-and-duplicate-keys": profile_cases,
     "process-exits": process_cases,
     "api-bad-input": api_cases,
+    "calibrate-outputs": calibrate_output_cases,
+    "invalid-user-profiles": invalid_profile_cases,
+    "unknown-model-type": unknown_type_cases,
 }
 OUTCOMES = ("clean", "wrong-exit", "traceback", "unsafe-write", "wrong-answer", "skipped")
 

@@ -638,7 +638,7 @@ def calibrate_cases(draw) -> Case:
                 _opt("--device", text_values(["cpu", "cuda"])), _flag("--fake-tensors"), _flag("--full-size"),
                 _opt("--timeout", hs.sampled_from(["1", "0", "-1", "nan", "inf", "1e309"])),
                 _opt("--csv", out_paths([".csv"])), _opt("--json", out_paths([".json"])),
-                _flag("--no-isolate"), _flag("--retry-failed")]
+                _flag("--no-isolate"), _flag("--retry-failed"), _flag("--force")]
     elif which == "collectives":
         argv = ["calibrate", "collectives", "--out", draw(out_paths([".json"]))]
         pool = [_opt("--nccl-tests", file_args("nccl", "all_gather_perf.txt")),
@@ -650,7 +650,7 @@ def calibrate_cases(draw) -> Case:
                 _opt("--warmup", ints), _opt("--dtype", text_values(["float32", "bfloat16"])),
                 _opt("--min-r2-log", hs.sampled_from(["0.9", "nan", "inf", "-1", "2", "1e309"])),
                 _opt("--max-rel-err", hs.sampled_from(["0.5", "nan", "inf", "-1", "0"])),
-                _opt("--samples-csv", out_paths([".csv"])), _opt("--fits-json", out_paths([".json"]))]
+                _opt("--samples-csv", out_paths([".csv"])), _opt("--fits-json", out_paths([".json"])), _flag("--force")]
     elif which == "compute":
         small = hs.one_of(hs.sampled_from(["8", "16", "32", "48", "64"]), hs.sampled_from(["1", "0", "-4"]), ints)
         argv = ["calibrate", "compute", "--out", draw(out_paths([".json"])), "--no-bandwidth",
@@ -660,14 +660,15 @@ def calibrate_cases(draw) -> Case:
                 _opt("--iters", hs.sampled_from(["1", "2", "0", "-1"])), _opt("--warmup", hs.sampled_from(["0", "1", "-1"])),
                 _opt("--min-saturation", hs.sampled_from(["0.9", "0", "nan", "inf", "-1", "2"])),
                 _opt("--peak-tflops", hs.sampled_from(["100", "0", "nan", "inf", "-5", "1e309"])),
-                _opt("--threads", hs.sampled_from(["1", "0", "-1", "2"])), _opt("--samples-csv", out_paths([".csv"]))]
+                _opt("--threads", hs.sampled_from(["1", "0", "-1", "2"])), _opt("--samples-csv", out_paths([".csv"])),
+                _flag("--force")]
         if draw(hs.booleans()):
             argv.remove("--no-bandwidth")
             pool.append(_opt("--bandwidth-bytes", hs.sampled_from(["1024", "0", "-1", str(2**70), "4096"])))
     else:
         argv = ["calibrate", "compare", *draw(hs.lists(file_args("jsonl", "records.jsonl"), min_size=1, max_size=2))]
         pool = [_opt("--csv", out_paths([".csv"])), _opt("--json", out_paths([".json"])),
-                _opt("--md", out_paths([".md"]))]
+                _opt("--md", out_paths([".md"])), _flag("--force")]
     argv += _options(draw, pool, at_most=5)
     return Case(argv)
 
@@ -695,12 +696,50 @@ def _shadowing_gpu(alias: str) -> bytes:
                   "memory_bytes": 2**30, "nominal_memory_gb": 1})
 
 
+# A toy GPT-NeoX config.json: a model_type no family reader knows, built by transformers on the meta
+# device where it is installed (calibrate/module_tree.py); auto_map names code that must never run.
+NEOX = {"model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 1000, "auto_map": {"AutoModelForCausalLM": "never_run.Model"}}
+# values kept small where size is the point: 10,000 blocks take a minute to build even on the meta device
+NEOX_HOSTILE = {"model_type": ["gpt_neox", "made_up_lm", "", "../../x", 5, None, "bert", "t5"],
+                "hidden_size": [0, -1, 2**70, "x", 63, 2**20], "num_hidden_layers": [0, -2, 2**64, 1.5, "two"],
+                "num_attention_heads": [0, 3, 2**40], "vocab_size": [0, 2**40, -5], "auto_map": [{"x": 1}, "os.system"],
+                "intermediate_size": [0, None, "wide"]}
+
+
+def warm_up() -> None:
+    """Import what the module-tree reader imports on first use (torch, transformers, one model
+    class), once per run: a one-time import is not a case's hang."""
+    try:
+        from shardplan.calibrate import install_module_tree_reader
+        from shardplan.inputs.hf_config import spec_from_hf_config
+
+        install_module_tree_reader()
+        spec_from_hf_config({k: v for k, v in NEOX.items() if k != "auto_map"}, name="warm-up")
+    except Exception:  # noqa: BLE001 - without torch/transformers the cases meet the one-line error instead
+        pass
+
+
+@hs.composite
+def unknown_type_config(draw) -> bytes:
+    config = dict(NEOX)
+    for key in draw(hs.lists(hs.sampled_from(sorted(NEOX_HOSTILE)), max_size=2, unique=True)):
+        config[key] = draw(hs.sampled_from(NEOX_HOSTILE[key]))
+    return dumps(config)
+
+
+def _invalid_user_gpu(change: dict) -> bytes:
+    return dumps({**seeds()["gpu"], "name": "bad-card", "aliases": [], "generic_aliases": [], **change})
+
+
 @hs.composite
 def issue22_cases(draw) -> Case:
     """A calibration of one GPU on another (refused; with --force a warning line), a file with a
-    duplicate key (refused), a user profile shadowing a built-in alias (its line on every answer)."""
+    duplicate key (refused), a user profile shadowing a built-in alias (its line on every answer), a
+    user profile that fails its schema (skipped with a line naming it), a config.json of a model_type
+    no family reader knows (its module tree, or one line; auto_map's module never imported)."""
     gpu = draw(hs.sampled_from(["h100-sxm", "rtx4090", "a100-80gb", "mi300x", "l4", "t4"]))
-    kind = draw(hs.sampled_from(["overlay", "overlay", "duplicate", "shadow"]))
+    kind = draw(hs.sampled_from(["overlay", "overlay", "duplicate", "shadow", "invalid-profile", "unknown-type"]))
     query = f"{draw(hs.sampled_from(['gpt2', 'llama-3.2-1b', 'llama-3.1-8b']))} on {draw(hs.sampled_from(['1', '8']))}x{gpu}"
     extra = draw(hs.sampled_from([[], ["--global-batch-tokens", "1M"], ["--json"]]))
     command = draw(hs.sampled_from(["fit", "plan"])) if kind == "overlay" else "fit"
@@ -718,6 +757,16 @@ def issue22_cases(draw) -> Case:
                         expect_error=True)
         return Case(["fit", query, "--calibration", FileArg("file", duplicate_key(doc), "cal.json"), "--force"],
                     expect_error=True)
+    if kind == "invalid-profile":
+        change = draw(hs.sampled_from([{"memory_bytes": 2**70}, {"memory_bytes": "lots"}, {"memroy_gb": 80},
+                                       {"peak_flops": {"bf16": -1}}, {"vendor": 5}]))
+        profiles = FileArg("dir", b"", "profiles", (FileArg("file", _invalid_user_gpu(change), "bad.json"),))
+        return Case(["fit", query, *extra], env={"SHARDPLAN_PROFILE_PATH": profiles},
+                    expect_stderr="SHARDPLAN_PROFILE_PATH: skipped")
+    if kind == "unknown-type":
+        never_run = FileArg("file", b"open('NEVER_RAN_MARKER', 'w').write('ran')\n", "never_run.py")
+        folder = FileArg("dir", b"", "model", (FileArg("file", draw(unknown_type_config()), "config.json"), never_run))
+        return Case(["fit", "--model", folder, "--gpus", f"1x{gpu}", *extra])
     profiles = FileArg("dir", b"", "profiles", (FileArg("file", _shadowing_gpu(gpu), "mine.json"),))
     return Case(["fit", query, *extra], env={"SHARDPLAN_PROFILE_PATH": profiles},
                 expect_stderr="shadows the built-in")
@@ -973,6 +1022,8 @@ def run_cli_case(case: Case, folder: Path) -> Outcome:
             verdict = f"exit:{code}"
     if verdict in ("ok", "error", "check", "measurement"):
         verdict = _issue22_verdict(case, argv, outs, code, stderr) or verdict
+    if (folder / "NEVER_RAN_MARKER").exists() or "never_run" in sys.modules:  # a config's auto_map module ran
+        verdict = "ran-config-code"
     after = _listing(WATCHED + [folder.parent])
     if verdict in ("ok", "error", "check", "measurement") and after != before:
         new = {k: sorted(after[k] - before[k])[:3] for k in after if after[k] - before.get(k, frozenset())}

@@ -38,6 +38,7 @@ def _known(subcommand: str, verdict: str) -> bool:
 @pytest.fixture(scope="module")
 def fuzz_root():
     root = Path(tempfile.mkdtemp(prefix="shardplan-fuzz-"))
+    fz.warm_up()
     census: dict = {"cases": 0, "seconds": collections.Counter(), "inputs": collections.Counter(),
                     "verdicts": collections.Counter(), "by_subcommand": collections.Counter(), "examples": {}}
     yield root, census
