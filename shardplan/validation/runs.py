@@ -294,7 +294,18 @@ def cluster_of(row: dict[str, str], assumed: list[str]) -> Cluster:
         cluster = cluster.model_copy(update={"gpu": gpu})
     if not re.search(r"\d+\s*GB", text, re.I) and name != "capacity":
         assumed.append(f"gpu: {text!r} read as {gpu.name}")
-    return cluster
+    return _at_stated_bandwidth(cluster, text, assumed)
+
+
+def _at_stated_bandwidth(cluster: Cluster, text: str, assumed: list[str]) -> Cluster:
+    """The cluster with the HBM bandwidth the row states for its card ('2.4 TB/s HBM': torchtitan's
+    HBM2e H100), where it differs from the profile's; element-wise kernels stream at it."""
+    match = re.search(r"(\d+(?:\.\d+)?)\s*TB/s", text, re.I)
+    stated = float(match.group(1)) * 1e12 if match else 0.0
+    if not stated or abs(stated - cluster.gpu.memory_bandwidth_bytes_per_s) < 0.05e12:
+        return cluster
+    assumed.append(f"gpu: {cluster.gpu.name} at the stated {stated / 1e12:g} TB/s HBM")
+    return cluster.model_copy(update={"gpu": cluster.gpu.model_copy(update={"memory_bandwidth_bytes_per_s": stated})})
 
 
 def _stated_gb(text: str) -> float:
