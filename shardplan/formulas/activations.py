@@ -289,10 +289,22 @@ def head_activation_bytes(c):
 
 
 def loss_dtype_bytes(c):
-    """Bytes per element of the log-softmax the loss saves, and so of its gradients: the eager
-    losses shardplan models run in fp32 (an explicit upcast, ``logits_fp32``: HF ``ForCausalLMLoss``
-    ``logits.float()``, torchtitan ``pred.float()``, torchtune's chunks; or fp32 training)."""
-    return np.full(np.shape(c.precision), 4)
+    """Bytes per element of the log-softmax the loss saves, and so of its gradients: 4 when the
+    loss runs in fp32 — an upcast of the logits (``logits_fp32``: HF ``ForCausalLMLoss``
+    ``logits.float()``, torchtitan ``pred.float()``, torchtune's chunks, and a loss computed under
+    ``torch.autocast``, which casts ``cross_entropy``'s input to fp32) or fp32 training; otherwise
+    the 16-bit compute dtype (LitGPT ``bf16-true``, the torch FSDP2 tutorial's loop:
+    ``F.cross_entropy`` on the 16-bit logits, whose ``log_softmax`` returns 16-bit). shardplan's
+    bf16-mixed names the weights' precision, not whether the loss runs under autocast, so the
+    upcast is the stack's ``logits_fp32``. Measured per stack on CPU: tests/test_loss_memory.py."""
+    a = compute_dtype_bytes(c.precision)
+    return np.where(np.asarray(c.logits_fp32, dtype=bool), 4, a)
+
+
+def _upcast_bytes(c, a):
+    """The fp32 copy of 16-bit logits a loss running in fp32 makes (``.float()`` or autocast's
+    cast): an input of log-softmax, not saved by it."""
+    return np.where((a < 4) & (loss_dtype_bytes(c) == 4), 4, 0)
 
 
 def _logits_labels_bytes(c):
@@ -309,9 +321,9 @@ def _held_hidden_bytes(c, a):
 
 def logits_forward_bytes(c):
     """Logits and loss at the forward peak (inside ``cross_entropy``'s log-softmax), per token and
-    vocabulary entry: the a-byte logits, the fp32 copy the loss makes of 16-bit logits
-    (``logits_fp32``: ``.float()``; an input of log-softmax, not saved), and the fp32 log-softmax
-    output it saves (``loss_dtype_bytes``): HF / torchtitan bf16 2 + 4 + 4 = 10. Plus the labels
+    vocabulary entry: the a-byte logits, the fp32 copy a loss running in fp32 makes of 16-bit
+    logits (``_upcast_bytes``), and the log-softmax output it saves (``loss_dtype_bytes``): HF /
+    torchtitan bf16 2 + 4 + 4 = 10, LitGPT bf16-true 2 + 2 = 4. Plus the labels
     and position ids and, LoRA/QLoRA, the held last hidden state. Measured: 10 B/token/vocab entry
     in bf16 (fsdp2_facts.json).
 
@@ -323,7 +335,7 @@ def logits_forward_bytes(c):
     a = compute_dtype_bytes(c.precision)
     tokens = c.micro_batch * c.seq_len
     loss = loss_dtype_bytes(c)
-    per_entry = a + np.where((a < 4) & np.asarray(c.logits_fp32, dtype=bool), 4, 0) + loss
+    per_entry = a + _upcast_bytes(c, a) + loss
     eager = tokens * c.vocab_size * per_entry
     fused = tokens * c.vocab_size * a + 8 * tokens
     return np.asarray(np.where(c.fused_ce, fused, eager) + _logits_labels_bytes(c) + _held_hidden_bytes(c, a),
@@ -333,7 +345,7 @@ def logits_forward_bytes(c):
 def logits_backward_bytes(c):
     """Logits and loss at the start of backward: the saved log-softmax output, and while its
     backward runs the incoming gradient from nll_loss and its own result, each in the loss dtype
-    ``l`` (``loss_dtype_bytes``): 3·l·bsV = 12·bsV.
+    ``l`` (``loss_dtype_bytes``): 3·l·bsV — 12·bsV for an fp32 loss, 6·bsV for LitGPT's bf16 one.
     The 16-bit logits are gone by then: the model's forward (or the HF Trainer's ``compute_loss``)
     drops them; a loop that keeps ``outputs.logits`` adds a·bsV. Measured (fp32 loss): 7B runs,
     backward peak Temp = 8·bsV, Activation = saved + 4·bsV.
@@ -449,7 +461,7 @@ def chunked_logits_forward_bytes(c):
     tokens = c.micro_batch * c.seq_len
     chunks = np.maximum(c.ce_chunks, 1)
     loss = loss_dtype_bytes(c)
-    per_entry = a + loss + np.where((a < 4) & (loss == 4), 4.0 / chunks, 0.0)
+    per_entry = a + loss + _upcast_bytes(c, a) / chunks
     # the model's forward still holds the last hidden state (see ``logits_forward_bytes``)
     return np.asarray(np.ceil(tokens * c.vocab_size * per_entry) + _logits_labels_bytes(c) + _held_hidden_bytes(c, a),
                       dtype=np.int64)
@@ -464,7 +476,7 @@ def chunked_logits_backward_bytes(c):
     tokens = c.micro_batch * c.seq_len
     chunks = np.maximum(c.ce_chunks, 1)
     loss = loss_dtype_bytes(c)
-    per_entry = loss + (2 * loss + np.where((a < 4) & (loss == 4), a, 0)) / chunks
+    per_entry = loss + (2 * loss + np.where(_upcast_bytes(c, a) > 0, a, 0)) / chunks
     return np.asarray(np.ceil(tokens * c.vocab_size * per_entry), dtype=np.int64)
 
 

@@ -47,6 +47,8 @@ REASONS: dict[str, str] = {
     "gpu_not_stated": "the GPU is not stated",
     "gpu_capacity_not_stated": "the GPU's memory size is not stated",
     "ac_fraction_not_stated": "selective checkpointing of a fraction of blocks whose fraction is not stated",
+    "measured_below_its_states": "the measured peak is below the weights, gradients and AdamW moments the stated "
+                                 "one-GPU full fine-tune holds at its optimizer step: not this configuration's peak",
     "rejected_by_shardplan": "shardplan refuses the configuration (its one-line error is the detail)",
     "unrecognised_framework": "the framework text matches no stack pattern",
     "unrecognised_strategy": "the strategy text matches no strategy pattern",
@@ -144,9 +146,31 @@ def _query(row: dict[str, str], ident: dict[str, str]) -> RunQuery:
     cluster = cluster_of(row, assumed)
     config = training_config(row, cluster, assumed)
     counter, measured = measured_memory(row)
+    _check_measure_holds_the_states(spec, config, measured)
     return RunQuery(**ident, spec=spec, cluster=cluster, config=config, counter=counter, measured_bytes=measured,
                     measured_tokens_per_s_per_gpu=_float(row.get("measured_tokens_per_s_per_gpu", "")),
                     assumed=tuple(assumed), row=row)
+
+
+# torch.optim.AdamW keeps exp_avg and exp_avg_sq as zeros_like(param) (torch/optim/adamw.py
+# _init_group), so at the optimizer step of a one-GPU full fine-tune the weights, their gradients
+# and the two moments are alive together, all in the weights' dtype: 4 copies of the weights.
+DENSE_ADAMW_COPIES = 4
+
+
+def _check_measure_holds_the_states(spec: ModelSpec, config: TrainingConfig, measured: int | None) -> None:
+    """A peak measured below what the stated configuration must hold at once is no measure of it
+    (a transcription or a run that differed from its stated settings): refused with both numbers.
+    Only where the floor is certain: full fine-tune, one GPU, torch AdamW, no offload, no paging,
+    no step in backward, 16-bit-pure or fp32 weights (no master copy question)."""
+    plain = (config.method == "full" and config.strategy == "single" and config.optimizer == "adamw"
+             and config.offload == "none" and not config.paged_optimizer and not config.optimizer_in_backward)
+    if measured is None or not plain or config.precision not in ("bf16-pure", "fp32"):
+        return
+    floor = DENSE_ADAMW_COPIES * (4 if config.precision == "fp32" else 2) * spec.total_params
+    if measured < floor:
+        raise _Refused("measured_below_its_states", f"{measured / GIB:.2f} GiB measured < {floor / GIB:.2f} GiB "
+                                                    "of weights, gradients and AdamW moments")
 
 
 def _float(text: str) -> float | None:
