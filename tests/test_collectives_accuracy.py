@@ -2,11 +2,14 @@
 nccl-tests lines (``tests/data/published_runs/collectives.csv``; ``shardplan.validation.collectives``).
 
 Tolerances: the bandwidth-bound regime must stay within the issue's target, 10 % median |error|
-out of source (5.2 % when committed); the latency-bound regime is guarded at its committed
-out-of-source median (25.2 %) rounded up to 30 %: the per-call host floor of a benchmark does not
-transfer between sources (24 µs intra-node, 261 µs inter-node fitted; 35 µs vs 48 µs floors
-measured on two NVLink hosts), so 10 % is not reached there (docs/accuracy.md).
+out of source (7.0 % when committed); the latency-bound regime is guarded at its committed
+out-of-source median (22.9 %) rounded up to 30 %: the torch harness's per-call floor and the
+GPUDirect-TCPXO plugin's latency do not transfer between sources, so 10 % is not reached there
+(docs/accuracy.md). The nccl-tests ``-g 8`` lines, whose floor is the host issue cost (sourced, not
+fitted on the table), are held to the 10 % target.
 """
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -91,3 +94,63 @@ def test_small_message_time_grows_with_ring_length(n):
     rates = vc.fabric_rates(("nvlink4", None, 0))
     t = lambda ranks: float(comm.nccl_ring_time_s("all_gather", 4096, 1, ranks, 1, comm.ring_bus_bytes_per_s(ranks, 8, rates), rates))
     assert t(n) < t(2 * n)
+
+
+def _g8_latency_rows():
+    return [r for r in ROWS if r.harness == "nccl-tests" and r.gpus_per_thread == 8 and vc.regime(r) == "latency"]
+
+
+def test_issue_cost_is_issue_123s_slope():
+    """c = Σ N·t / Σ N² over the issue's table (4.24 µs per GPU a thread drives)."""
+    assert vc.issue_s_per_gpu() == pytest.approx(860.1e-6 / 203, rel=1e-3)
+
+
+def test_g8_latency_lines_within_target():
+    """together's H100 -g 8 sweep, latency-bound lines (34): max(8·c, NCCL) within 10 % median."""
+    rows = _g8_latency_rows()
+    e = vc.errors(ROWS, loso=True)
+    assert len(rows) >= 30
+    assert float(np.median([abs(e[r.row_id]) for r in rows])) <= BANDWIDTH_TARGET
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_issue_cost_mis_set_twofold_fails(monkeypatch, factor):
+    c = vc.issue_s_per_gpu()
+    monkeypatch.setattr(vc, "issue_s_per_gpu", lambda: c * factor)
+    rows = _g8_latency_rows()
+    e = vc.errors(ROWS, loso=True)
+    assert float(np.median([abs(e[r.row_id]) for r in rows])) > BANDWIDTH_TARGET
+
+
+@pytest.mark.parametrize("g", [1, 4])
+def test_issue_cost_scales_with_gpus_per_thread(g):
+    """The same lines as if one thread drove g GPUs instead of 8: the host issue no longer binds
+    (g = 1, one process per GPU) or binds at half the time (g = 4): far outside 10 %."""
+    rows = [replace(r, gpus_per_thread=g) for r in _g8_latency_rows()]
+    e = vc.errors(rows, loso=False)
+    assert float(np.median([abs(v) for v in e.values()])) > 3 * BANDWIDTH_TARGET
+
+
+def test_nccl_tests_time_is_max_of_issue_and_gpu_over_size():
+    """Over message size on one ring the harness time is flat at 8·c while NCCL's GPU time is
+    below it, then follows the GPU time (iterations are pipelined, not summed); a blocking
+    (-z 1) harness adds the two."""
+    row = next(r for r in ROWS if r.harness == "nccl-tests" and r.gpus_per_thread == 8 and r.op == "all_gather")
+    issue = 8 * vc.issue_s_per_gpu()
+    for size in (1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 28):
+        r = replace(row, size_bytes=float(size))
+        gpu = vc.model_time_s(r)
+        assert vc.harness_time_s(r, {}) == pytest.approx(max(issue, gpu))
+        assert vc.harness_time_s(replace(r, harness="nccl-tests-blocking"), {}) == pytest.approx(issue + gpu)
+    small, big = replace(row, size_bytes=1024.0), replace(row, size_bytes=float(1 << 28))
+    assert vc.harness_time_s(small, {}) == pytest.approx(issue) and vc.model_time_s(small) < issue
+    assert vc.harness_time_s(big, {}) == pytest.approx(vc.model_time_s(big))
+    assert vc.model_time_s(big) > issue
+
+
+def test_harness_read_from_tool_text():
+    assert vc._harness("nccl-tests 2.17.9, NCCL 2.26.2, -g 8 single process, 5 warmup + 20 iters") == ("nccl-tests", 8)
+    assert vc._harness("nccl-tests -g 8 -z 1 (blocking), NCCL 2.27.7") == ("nccl-tests-blocking", 8)
+    assert vc._harness("nccl-tests (-g 1, srun pmix), NCCL 2.29.7") == ("nccl-tests", 1)
+    assert vc._harness("all_reduce_bench.py, torch 2.9.1+cu130, NCCL 2.27.7") == ("torch", 1)
+    assert vc._harness("nvbandwidth -i 10") == ("other", 1)
