@@ -2,7 +2,7 @@
 nccl-tests lines (``tests/data/published_runs/collectives.csv``; ``shardplan.validation.collectives``).
 
 Tolerances: the bandwidth-bound regime must stay within the issue's target, 10 % median |error|
-out of source (7.0 % when committed); the latency-bound regime is guarded at its committed
+out of source (6.6 % when committed); the latency-bound regime is guarded at its committed
 out-of-source median (22.9 %) rounded up to 30 %: the torch harness's per-call floor and the
 GPUDirect-TCPXO plugin's latency do not transfer between sources, so 10 % is not reached there
 (docs/accuracy.md). The nccl-tests ``-g 8`` lines, whose floor is the host issue cost (sourced, not
@@ -154,3 +154,11 @@ def test_harness_read_from_tool_text():
     assert vc._harness("nccl-tests (-g 1, srun pmix), NCCL 2.29.7") == ("nccl-tests", 1)
     assert vc._harness("all_reduce_bench.py, torch 2.9.1+cu130, NCCL 2.27.7") == ("torch", 1)
     assert vc._harness("nvbandwidth -i 10") == ("other", 1)
+
+
+def test_torch_event_timed_call_includes_its_issue():
+    """torch's all_reduce_bench times one call with CUDA events after a barrier: the GPU idles
+    until that call is issued, so c sits inside the time on top of NCCL's and the floor."""
+    row = next(r for r in ROWS if r.harness == "torch" and r.nodes == 1)
+    floor = {"intra_node": 7e-6}
+    assert vc.harness_time_s(row, floor) == pytest.approx(vc.model_time_s(row) + 7e-6 + vc.issue_s_per_gpu())

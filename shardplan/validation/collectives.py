@@ -186,13 +186,14 @@ def measured_time_s(row: CollectiveRow) -> float:
 
 def harness_time_s(row: CollectiveRow, floor: dict[str, float]) -> float:
     """The row's time per call as its harness measures it (module docstring): nccl-tests
-    max(g·c, GPU) or, blocking, g·c + GPU; any other harness GPU + the tier's fitted floor."""
+    max(g·c, GPU) or, blocking, g·c + GPU; torch's event-timed call c + GPU + the tier's fitted
+    floor (the GPU idles after the barrier until the call is issued); any other GPU + floor."""
     gpu, issue = model_time_s(row), row.gpus_per_thread * issue_s_per_gpu()
     if row.harness == "nccl-tests":
         return max(issue, gpu)
     if row.harness == "nccl-tests-blocking":
         return issue + gpu
-    return gpu + floor.get(tier(row), 0.0)
+    return gpu + floor.get(tier(row), 0.0) + (issue if row.harness == "torch" else 0.0)
 
 
 def fit_host_floor(rows: list[CollectiveRow]) -> dict[str, float]:
