@@ -474,20 +474,22 @@ def _peak(moments, first_bw, step, persistent, zero):
     """Totals of the forward, backward and step moments (each the largest of its moments), the
     moment that is the peak (``PEAK_MOMENTS``) and the index of the winning moment in ``moments``
     (-1: the optimizer step). Every moment's total sums the same terms."""
-    def total(m):  # the terms a moment holds (MOMENT_TERMS; adding an absent term's 0 would copy a whole chunk)
-        if ROWS in m:
-            return np.where(m[ROWS], sum(filter(_PRESENT, map(m.get, MOMENT_TERMS)), zero) + persistent, 0)
-        return sum(m.values(), zero) + persistent
+    def total(m):  # the terms a moment holds (MOMENT_TERMS), added in place into one row-sized array
+        out = persistent + zero
+        for term in (filter(_PRESENT, map(m.get, MOMENT_TERMS)) if ROWS in m else m.values()):
+            np.add(out, term, out=out)
+        return np.multiply(out, m[ROWS], out=out) if ROWS in m else out
 
-    totals = [total(m) for m in moments]
-    best_fw, fw_total = np.zeros_like(totals[0], dtype=np.int64), totals[0]
-    for i in range(1, first_bw):
-        best_fw = np.where(totals[i] > fw_total, i, best_fw)
-        fw_total = np.maximum(fw_total, totals[i])
-    best_bw, bw_total = np.zeros_like(totals[first_bw], dtype=np.int64) + first_bw, totals[first_bw]
-    for i in range(first_bw + 1, len(totals)):
-        best_bw = np.where(totals[i] > bw_total, i, best_bw)
-        bw_total = np.maximum(bw_total, totals[i])
+    def largest(first, stop):  # the largest total of moments[first:stop], and which moment it is
+        best, top = np.full(zero.shape, first, dtype=np.int64), total(moments[first])
+        for i in range(first + 1, stop):
+            this = total(moments[i])
+            np.copyto(best, i, where=this > top)
+            np.maximum(top, this, out=top)
+        return best, top
+
+    best_fw, fw_total = largest(0, first_bw)
+    best_bw, bw_total = largest(first_bw, len(moments))
     step_total = total(step)
     moment = np.where(fw_total > bw_total, FORWARD, BACKWARD)
     moment = np.asarray(np.where(step_total > np.maximum(fw_total, bw_total), OPTIMIZER_STEP, moment), dtype=np.int8)
@@ -502,11 +504,9 @@ def _terms_at_peak(names, moments, step, peak, zero):
     candidates = [*moments, step]
     winner = np.where(peak["moment"] == OPTIMIZER_STEP, len(moments), peak["which"])
     read = np.flatnonzero(np.bincount(np.ravel(winner), minlength=len(candidates))).tolist()
-    out = {}
-    for name in names:  # the winning moments are disjoint: which of them np.select tries first is moot
-        holding = [(winner == i, candidates[i].get(name, 0)) for i in read]
-        out[name] = np.asarray(np.select([r for r, _ in holding], [v for _, v in holding], 0) + zero, dtype=np.int64)
-    return out
+    wins = [winner == i for i in read]  # the winning moments are disjoint: which np.select tries first is moot
+    return {name: np.asarray(np.select(wins, [candidates[i].get(name, 0) for i in read], 0) + zero, dtype=np.int64)
+            for name in names}
 
 
 def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):

@@ -225,57 +225,70 @@ def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
 
 
 def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = True,
-          with_advice: bool = True) -> dict[str, np.ndarray]:
+          with_advice: bool = True, with_risk: bool = True) -> dict[str, np.ndarray]:
     """Verdict columns for ``estimate_memory`` output ``m`` (with its breakdown) and the ``Columns``
     ``c`` it came from (read for the stack and the knobs the advice names; None: defaults).
 
     Every device byte is in ``m`` (no_sync gradients included: ``estimate_memory``). Returns
     ``verdict`` (codes into ``VERDICTS``), ``band_bytes``, ``margin_bytes`` (capacity − judged peak
     − band: the room left once the band is counted), ``judged_bytes``, ``judged_peak``
-    (codes into ``PEAKS``), ``risk_term`` (codes into ``BAND_CLASSES``), ``advice`` (codes into
-    ``ADVICE``; left out with ``with_advice=False``) and, with ``per_class``, ``band_<class>_bytes``.
+    (codes into ``PEAKS``), ``risk_term`` (codes into ``BAND_CLASSES``; left out with
+    ``with_risk=False`` when neither advice nor ``per_class`` asks for the classes), ``advice``
+    (codes into ``ADVICE``; left out with ``with_advice=False``) and, with ``per_class``,
+    ``band_<class>_bytes``.
     """
     bands = bands or load_bands()
     total = np.asarray(m["device_total_bytes"])
     train_bases, errors = class_bytes(m), row_errors(c, bands)
     lower = stack_lower_fraction(c, bands)
-    train, train_band = class_bands(train_bases, errors), band_bytes(train_bases, errors)
+    train_band = band_bytes(train_bases, errors)
     capacity = np.asarray(m["gpu_memory_bytes"])
-    if "load_peak_bytes" in m:
-        load_bases = load_class_bytes(m)
+    load_bases = load_class_bytes(m) if "load_peak_bytes" in m else None
+    if load_bases is not None:
         load_band = band_bytes(load_bases, errors)
         load_peak = np.asarray(m["load_peak_bytes"])
         # the side with less room left decides; both points must be under capacity for "tight"
         binding = load_peak + load_band > total + train_band
         judged = np.where(binding, load_peak, total)
         band = np.where(binding, load_band, train_band)
-        load = class_bands(load_bases, errors)  # the load side's classes, for the rows whose load peak decides
-        chosen = {k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES}
         points_under = (lower_point(total, lower) <= capacity) & (lower_point(load_peak, lower) <= capacity)
     else:
         binding = np.zeros(np.shape(total), dtype=bool)
-        judged, band, chosen = total, train_band, train
+        judged, band = total, train_band
         points_under = lower_point(total, lower) <= capacity
     other_ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
     fits = (judged + band <= capacity) & other_ok
     tight = np.logical_not(fits) & points_under & other_ok
     verdict = np.asarray(np.where(fits, FITS, np.where(tight, TIGHT, DOES_NOT_FIT)), dtype=np.int8)
     shape = np.broadcast(verdict, judged).shape
-    risk = np.asarray(np.argmax(np.stack([np.broadcast_to(chosen[k], shape) for k in BAND_CLASSES]), axis=0), dtype=np.int8)
     out = {
         "verdict": verdict + np.zeros(shape, dtype=np.int8),
         "band_bytes": np.asarray(band, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
         "margin_bytes": np.asarray(capacity - judged - band, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
         "judged_bytes": np.asarray(judged, dtype=np.int64) + np.zeros(shape, dtype=np.int64),
         "judged_peak": np.asarray(binding, dtype=np.int8) + np.zeros(shape, dtype=np.int8),
-        "risk_term": risk,
     }
+    if not (with_risk or with_advice or per_class):
+        return out
+    chosen = chosen_class_bands(train_bases, load_bases, binding, errors)
+    risk = np.asarray(np.argmax(np.stack([np.broadcast_to(chosen[k], shape) for k in BAND_CLASSES]), axis=0), dtype=np.int8)
+    out["risk_term"] = risk
     if with_advice:
         out["advice"] = advice(risk, binding, m, c, train_bases["model_states"])
     if per_class:
         out.update({column: np.asarray(chosen[k], dtype=np.int64) + np.zeros(shape, dtype=np.int64)
                     for k, column in BAND_COLUMNS})
     return out
+
+
+def chosen_class_bands(train_bases, load_bases, binding, errors: RowErrors) -> dict[str, np.ndarray]:
+    """Band bytes per class (``class_bands``) of the side that decides each row: the load side's
+    where the load peak binds, the training side's elsewhere (``load_bases`` None: no load peak)."""
+    train = class_bands(train_bases, errors)
+    if load_bases is None:
+        return train
+    load = class_bands(load_bases, errors)
+    return {k: np.where(binding, load[k], train[k]) for k in BAND_CLASSES}
 
 
 def advice(risk, load_binding, m, c, states=None):

@@ -192,7 +192,7 @@ def _bounded_verdict(c: Columns, out: dict[str, Any], bands: AccuracyBands | Non
         with quiet_numpy():
             m = estimate_memory(sub)
         m["valid"] = _take(out["valid"], index, shape)
-        verdict.reshape(-1)[rows] = judge(m, sub, bands, per_class=False, with_advice=False)["verdict"]
+        verdict.reshape(-1)[rows] = judge(m, sub, bands, per_class=False, with_advice=False, with_risk=False)["verdict"]
     return verdict
 
 
