@@ -81,3 +81,32 @@ def test_the_deep_import_check_catches_deep_imports():
 def test_api_example_runs_on_its_own(tmp_path, block):
     proc = run_python("\n".join(block.lines), tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip(), f"docs/api.md:{block.line_number}: {proc.stderr[-2000:]}"
+
+
+def _wrong_argument_errors():
+    """Each public entry point called with one argument of the wrong type: the error's text."""
+    spec, cluster = shardplan.resolve_model("llama-3.1-8b").spec, shardplan.parse_gpus("8xh100-sxm")
+    config, workload = shardplan.TrainingConfig(), shardplan.resolve_workload(2048, 8)
+    calls = {"evaluate spec": lambda: shardplan.evaluate("llama", cluster, config),
+             "fit cluster": lambda: shardplan.fit(spec, "8xh100", config),
+             "step_timing config": lambda: shardplan.step_timing(spec, cluster, {"strategy": "zero3"}),
+             "evaluate_queries config": lambda: shardplan.evaluate_queries([(spec, cluster, "zero3")]),
+             "plan base": lambda: shardplan.plan(spec, cluster, "zero3", workload),
+             "plan workload": lambda: shardplan.plan(spec, cluster, config, "tokens")}
+    out = {}
+    for name, call in calls.items():
+        with pytest.raises(shardplan.ShardplanError) as caught:
+            call()
+        out[name] = str(caught.value)
+    return out
+
+
+def test_a_wrong_argument_type_names_the_public_call_that_builds_it():
+    """The hint in a wrong-type error is the call a user makes (``shardplan.X``), never a module path below it."""
+    errors = _wrong_argument_errors()
+    builds = {"spec": "shardplan.resolve_model(NAME).spec", "cluster": "shardplan.parse_gpus(",
+              "config": "shardplan.TrainingConfig(...)", "base": "shardplan.TrainingConfig(...)",
+              "workload": "shardplan.resolve_workload(...)"}
+    for name, text in errors.items():
+        assert builds[name.split()[-1]] in text, (name, text)
+        assert not re.search(r"shardplan\.(inputs|formulas|planning|support)\.", text), (name, text)

@@ -212,7 +212,19 @@ def _checked_query(query: Any) -> tuple[ModelSpec, Cluster, TrainingConfig]:
     if not isinstance(query, (tuple, list)) or len(query) != 3:
         raise ShardplanError("queries", safe_repr(query)[:60], "expected (ModelSpec, Cluster, TrainingConfig) tuples")
     spec, cluster, config = query
-    require_type(spec, ModelSpec, "spec", "shardplan.inputs.models.resolve_model(NAME).spec")
-    require_type(cluster, Cluster, "cluster", "shardplan.inputs.hardware.parse_gpus('8xh100-sxm')")
-    require_type(config, TrainingConfig, "config", "shardplan.inputs.config.TrainingConfig(...)")
+    require_query_types(spec, cluster, config)
     return spec, cluster, config
+
+
+# How a user builds each argument, by the public names (``import shardplan``; docs/api.md), for
+# the one-line error an argument of the wrong type gets.
+BUILT_WITH = {ModelSpec: "shardplan.resolve_model(NAME).spec", Cluster: "shardplan.parse_gpus('8xh100-sxm')",
+              TrainingConfig: "shardplan.TrainingConfig(...)"}
+
+
+def require_query_types(spec, cluster, config, config_field: str = "config") -> None:
+    """A public entry point's (spec, cluster, config) by type: the one error type, naming the
+    argument and the public call that builds it, not a TypeError inside a formula."""
+    for value, expected, field in ((spec, ModelSpec, "spec"), (cluster, Cluster, "cluster"),
+                                   (config, TrainingConfig, config_field)):
+        require_type(value, expected, field, BUILT_WITH[expected])

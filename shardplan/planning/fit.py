@@ -29,12 +29,13 @@ from shardplan.planning.evaluate import (
     memory_verdict,
     query_time,
     query_values,
+    require_query_types,
     resolved_query_values,
     rows_of,
     stack_queries,
     take_row,
 )
-from shardplan.support.errors import ShardplanError, require_type, safe_repr
+from shardplan.support.errors import ShardplanError, safe_repr
 
 
 class Alternative(BaseModel):
@@ -128,9 +129,7 @@ def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> N
 
 def _check_arguments(spec, cluster, config) -> None:
     """The public entry points' arguments, by type: the one error type, not a TypeError inside a formula."""
-    require_type(spec, ModelSpec, "spec", "shardplan.inputs.models.resolve_model(NAME).spec")
-    require_type(cluster, Cluster, "cluster", "shardplan.inputs.hardware.parse_gpus('8xh100-sxm')")
-    require_type(config, TrainingConfig, "config", "shardplan.inputs.config.TrainingConfig(...)")
+    require_query_types(spec, cluster, config)
 
 
 def evaluate(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, notes: list[str] | None = None,

@@ -29,7 +29,7 @@ from shardplan.inputs.engines import tables as engine_tables
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.inputs.model import ModelSpec
 from shardplan.inputs.stacks import stack_label
-from shardplan.planning.evaluate import evaluate_grid
+from shardplan.planning.evaluate import evaluate_grid, require_query_types
 from shardplan.planning.workload import Workload, resolve_workload  # noqa: F401  (planner.resolve_workload, as before)
 from shardplan.support.errors import ShardplanError
 from shardplan.support.limits import INT64_SAFE, MAX_DIVISOR_TRIALS, MAX_PLAN_CONFIGURATIONS, approx_bytes, bounded_int
@@ -376,10 +376,8 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     from shardplan.support.errors import require_type
     from shardplan.support.limits import MAX_TOKENS, bounded_float, checked_float, checked_int
 
-    require_type(spec, ModelSpec, "spec", "shardplan.inputs.models.resolve_model(NAME).spec")
-    require_type(cluster, Cluster, "cluster", "shardplan.inputs.hardware.parse_gpus('8xh100-sxm')")
-    require_type(base, TrainingConfig, "base", "shardplan.inputs.config.TrainingConfig(...)")
-    require_type(workload, Workload, "workload", "shardplan.planning.planner.resolve_workload(...)")
+    require_query_types(spec, cluster, base, "base")
+    require_type(workload, Workload, "workload", "shardplan.resolve_workload(...)")
     top = checked_int("top", top)
     train_tokens = None if train_tokens is None else bounded_float(train_tokens, "train_tokens", 1, MAX_TOKENS)
     price_per_gpu_hour = None if price_per_gpu_hour is None else checked_float("price_per_gpu_hour", price_per_gpu_hour)

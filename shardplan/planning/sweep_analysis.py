@@ -54,6 +54,6 @@ def minimum_gpus(df: pd.DataFrame, by: str | Sequence[str] = ("model", "strategy
     """Deprecated name of ``fewest_gpus_per_group``."""
     import warnings
 
-    warnings.warn("minimum_gpus(df) is now fewest_gpus_per_group(df) (shardplan.planning.sweep_analysis)",
+    warnings.warn("minimum_gpus(df) is now shardplan.fewest_gpus_per_group(df)",
                   DeprecationWarning, stacklevel=2)
     return fewest_gpus_per_group(df, by)
