@@ -90,3 +90,26 @@ def test_the_input_bound_covers_every_term():
         bound = input_scale_bytes(c)
         worst = max(worst, max(float(np.max(np.asarray(m[t], dtype=float) / bound)) for t in terms))
     assert worst < 1.0, worst
+
+
+def test_the_screen_is_a_sixteenth_of_int64_safe():
+    """``overflow.SCREEN_BYTES`` = INT64_SAFE / 16 (a peak sums up to ~16 moments' terms, each at
+    most the input bound): Llama-3.1-405B at seq_len 2**20 × micro-batch 512 bounds its terms at
+    ~0.75 of the screen (between INT64_SAFE/32 and /16), is evaluated and its peak is far below
+    int64; twice the micro-batch passes the screen and is refused."""
+    import numpy as np
+
+    import shardplan
+    from shardplan.formulas.columns import columns_for
+    from shardplan.formulas.memory import estimate_memory
+    from shardplan.formulas.overflow import bad_results, input_scale_bytes
+    from shardplan.support.limits import INT64_SAFE
+
+    spec, cluster = shardplan.resolve_model("llama-3.1-405b").spec, shardplan.parse_gpus("8xh100-sxm")
+    rows = {}
+    for micro in (512, 1024):
+        c = columns_for(spec, cluster, shardplan.TrainingConfig(strategy="full_shard", seq_len=2**20, micro_batch=micro))
+        m = estimate_memory(c)
+        rows[micro] = (float(input_scale_bytes(c)), bool(np.any(bad_results(c, m))), int(m["peak_allocated_bytes"]))
+    assert INT64_SAFE / 32 < rows[512][0] <= INT64_SAFE / 16 and not rows[512][1] and rows[512][2] < INT64_SAFE / 16
+    assert rows[1024][0] > INT64_SAFE / 16 and rows[1024][1]

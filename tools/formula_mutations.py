@@ -30,7 +30,7 @@ MUTATIONS = {
     "allocator": (F + "allocator.py", "np.ceil(4 * c.micro_batch", "np.ceil(8 * c.micro_batch", ["tests/test_allocator.py"]),
     "buffers": (F + "buffers.py", "[4, 2, 2], compute_dtype_bytes", "[8, 2, 2], compute_dtype_bytes", ["tests/test_buffers.py"]),
     "columns": (F + "columns.py", "spec.moe.shared_experts) * spec.moe.intermediate_size",
-                "spec.moe.shared_experts) * 2 * spec.moe.intermediate_size", ["tests/test_activations.py"]),
+                "spec.moe.shared_experts) * 2 * spec.moe.intermediate_size", ["tests/test_columns.py"]),
     "comm": (F + "comm.py", "np.where(n > 1, 2 * (n - 1)", "np.where(n > 1, 4 * (n - 1)", ["tests/test_comm.py"]),
     "efficiencies": (F + "efficiencies.py", '"value": round(float(value), 4)', '"value": round(2 * float(value), 4)',
                      ["tests/test_efficiencies.py"]),
@@ -38,8 +38,9 @@ MUTATIONS = {
              ["tests/test_load.py"]),
     "memory": (F + "memory.py", "p * 18 * per_node * buffer_factor", "p * 36 * per_node * buffer_factor", ["tests/test_model_states.py"]),
     "model_states": (F + "model_states.py", "GPTQ_GROUP_SIZE = 128", "GPTQ_GROUP_SIZE = 256", ["tests/test_model_states.py"]),
-    "overflow": (F + "overflow.py", "SCREEN_BYTES = INT64_SAFE // 16", "SCREEN_BYTES = INT64_SAFE // 32", ["tests/test_overflow_guard.py"]),
-    "overheads": (F + "overheads.py", "NCCL_BYTES_PER_CHANNEL = 2 * (", "NCCL_BYTES_PER_CHANNEL = 4 * (", ["tests/test_hardware.py"]),
+    "overflow": (F + "overflow.py", "SCREEN_BYTES = INT64_SAFE // 16", "SCREEN_BYTES = INT64_SAFE // 32",
+                 ["tests/test_overflow_guard.py::test_the_screen_is_a_sixteenth_of_int64_safe"]),
+    "overheads": (F + "overheads.py", "NCCL_BYTES_PER_CHANNEL = 2 * (", "NCCL_BYTES_PER_CHANNEL = 4 * (", ["tests/test_overheads.py"]),
     "throughput": (F + "throughput.py", "CROSS_ENTROPY_BYTES_PER_VOCAB = 42.0", "CROSS_ENTROPY_BYTES_PER_VOCAB = 84.0",
                    ["tests/test_throughput.py"]),
     "verdict": (F + "verdict.py", "total = total + coefficient * bases[base]", "total = total + 2 * coefficient * bases[base]",
@@ -52,22 +53,30 @@ def _copy_of_head(into: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
 
 
+def _pytest(tree: Path, tests: list[str]) -> tuple[int, list[str], str]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                          cwd=tree, env=env, capture_output=True, text=True)
+    return proc.returncode, [line for line in proc.stdout.splitlines() if line.startswith("FAILED")], proc.stdout[-300:]
+
+
 def mutate_and_test(tree: Path, module: str) -> tuple[bool, str, float]:
-    """(caught, the first failing test or why not, seconds) for one module's mutation."""
+    """(caught, the first failing test or why not, seconds) for one module's mutation. The tests
+    must pass on the unmutated tree first (else a failure would be no catch)."""
     path, old, new, tests = MUTATIONS[module]
     target = tree / path
     text = target.read_text()
     if text.count(old) != 1:
         return False, f"the constant's text is not in {path} exactly once (tool out of date)", 0.0
+    t0 = time.perf_counter()
+    code, failed, tail = _pytest(tree, tests)
+    if code != 0:
+        return False, f"the focused tests fail without the mutation: {failed[:1] or tail}", time.perf_counter() - t0
     target.write_text(text.replace(old, new))
     try:
-        t0 = time.perf_counter()
-        env = dict(os.environ, PYTHONPATH=str(tree))
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                              cwd=tree, env=env, capture_output=True, text=True)
-        failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+        code, failed, tail = _pytest(tree, tests)
         # exit 1 = tests failed; anything else (collection error, no tests) is not a catch
-        return proc.returncode == 1 and bool(failed), (failed[0] if failed else proc.stdout[-300:]), time.perf_counter() - t0
+        return code == 1 and bool(failed), (failed[0] if failed else tail), time.perf_counter() - t0
     finally:
         target.write_text(text)
 

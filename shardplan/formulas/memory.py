@@ -474,10 +474,16 @@ def _peak(moments, first_bw, step, persistent, zero):
     """Totals of the forward, backward and step moments (each the largest of its moments), the
     moment that is the peak (``PEAK_MOMENTS``) and the index of the winning moment in ``moments``
     (-1: the optimizer step). Every moment's total sums the same terms."""
-    def total(m):  # the terms a moment holds (MOMENT_TERMS), added in place into one row-sized array
-        out = persistent + zero
+    def total(m):  # the terms a moment holds (MOMENT_TERMS), added in place into one row-sized array;
+        # terms over fewer rows (a sweep grid's broadcast axes) are added together first: one pass
+        # over the rows for all of them (integer sums: the order changes no byte)
+        out, fewer_rows = np.asarray(persistent + zero), np.int64(0)  # an array even for one configuration
         for term in (filter(_PRESENT, map(m.get, MOMENT_TERMS)) if ROWS in m else m.values()):
-            np.add(out, term, out=out)
+            if np.size(term) < out.size:
+                fewer_rows = fewer_rows + term
+            else:
+                np.add(out, term, out=out)
+        np.add(out, fewer_rows, out=out)
         return np.multiply(out, m[ROWS], out=out) if ROWS in m else out
 
     def largest(first, stop):  # the largest total of moments[first:stop], and which moment it is

@@ -86,6 +86,7 @@ def sweep(models: Any = "llama-3.1-8b", gpus: Any = "h100-sxm", gpu_counts: Any 
     plan = plan_sweep(args, link_options, max_configurations)
     report = _progress_callback(progress)
     frame = FrameBuilder(plan, columns, valid_only)
+    _decide_columns(frame, plan, bands)
     overflow_rows = 0
     for start, index, grid in chunks(plan.shape, int(chunk_size)):
         ix, grid = axis_index(index, plan)
@@ -95,6 +96,16 @@ def sweep(models: Any = "llama-3.1-8b", gpus: Any = "h100-sxm", gpu_counts: Any 
         if report is not None:
             report(start + math.prod(grid), plan.rows)
     return frame.frame(plan.cluster_notes + ([f"{overflow_rows:,} rows: {OVERFLOW_NOTE}"] if overflow_rows else []))
+
+
+def _decide_columns(frame: FrameBuilder, plan, bands) -> None:
+    """The frame's columns, and so what every chunk computes (``frame.want``), from the first row
+    evaluated with every column: no chunk computes columns nobody asked for."""
+    _, index, _ = next(chunks(plan.shape, 1))
+    ix, _ = axis_index(index, plan)
+    out = evaluate_columns(*chunk_columns(plan, ix), None, bands)
+    out.pop(OVERFLOW_KEY)
+    frame.allocate(out)
 
 
 def _link_options(intra_link: str | None, inter_link: str | None, host_ram: str | int | None) -> dict[str, Any]:

@@ -51,7 +51,7 @@ class FrameBuilder:
     def add(self, start: int, ix: dict[str, Any], grid: tuple[int, ...], out: dict[str, Any]) -> None:
         """One chunk's results (``start``: its first row; ``ix``: its axis indices; ``grid``: its shape)."""
         if self.names is None:
-            self._allocate(out)
+            self.allocate(out)
         mask = np.broadcast_to(out["valid"], grid).ravel() if self.keep_lists else None
         for name in self.names:
             self._put(name, out[name], start, grid, mask)
@@ -60,7 +60,8 @@ class FrameBuilder:
                 if AXIS_COLUMN[a] in self.label_cols:
                     self._put("__ix_" + a, ix[a], start, grid, mask, dtype=_label_dtype(self.plan.axis(a).size))
 
-    def _allocate(self, out: dict[str, Any]) -> None:
+    def allocate(self, out: dict[str, Any]) -> None:
+        """The column set and its storage, from one evaluation with every column (``out``)."""
         available = ["gpus_per_node", "nodes"] + [k for k in out if k not in ("gpus_per_node", "nodes", "world_size")]
         self.names = _column_names(self.columns, available)
         self.want = set(self.names) | {"valid"}
