@@ -364,3 +364,25 @@ def test_verdict_from_totals_equals_the_verdict_from_the_breakdown(activations_e
     assert (full["verdict"] == "tight").sum() > 50 and (full["verdict"] == "fits").sum() > 50
     assert np.array_equal(full["verdict"].to_numpy(), lean["verdict"].to_numpy())
     assert np.array_equal(full["fits"].to_numpy(), lean["fits"].to_numpy())
+
+
+def test_band_is_each_class_error_times_its_base_summed():
+    """band = ceil(Σ e_k · B_k) (docs/accuracy.md): model states, activations and engine buffers
+    from the breakdown, the allocated peak (peak moments and the unknown stack), the allocator's
+    band and the non-torch bytes; fits only when peak + band is under capacity."""
+    from shardplan.formulas.verdict import VERDICTS, judge
+
+    GiB = 2**30
+    bands = load_bands()
+    e = {k: bands.cls(k).relative_error for k in ("model_states", "activations", "engine_buffers", "peak_moments",
+                                                    "allocator", "non_torch", "unknown_stack")}
+    states, acts, allocated, reserved, alloc_band, non_torch = 40 * GiB, 20 * GiB, 70 * GiB, 72 * GiB, GiB, GiB // 2
+    m = dict(params=10 * GiB, grads=10 * GiB, grad_buckets=0, master_params=0, optimizer_states=20 * GiB,
+             activations=18 * GiB, logits_and_loss=2 * GiB, peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
+             allocator_band_bytes=alloc_band, non_torch_bytes=non_torch, device_total_bytes=reserved + non_torch,
+             fits_host=True, valid=True)
+    band = math.ceil(e["model_states"] * states + e["activations"] * acts + e["engine_buffers"] * (allocated - states - acts)
+                     + (e["peak_moments"] + e["unknown_stack"]) * allocated + e["allocator"] * alloc_band + e["non_torch"] * non_torch)
+    for capacity, verdict in ((reserved + non_torch + band + 1, "fits"), (reserved + non_torch + band - 2, "tight")):
+        out = judge(dict(m, gpu_memory_bytes=capacity), None, bands)
+        assert abs(int(out["band_bytes"]) - band) <= 1 and VERDICTS[int(out["verdict"])] == verdict

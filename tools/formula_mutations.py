@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 F = "shardplan/formulas/"
 # module: (file, text, the text with its constant doubled, focused test files)
 MUTATIONS = {
-    "accuracy_bands": ("shardplan/data/accuracy_bands.json", '"relative_error": 0.25', '"relative_error": 0.5',
-                       ["tests/test_verdict.py"]),
+    "accuracy_bands": ("shardplan/data/accuracy_bands.json", '"relative_error": 0.00069', '"relative_error": 0.00138',
+                       ["tests/test_accuracy_bands.py"]),
     "activations": (F + "activations.py", "RMSNORM_STATS_BYTES = 4 ", "RMSNORM_STATS_BYTES = 8 ", ["tests/test_activations.py"]),
     "allocator": (F + "allocator.py", "np.ceil(4 * c.micro_batch", "np.ceil(8 * c.micro_batch", ["tests/test_allocator.py"]),
     "buffers": (F + "buffers.py", "[4, 2, 2], compute_dtype_bytes", "[8, 2, 2], compute_dtype_bytes", ["tests/test_buffers.py"]),
@@ -44,7 +44,7 @@ MUTATIONS = {
     "throughput": (F + "throughput.py", "CROSS_ENTROPY_BYTES_PER_VOCAB = 42.0", "CROSS_ENTROPY_BYTES_PER_VOCAB = 84.0",
                    ["tests/test_throughput.py"]),
     "verdict": (F + "verdict.py", "total = total + coefficient * bases[base]", "total = total + 2 * coefficient * bases[base]",
-                ["tests/test_verdict.py"]),
+                ["tests/test_verdict.py::test_band_is_each_class_error_times_its_base_summed"]),
 }
 
 
