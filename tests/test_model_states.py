@@ -116,3 +116,18 @@ def test_deepspeed_hybrid_is_zero_plus_plus_hpz():
     zero3 = estimate_memory(columns("llama-2-7b", engine=st.DEEPSPEED, strategy=st.FULL_SHARD, world_size=n,
                                     shard_group_size=n))
     assert int(hybrid["model_state_bytes"]) - int(zero3["model_state_bytes"]) == 2 * psi // g
+
+
+def test_gptq_and_awq_bytes_from_their_packed_tensors():
+    """A 4096 x 4096 Linear in AutoGPTQ's layout: ``qweight`` int32 [in/8, out], ``qzeros`` int32
+    [in/128, out/8], ``scales`` fp16 [in/128, out]; AutoAWQ's GEMM layout (``qweight`` int32
+    [in, out/8]) holds the same bytes. NF4 packs two weights a byte (its quant_state apart)."""
+    from shardplan.formulas.model_states import quant_bytes_per_param
+    from shardplan.inputs import strategy as st
+
+    n_in = n_out = 4096
+    gptq = (n_in // 8) * n_out * 4 + (n_in // 128) * (n_out // 8) * 4 + (n_in // 128) * n_out * 2
+    assert gptq == 8_716_288
+    for fmt in ("gptq", "awq"):
+        assert float(quant_bytes_per_param(st.QUANT_FORMATS.index(fmt))) * n_in * n_out == gptq
+    assert float(quant_bytes_per_param(st.QUANT_FORMATS.index("nf4"))) == 0.5
