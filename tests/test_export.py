@@ -33,7 +33,8 @@ def fsdp_specs():
             for ac, offload, precision, method in (("none", "none", "bf16-mixed", "full"),
                                                    ("full", "optimizer+params", "fp16-mixed", "lora"),
                                                    ("every-k", "none", "bf16-pure", "qlora"),
-                                                   ("selective", "none", "fp32", "full")):
+                                                   ("selective", "none", "fp32", "full"),
+                                                   ("selective-op", "none", "bf16-mixed", "full")):
                 if strategy == "ddp" and offload != "none":
                     continue
                 out.append(spec(engine=engine, strategy=strategy, ac=ac, ac_every_k=3, offload=offload,
@@ -348,7 +349,8 @@ def _local_bytes(tensors):
 
 @pytest.mark.parametrize("engine", ["fsdp2", "fsdp1"])
 @pytest.mark.parametrize("strategy,ac", [("full_shard", "full"), ("shard_grad_op", "selective"),
-                                         ("hybrid_shard", "every-k"), ("no_shard", "none")])
+                                         ("hybrid_shard", "every-k"), ("no_shard", "none"),
+                                         ("full_shard", "selective-op")])
 def test_fsdp_snippet_runs_and_matches_predicted_state_bytes(engine, strategy, ac, fake_world):
     """Exec the export on a tiny Llama, train one step under the fake PG, and compare this rank's
     sharded params / grads / AdamW states with shardplan's ``model_states`` terms ``params`` /
@@ -380,7 +382,7 @@ def test_fsdp_snippet_runs_and_matches_predicted_state_bytes(engine, strategy, a
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     wrapped = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]
-    assert len(wrapped) == {"full": 2, "selective": 2, "every-k": 1, "none": 0}[ac]  # 2 blocks; every 2nd
+    assert len(wrapped) == {"full": 2, "selective": 2, "selective-op": 2, "every-k": 1, "none": 0}[ac]  # 2 blocks; every 2nd
     optimizer = namespace["make_optimizer"](model)
     ids = torch.randint(0, model_spec.vocab_size, (plan.micro_batch, plan.seq_len))
     model(ids, ids).backward()

@@ -129,7 +129,7 @@ def test_host_ram_or_invalid_combination_is_does_not_fit_whatever_the_margin():
 
 def test_load_time_peak_is_judged_when_the_column_exists():
     alloc = 10 * GiB
-    cap = 14 * GiB
+    cap = 15 * GiB  # room for the shipped default band (about +40 %, fitted on the published runs)
     without = judge(_memory(alloc, cap))
     assert without["verdict"] == FITS and without["judged_peak"] == 0
     # a load peak under capacity whose band crosses it: tight, the load carries it, load_mode advised

@@ -100,7 +100,7 @@ def breakdown_table(results: list[FitResult], width: int | None = None, short: b
          "params + grads + master + optimizer (+ DeepSpeed gathered module)"),
         ("= peak allocated", [r.per_gpu.peak_allocated_bytes for r in results], "sum of the terms above, at the peak moment"),
         ("peak reserved", [r.per_gpu.peak_reserved_bytes for r in results], "allocated + FSDP stream pools + allocator fragmentation"),
-        ("+ CUDA context, NCCL", [r.per_gpu.non_torch_bytes for r in results], "outside torch's allocator"),
+        ("+ CUDA context, NCCL", [r.per_gpu.non_torch_bytes for r in results], "outside torch's allocator (+ paged optimizer states)"),
         ("= device total", [r.per_gpu.device_total_bytes for r in results], "compared with the GPU's memory"),
         ("load-time peak", [r.per_gpu.load_peak_bytes for r in results],
          "while the weights reach the GPU (load mode), also compared with its memory"),

@@ -40,7 +40,7 @@ def _check_engine(spec: PlanSpec, engine: str) -> None:
 
 
 def _checkpoint_every(spec: PlanSpec) -> int:
-    return {"none": 0, "full": 1, "selective": 1, "every-k": spec.ac_every_k}[spec.ac]
+    return {"none": 0, "full": 1, "selective": 1, "selective-op": 1, "every-k": spec.ac_every_k}[spec.ac]
 
 
 def _literal(value: str) -> str:
@@ -72,7 +72,7 @@ def _imports_ac(spec: PlanSpec) -> str:
     if not spec.checkpointed:
         return ""
     text = "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper\n"
-    if spec.ac == "selective":
+    if spec.ac in SAC_MODES:
         text += "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n"
     return text
 
@@ -93,8 +93,39 @@ def _sac_context():
 '''
 
 
+# torchtitan's op-level SAC (models/llama3/infra/parallelize.py _get_custom_policy): the same save
+# list, but every second matmul of a block is recomputed (activations.op_sac_saved_linear_width)
+_SAC_OP = '''
+# Selective activation checkpointing as torchtitan's op-level SAC: keep the attention outputs and
+# every odd matmul output of each block (counted in forward order), recompute the rest.
+_SAVE = {getattr(torch.ops.aten, n).default for n in ("mm", "_scaled_dot_product_flash_attention",
+         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
+         if hasattr(torch.ops.aten, n)}
+
+
+def _sac_context():
+    count = {"forward": 0, "recompute": 0}
+
+    def _sac_policy(ctx, op, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if op == torch.ops.aten.mm.default:
+            count[mode] += 1
+            if count[mode] % 2 == 0:  # every second mm is recomputed
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in _SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(_sac_policy)
+'''
+SAC_MODES = ("selective", "selective-op")
+
+
+def _sac(spec: PlanSpec) -> str:
+    """The policy text a selective mode needs ('' for the others)."""
+    return {"selective": _SAC, "selective-op": _SAC_OP}.get(spec.ac, "")
+
+
 def _wrap_call(spec: PlanSpec) -> str:
-    return "checkpoint_wrapper(block, context_fn=_sac_context)" if spec.ac == "selective" else "checkpoint_wrapper(block)"
+    return "checkpoint_wrapper(block, context_fn=_sac_context)" if spec.ac in SAC_MODES else "checkpoint_wrapper(block)"
 
 
 def _load_model(spec: PlanSpec) -> str:
@@ -167,7 +198,7 @@ def _ddp_snippet(spec: PlanSpec, head: str) -> str:
     if spec.strategy != "single":
         head += "from torch.nn.parallel import DistributedDataParallel\n"
     head += _imports_ac(spec)
-    return (head + "\n" + _constants(spec, mesh=False) + "\n" + (_SAC if spec.ac == "selective" else "")
+    return (head + "\n" + _constants(spec, mesh=False) + "\n" + _sac(spec)
             + "\n\n" + _ddp_body(spec) + "\n" + _optimizer(spec) + _load_model(spec))
 
 
@@ -212,7 +243,7 @@ def fsdp2_snippet(spec: PlanSpec) -> str:
         body.append("# fp16: scale the loss, e.g. torch.amp.GradScaler(device_type)")
     if spec.offload == "optimizer":
         body.append("# FSDP offloads params, grads and optimizer together: CPUOffloadPolicy")
-    return (head + "\n" + consts + "\n" + (_SAC if spec.ac == "selective" else "") + "\n\n" + "\n".join(body)
+    return (head + "\n" + consts + "\n" + _sac(spec) + "\n\n" + "\n".join(body)
             + "\n" + _optimizer(spec) + _load_model(spec))
 
 
@@ -232,7 +263,7 @@ def fsdp1_snippet(spec: PlanSpec) -> str:
     if spec.checkpointed:
         head += ("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing, "
                  "checkpoint_wrapper\n")
-        if spec.ac == "selective":
+        if spec.ac in SAC_MODES:
             head += "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n"
     prefetch = "None" if spec.backward_prefetch == "NONE" else f"BackwardPrefetch.{spec.backward_prefetch}"
     body = _shard_model_head(spec)
@@ -260,7 +291,7 @@ def fsdp1_snippet(spec: PlanSpec) -> str:
         "    )",
     ]
     if spec.checkpointed:
-        wrapper = ("lambda m: checkpoint_wrapper(m, context_fn=_sac_context)" if spec.ac == "selective"
+        wrapper = ("lambda m: checkpoint_wrapper(m, context_fn=_sac_context)" if spec.ac in SAC_MODES
                    else "checkpoint_wrapper")
         body += [
             "    blocks = [m for m in model.modules() if type(m).__name__ == BLOCK_CLASS]",
@@ -273,7 +304,7 @@ def fsdp1_snippet(spec: PlanSpec) -> str:
     if spec.offload == "optimizer":
         body.append("# FSDP offloads params, grads and optimizer together: CPUOffload(offload_params=True)")
     consts = _constants(spec, mesh=spec.hybrid)
-    return (head + "\n" + consts + "\n" + (_SAC if spec.ac == "selective" else "") + "\n\n" + "\n".join(body)
+    return (head + "\n" + consts + "\n" + _sac(spec) + "\n\n" + "\n".join(body)
             + "\n" + _optimizer(spec) + _load_model(spec))
 
 
@@ -298,7 +329,8 @@ def read_back(text: str) -> dict[str, Any]:
     fsdp1 = "FullyShardedDataParallel(" in text
     strategy, shard, world = _layout_of(text, c, fsdp1)
     every = c["CHECKPOINT_EVERY"]
-    ac = ("none" if not every else "selective" if "create_selective_checkpoint_contexts" in text
+    ac = ("none" if not every else "selective-op" if "every second mm is recomputed" in text
+          else "selective" if "create_selective_checkpoint_contexts" in text
           else "full" if every == 1 else "every-k")
     offload = "optimizer+params" if ("CPUOffloadPolicy(pin" in text or "offload_params=True" in text) else "none"
     out: dict[str, Any] = {

@@ -98,7 +98,7 @@ def accelerate_yaml(spec: PlanSpec) -> str:
     notes = []
     if spec.nodes > 1:
         notes.append("# multi-node: replace MASTER_ADDR with node 0's address and set machine_rank per node")
-    if spec.ac in ("selective", "every-k"):
+    if spec.ac in ("selective", "selective-op", "every-k"):
         notes.append(f"# activation checkpointing '{spec.ac}' has no accelerate key: full checkpointing is enabled")
     if spec.peft:
         notes.append(f"# {spec.method}: apply peft LoraConfig(r={spec.lora_rank}, target_modules="
@@ -192,7 +192,7 @@ def trainer_flags(spec: PlanSpec) -> str:
             and get_engine(spec.engine).layout.value == "per_tensor"):
         lines.append(f"# FSDP2 {spec.strategy} (a {spec.replicate_size}x{spec.shard_size} mesh) needs accelerate's "
                      "parallelism_config: launch with `accelerate launch --config_file` the accelerate export")
-    if spec.ac in ("selective", "every-k"):
+    if spec.ac in ("selective", "selective-op", "every-k"):
         lines.append(f"# activation checkpointing '{spec.ac}': Trainer checkpoints every block (full)")
     if spec.peft:
         targets = LORA_TARGET_MODULES.get(spec.lora_targets, spec.lora_targets)

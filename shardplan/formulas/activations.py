@@ -27,9 +27,10 @@ the sum is s·b·h·(34 + 5·a_heads·s/h) + the LayerNorm statistics the paper 
 the cross-entropy loss are counted separately (``logits_forward_bytes`` / ``logits_backward_bytes``).
 
 Checkpointing (measured, torch 2.13 non-reentrant ``checkpoint``): during forward and at the start
-of backward a checkpointed block holds only its input (full AC) or the matmul/attention outputs
-(selective). Inside its own backward the block holds its recomputed full set *and* its input
-(distinct storage unless the first norm saves the input itself: fp32, or LayerNorm).
+of backward a checkpointed block holds only its input (full AC), the matmul/attention outputs
+(selective), or the odd matmuls' and the attention outputs (selective-op: torchtitan's op-level
+SAC). Inside its own backward the block holds its recomputed full set *and* its input (distinct
+storage unless the first norm saves the input itself: fp32, or LayerNorm).
 """
 
 from __future__ import annotations
@@ -227,6 +228,40 @@ def selective_layer_bytes_per_token(c, a):
     return a * h + attn + a * h + mlp + a * h
 
 
+def op_sac_saved_linear_width(c):
+    """Output width (elements per token) of the block Linears torchtitan's op-level SAC saves.
+
+    torchtitan's policy (``torchtitan/models/llama3/infra/parallelize.py`` ``_get_custom_policy`` at
+    2c8b5947, ``parallelisms/parallelize_llama.py`` at 9dec370; ``distributed/activation_checkpoint.py``
+    ``SelectiveAC`` at b5bcd76): each checkpointed block counts its ``aten.mm`` calls in forward
+    order and saves the outputs of the odd ones ("Saves output of all compute ops, except every
+    second mm"), plus the attention kernel's outputs; every other op is recomputed. The count
+    restarts in every block (a fresh ``meta`` per ``context_fn`` call). Forward order: q, k, v, o,
+    then gate, up, down (``w2(silu(w1(x)) * w3(x))``), so q, v, gate and down are saved; a fused
+    qkv projection is one mm (qkv saved, o recomputed); a plain MLP saves fc1 and recomputes fc2.
+    ASSUMPTION: the base Linears are the only matmuls (LoRA adapters' own mms would shift the
+    parity; torchtitan trains full models)."""
+    attn = np.where(c.fused_qkv, c.q_width + 2 * c.kv_width, c.q_width + c.kv_width)
+    mlp = np.where(c.gated_mlp, c.mlp_width + c.hidden_size, c.mlp_width)
+    return attn + mlp
+
+
+def op_sac_recomputed_params_per_layer(c):
+    """Weights per block whose matmul op-level SAC recomputes in backward (the even mms of
+    ``op_sac_saved_linear_width``): k (unless fused into qkv), o, and up (gated) or fc2 (plain)."""
+    return c.hidden_size * (np.where(c.fused_qkv, 0, c.kv_width) + c.attn_out_width + c.mlp_width)
+
+
+def selective_op_layer_bytes_per_token(c, a):
+    """What a block under torchtitan's op-level SAC holds between forward and backward: its input
+    (the checkpoint's argument), the saved Linear outputs (``op_sac_saved_linear_width``) and the
+    attention kernel's outputs (SDPA: O and the fp32 log-sum-exp; eager attention's bmm/softmax are
+    not in the policy's save list, so nothing). Llama-3.1-8B in bf16: 63,616 B/token against
+    102,528 for ``selective_layer_bytes_per_token``."""
+    sdpa = np.where(c.attention == st.SDPA, a * c.attn_out_width + 4 * c.num_heads, 0)
+    return a * c.hidden_size + a * op_sac_saved_linear_width(c) + sdpa
+
+
 def checkpointed_layers(c):
     """How many blocks are checkpointed: all (full, selective), every k-th (ceil(L/k)), none."""
     every_k = -(-c.num_layers // np.maximum(c.ac_every_k, 1))
@@ -236,8 +271,8 @@ def checkpointed_layers(c):
 def kept_layer_bytes_per_token(c, a):
     """What a block holds between its forward and its backward: everything (no AC), its input
     (full AC), or the matmul/attention outputs and its input (selective)."""
-    kept = np.where(c.ac == st.AC_SELECTIVE, selective_layer_bytes_per_token(c, a), a * c.hidden_size)
-    return kept
+    return np.select([c.ac == st.AC_SELECTIVE, c.ac == st.AC_SELECTIVE_OP],
+                     [selective_layer_bytes_per_token(c, a), selective_op_layer_bytes_per_token(c, a)], a * c.hidden_size)
 
 
 def recompute_extra_bytes_per_token(c, a):
@@ -247,7 +282,10 @@ def recompute_extra_bytes_per_token(c, a):
     extra = np.where(shared, 0, a * c.hidden_size)
     # selective (measured, tiny runs W=2/8, fp32 and bf16): one more h-wide tensor than full AC —
     # the block output the policy stored (down_proj's matmul output) coexists with the recompute.
-    return extra + np.where(c.ac == st.AC_SELECTIVE, a * c.hidden_size, 0)
+    # op-level SAC stores the down projection's output too when the MLP is gated (it is the 3rd,
+    # odd, MLP mm); a plain MLP's fc2 output is recomputed
+    stored_output = (c.ac == st.AC_SELECTIVE) | ((c.ac == st.AC_SELECTIVE_OP) & c.gated_mlp)
+    return extra + np.where(stored_output, a * c.hidden_size, 0)
 
 
 def block_activation_bytes(c, full=None, n_ckpt=None):
@@ -382,6 +420,10 @@ def block_forward_working_bytes_per_token(c, a, full=None, n_ckpt=None):
       ``selective_layer_bytes_per_token`` but the down projection's output) + residual, norm output,
       activation output and product: sel + a·h + 2·a·i (gated; plain: sel + a·h + a·i). Tiny Llama
       fp32 W=8 FSDP2: 420,096 B activations, exact.
+    * op-level SAC (``selective_op_layer_bytes_per_token`` = op): the same moment, where the up
+      projection's output is alive but not saved: op − a·h (down, not yet run) + residual + norm
+      output + activation output, up output and product = op + a·h + 3·a·i (gated); a plain MLP
+      (fc2 not saved): op + 2·a·h + a·i.
 
     Every-k checkpointing takes the no-AC value (the last block may be unchecked). ASSUMPTION: the MLP
     dominates the attention sub-moment (i ≥ 2h); eager attention's s² temporaries are not modelled
@@ -394,8 +436,11 @@ def block_forward_working_bytes_per_token(c, a, full=None, n_ckpt=None):
     full_ac = np.maximum(3 * a * h + np.where(c.gated_mlp, 3, 2) * a * i, 4 * a * h)
     sel = selective_layer_bytes_per_token(c, a)
     selective = np.maximum(sel + a * h + np.where(c.gated_mlp, 2, 1) * a * i, sel + 2 * a * h)
+    op = selective_op_layer_bytes_per_token(c, a)
+    selective_op = np.maximum(op + np.where(c.gated_mlp, a * h + 3 * a * i, 2 * a * h + a * i), op + 2 * a * h)
     all_ckpt = n_ckpt >= c.num_layers
-    return np.where(all_ckpt, np.where(c.ac == st.AC_SELECTIVE, selective, full_ac), none)
+    return np.where(all_ckpt, np.select([c.ac == st.AC_SELECTIVE, c.ac == st.AC_SELECTIVE_OP], [selective, selective_op],
+                                        full_ac), none)
 
 
 def position_ids_bytes(c):
@@ -456,14 +501,18 @@ def chunked_logits_forward_bytes(c):
     chunk's fp32 log-softmax output IS saved for backward, so all C of them (4·bsV) are alive when
     the last chunk runs, plus the last chunk's upcast. Total a·bsV + 4·bsV + 4·bsV/C (fp32 training:
     no upcast, a + 4 per entry) + the int64 labels and position ids as unchunked.
-    ASSUMPTION: the loss is not compiled (torchtune ``compile: False``, its default)."""
+    Compiled (``fused_ce``; torchtune ``training.compile_loss`` compiles ``compute_cross_entropy``,
+    the upcast and the cross-entropy of one chunk): each chunk's loss saves its 16-bit chunk and
+    two fp32 per-row statistics, no fp32 copy (``logits_forward_bytes``): a·bsV + 8·bs."""
     a = compute_dtype_bytes(c.precision)
     tokens = c.micro_batch * c.seq_len
     chunks = np.maximum(c.ce_chunks, 1)
     loss = loss_dtype_bytes(c)
     per_entry = a + loss + _upcast_bytes(c, a) / chunks
+    eager = np.ceil(tokens * c.vocab_size * per_entry)
+    fused = tokens * c.vocab_size * a + 8 * tokens
     # the model's forward still holds the last hidden state (see ``logits_forward_bytes``)
-    return np.asarray(np.ceil(tokens * c.vocab_size * per_entry) + _logits_labels_bytes(c) + _held_hidden_bytes(c, a),
+    return np.asarray(np.where(c.fused_ce, fused, eager) + _logits_labels_bytes(c) + _held_hidden_bytes(c, a),
                       dtype=np.int64)
 
 
@@ -471,13 +520,16 @@ def chunked_logits_backward_bytes(c):
     """The start of backward with chunked cross-entropy: the recipe dropped the 16-bit logits
     (``del logits`` before ``backward()``); the C saved fp32 log-softmax outputs (4·bsV) stay until
     their chunk's backward, and one chunk at a time has its incoming fp32 gradient, its
-    log-softmax backward result (8·bsV/C) and the cast back to the 16-bit dtype (a·bsV/C)."""
+    log-softmax backward result (8·bsV/C) and the cast back to the 16-bit dtype (a·bsV/C).
+    Compiled (``fused_ce``): the saved 16-bit chunks (a·bsV, kept by the compiled losses although
+    the recipe drops its own reference) and one chunk's 16-bit gradient (a·bsV/C) + the statistics."""
     a = compute_dtype_bytes(c.precision)
     tokens = c.micro_batch * c.seq_len
     chunks = np.maximum(c.ce_chunks, 1)
     loss = loss_dtype_bytes(c)
     per_entry = loss + (2 * loss + np.where(_upcast_bytes(c, a) > 0, a, 0)) / chunks
-    return np.asarray(np.ceil(tokens * c.vocab_size * per_entry), dtype=np.int64)
+    fused = np.ceil(tokens * c.vocab_size * a * (1 + 1.0 / chunks)) + 8 * tokens
+    return np.asarray(np.where(c.fused_ce, fused, np.ceil(tokens * c.vocab_size * per_entry)), dtype=np.int64)
 
 
 # Activation offloading (torchtune ``training/_activation_offloading.py`` ``OffloadActivations``,

@@ -515,13 +515,29 @@ def _terms_at_peak(names, moments, step, peak, zero):
             for name in names}
 
 
+def paged_state_bytes(c, states):
+    """bitsandbytes paged optimizer states: allocated with ``cudaMallocManaged`` (``functional.get_paged``;
+    ``Optimizer8bit.get_state_buffer`` pages every state of a parameter with >= 1e5 elements, the
+    rest are ordinary ``torch.zeros_like``: ASSUMPTION all paged), so torch's caching allocator
+    and its counters (``max_memory_allocated`` / ``reserved``, torchtune's memory stats) never see
+    them; they are device memory outside torch, like the CUDA context. Evidence: torchtune's
+    single-device full fine-tune with PagedAdamW8bit (README, Llama-3.1-8B on a 4090) reports
+    18.9 GiB, the bf16 weights (15.0 GiB) + activations and logits, without the 15 GiB of states."""
+    return np.where(np.asarray(c.paged_optimizer, dtype=bool), states["optimizer_states"], 0)
+
+
 def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):
     """Reserved = allocated + FSDP's side-stream pools + fragmentation (allocator.py, measured on an
-    H100), the bytes outside torch (CUDA context, NCCL), the device total and the load peak.
-    bitsandbytes paged optimizer states (cudaMallocManaged, ``functional.get_paged``) are counted
-    as allocated on the device: the driver pages them to host RAM only under pressure."""
+    H100), the bytes outside torch (CUDA context, NCCL, paged optimizer states), the device total
+    and the load peak. Paged states are resident as far as the device has room beside what torch
+    and the context hold: unified memory oversubscribes, the driver evicting pages to host RAM
+    when the GPU runs out (bitsandbytes docs, "Paged optimizers": "automatic page-to-page
+    transfers between the CPU and GPU ... to avoid OOM errors"), so they never make a run OOM.
+    ASSUMPTION: the evicted part fits in host RAM (not added to ``host_bytes_per_node``)."""
     reserved = reserved_terms(c, peak_allocated, units, states["grads"], live, allocator, c.expandable_segments)
     non_torch = non_torch_device_bytes(c.nccl_buffer_bytes, allocator.cuda_context_bytes)
+    room = np.maximum(c.gpu_memory_bytes - reserved["peak_reserved_bytes"] - non_torch, 0)
+    non_torch = non_torch + np.minimum(paged_state_bytes(c, states), room)
     device_total = reserved["peak_reserved_bytes"] + non_torch
     load_peak = load_peak_allocated_bytes(c, n_p) + non_torch
     return dict(
@@ -558,7 +574,8 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
     n_p, n_g, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
     units = fsdp_units(c, n_p)
     other, common, in_block = _engine_terms(c)
-    persistent = states["params"] + states["grad_buckets"] + states["master_params"] + states["optimizer_states"]
+    paged = paged_state_bytes(c, states)  # outside torch's allocator (non_torch_bytes)
+    persistent = states["params"] + states["grad_buckets"] + states["master_params"] + states["optimizer_states"] - paged
     grads_held = np.where(c.grad_accum > 1, states["grads"], 0)
     acts = _activation_context(c)
     forward = _forward_moments(c, units, grads_held, common, in_block, acts)
@@ -568,7 +585,8 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
     zero = np.zeros(np.broadcast(persistent, moments[0]["activations"]).shape, dtype=np.int64)
     peak = _peak(moments, len(forward), step, persistent, zero)
 
-    out = {name: states[name] for name in ("params", "grad_buckets", "master_params", "optimizer_states")}
+    out = {name: states[name] for name in ("params", "grad_buckets", "master_params")}
+    out["optimizer_states"] = states["optimizer_states"] - paged
     at_peak = _terms_at_peak(PEAK_TERMS if breakdown else LIVE_AT_PEAK_TERMS, moments, step, peak, zero)
     if breakdown:
         out.update(at_peak)
@@ -578,7 +596,7 @@ def estimate_memory(c, *, allocator=None, optimizer_step_on_device=False, breakd
                **_device_totals(c, peak_allocated, units, states, live, allocator or default_allocator(), n_p))
     host_acts = np.where(c.activation_offload, offloaded_activation_bytes(c), 0)
     out.update(
-        model_state_bytes=(persistent + step["grads"] + other["gathered_params"]),  # OIB: one gradient at a time
+        model_state_bytes=(persistent + paged + step["grads"] + other["gathered_params"]),  # OIB: one gradient at a time
         host_offloaded_bytes_per_gpu=states["host_offloaded"] + host_acts,
         host_bytes_per_node=host_bytes_per_node(c, states["host_offloaded"] + host_acts),
         host_ram_bytes_per_node=c.host_ram_bytes_per_node,

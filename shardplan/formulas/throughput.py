@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes
+from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes, op_sac_recomputed_params_per_layer
 from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes, grad_comm_bytes_per_element, sync_count
 from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element, trainable_params
 from shardplan.inputs import engines as eng
@@ -242,7 +242,9 @@ def flops_per_token(c):
     attn_bwd = np.where(c.attention != st.EAGER, 2.5, 2.0) * attn_fwd
     frac = recompute_fraction(c)
     full_like = (c.ac == st.AC_FULL) | (c.ac == st.AC_EVERY_K)
-    rec_mm = np.where(full_like, frac * 2.0 * blocks, 0.0)
+    # op-level SAC recomputes the even mms of each block (activations.op_sac_recomputed_params_per_layer)
+    rec_op = frac * 2.0 * c.num_layers * op_sac_recomputed_params_per_layer(c)
+    rec_mm = np.select([full_like, c.ac == st.AC_SELECTIVE_OP], [frac * 2.0 * blocks, rec_op], 0.0)
     rec_attn = np.where(c.ac == st.AC_NONE, 0.0, frac * attn_fwd)
     return {"fwd_matmul": fwd_mm, "bwd_matmul": bwd_mm + rec_mm, "fwd_attention": attn_fwd,
             "bwd_attention": attn_bwd + rec_attn, "recompute": rec_mm + rec_attn}

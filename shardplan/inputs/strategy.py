@@ -31,8 +31,10 @@ BF16_MIXED, FP16_MIXED, BF16_PURE, FP32 = range(len(PRECISIONS))
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw-8bit", "lion")
 ADAMW, SGD, ADAFACTOR, ADAMW_8BIT, LION = range(len(OPTIMIZERS))
 
-AC_MODES = ("none", "full", "selective", "every-k")
-AC_NONE, AC_FULL, AC_SELECTIVE, AC_EVERY_K = range(len(AC_MODES))
+AC_MODES = ("none", "full", "selective", "every-k", "selective-op")
+# selective: every matmul and attention-kernel output saved (the policy ``shardplan export`` writes);
+# selective-op: torchtitan's op-level SAC, every second matmul output recomputed (activations.py)
+AC_NONE, AC_FULL, AC_SELECTIVE, AC_EVERY_K, AC_SELECTIVE_OP = range(len(AC_MODES))
 
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_ALL = range(len(OFFLOADS))

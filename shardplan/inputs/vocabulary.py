@@ -96,7 +96,8 @@ KNOBS: dict[str, Knob] = {k.field: k for k in (
         Alias("gc", "full", "Transformers gradient_checkpointing=True: every decoder layer recomputed"),
         Alias("checkpointing", "full", "activation checkpointing of every block"),
         Alias("gradient-checkpointing", "full", "Transformers TrainingArguments gradient_checkpointing"),
-        Alias("sac", "selective", "torchtitan ActivationCheckpoint(mode='selective')"),
+        Alias("sac", "selective-op", "torchtitan ActivationCheckpoint(mode='selective', selective_ac_option='op'): "
+                                    "every second matmul output recomputed"),
     ), keys=("ac",), key_alone="full", bare=True, option="--ac"),
     Knob("offload", "CPU offload", st.OFFLOADS, (
         Alias("all", "optimizer+params", "parameters, gradients and optimizer states on the CPU (FSDP "

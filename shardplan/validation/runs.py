@@ -27,6 +27,7 @@ from typing import Any, Iterable, Union
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import Cluster, parse_gpus
 from shardplan.inputs.model import ModelSpec
+from shardplan.inputs.stacks import resolve_stack
 from shardplan.support.errors import ShardplanError
 
 GIB = 2 ** 30
@@ -146,7 +147,7 @@ def _query(row: dict[str, str], ident: dict[str, str]) -> RunQuery:
     cluster = cluster_of(row, assumed)
     config = training_config(row, cluster, assumed)
     counter, measured = measured_memory(row)
-    _check_measure_holds_the_states(spec, config, measured)
+    _check_measure_holds_the_states(spec, resolve_stack(config, cluster.world_size), measured)
     return RunQuery(**ident, spec=spec, cluster=cluster, config=config, counter=counter, measured_bytes=measured,
                     measured_tokens_per_s_per_gpu=_float(row.get("measured_tokens_per_s_per_gpu", "")),
                     assumed=tuple(assumed), row=row)
@@ -161,6 +162,7 @@ DENSE_ADAMW_COPIES = 4
 def _check_measure_holds_the_states(spec: ModelSpec, config: TrainingConfig, measured: int | None) -> None:
     """A peak measured below what the stated configuration must hold at once is no measure of it
     (a transcription or a run that differed from its stated settings): refused with both numbers.
+    ``config`` is resolved (``stacks.resolve_stack``): what the row leaves unstated is its stack's.
     Only where the floor is certain: full fine-tune, one GPU, torch AdamW, no offload, no paging,
     no step in backward, 16-bit-pure or fp32 weights (no master copy question)."""
     plain = (config.method == "full" and config.strategy == "single" and config.optimizer == "adamw"
@@ -362,7 +364,9 @@ PRECISION_PATTERNS = (
 )
 AC_PATTERNS = (
     (r"fraction not stated", "refuse"), (r"every 2nd|every nth|layer-level", "every-k"),
-    (r"selective", "selective"), (r"^full|gradient_checkpointing|default enables|default true", "full"),
+    # "not stated (torchtitan default selective)": the stack's default, not the word after it
+    (r"^not stated", "stack"), (r"op-level sac|per-op sac", "selective-op"), (r"selective", "selective"),
+    (r"^full|gradient_checkpointing|default enables|default true", "full"),
     (r"^none", "none"), (r"^na$|not stated|^$", "stack"),
 )
 OFFLOAD_PATTERNS = (
@@ -370,7 +374,7 @@ OFFLOAD_PATTERNS = (
     (r"param|zero-3 offload|^cpu$", "optimizer+params"), (r"optimizer", "optimizer"),
 )
 OPTIMIZER_PATTERNS = (
-    (r"4-bit", "refuse"), (r"8bit|8-bit", "adamw-8bit"), (r"sgd", "sgd"), (r"adam", "adamw"),
+    (r"^not stated", "stack"), (r"4-bit", "refuse"), (r"8bit|8-bit", "adamw-8bit"), (r"sgd", "sgd"), (r"adam", "adamw"),
     (r"^na$|not stated|^$", "stack"),
 )
 
@@ -399,9 +403,10 @@ def _framework_knobs(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
 def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -> TrainingConfig:
     """The row's settings as a ``TrainingConfig``; what the row leaves unstated is the stack's."""
     knobs: dict[str, Any] = {"stack": _stack(row, assumed)}
+    knobs.update(_compiled_loss(row, knobs["stack"]))
     for part in (_framework_knobs(row, assumed), _strategy(row, cluster), _precision_and_method(row, assumed),
                  _checkpointing(row, assumed), _offload(row), _optimizer(row, assumed), _workload(row),
-                 _attention(row, assumed)):
+                 _attention(row, assumed), _loss(row)):
         knobs.update(part)  # two columns may both say activations go to the CPU
     try:
         return TrainingConfig(**knobs)
@@ -499,13 +504,40 @@ def _optimizer(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if name == "stack":
         assumed.append("optimizer: not stated, the stack's default")
-    else:
-        out["optimizer"] = name
-    if re.search(r"paged", text, re.I):
-        out["paged_optimizer"] = True
-    if re.search(r"optimizer_in_bwd=true|step fused into backward", text, re.I):
-        out["optimizer_in_backward"] = True
-    return out
+        return out
+    # a named optimizer says whether it is paged and stepped in backward: "AdamW" in torchtune's
+    # flags table is torch.optim.AdamW, not the recipe's default PagedAdamW8bit-in-backward
+    return {"optimizer": name, "paged_optimizer": bool(re.search(r"paged", text, re.I)),
+            "optimizer_in_backward": bool(re.search(r"optimizer_in_bwd=true|step fused into backward", text, re.I))}
+
+
+# (pattern over the notes, chunks): the loss a row's notes name (torchtune's flags table); a row
+# whose notes name none is left to its stack's default
+LOSS_PATTERNS = ((r"\bloss: standard ce\b", 0), (r"\bloss: (chunked ce|cewithchunkedoutputloss)\b", 8))
+
+
+# stack -> (first date, source): from then on the stack's ``compile: True`` compiles the loss too,
+# and a compiled cross-entropy allocates as a fused kernel does (``fused_ce``: activations.py)
+COMPILED_LOSS_SINCE = {
+    "torchtune": ("2024-09-07", "torchtune c169bcddd (#1512) training.compile_loss: compile: True compiles the "
+                                "loss (CEWithChunkedOutputLoss: compute_cross_entropy per chunk)"),
+}
+
+
+def _compiled_loss(row: dict[str, str], stack: str) -> dict[str, Any]:
+    """``fused_ce`` for a compiled run of a stack whose revision (the date the source locator
+    names) compiles its loss; nothing when the row states no compile or no date."""
+    since = COMPILED_LOSS_SINCE.get(stack)
+    date = re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get("source_locator", ""))
+    if since is None or date is None or not re.match(r"yes", row.get("compile", ""), re.I):
+        return {}
+    return {"fused_ce": True} if date.group(1) >= since[0] else {}
+
+
+def _loss(row: dict[str, str]) -> dict[str, Any]:
+    """Chunked cross-entropy as the notes state it (CEWithChunkedOutputLoss: 8 chunks by default)."""
+    chunks = _first(LOSS_PATTERNS, row.get("notes", ""))
+    return {} if chunks is None else {"ce_chunks": chunks}
 
 
 # (pattern over the row's source, attention kernel): what a source's harness ran when the row does
