@@ -107,6 +107,8 @@ def test_a_file_without_the_columns_is_a_one_line_error(tmp_path):
     # ... and not under ZeRO-2, where nothing is partitioned at construction
     (dict(framework="DeepSpeed 0.6.2 + Megatron-DeepSpeed", strategy="zero2"),
      dict(stack="plain", load_mode=None, fused_ce=None)),
+    # fms-fsdp: a CPU (or meta) model sharded unit by unit by FSDP1 with device_id
+    (dict(framework="PyTorch FSDP (fsdp1) via fms-fsdp"), dict(stack="plain", load_mode="rank0_broadcast", fused_ce=None)),
     (dict(), dict(stack="hf", load_mode=None, fused_ce=None)),
 ])
 def test_a_framework_without_a_profile_gets_the_knobs_its_code_sets(changes, knobs):
