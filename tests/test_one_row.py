@@ -192,3 +192,18 @@ def test_step_timings_in_one_pass_equal_step_timing_one_at_a_time():
         for name, value in many.items():
             assert one[name] == pytest.approx(value, rel=1e-12), (config, name)
     assert step_timings(spec, cluster, []) == []
+
+
+def test_a_sweep_over_two_flag_axes_equals_its_single_value_sweeps():
+    """Flag axes broadcast: a moment's terms can span more rows than the persistent bytes (the
+    in-place sums of formulas/memory._peak once raised a ValueError here, found by the API fuzz)."""
+    import pandas as pd
+
+    import shardplan
+
+    both = shardplan.sweep(dropout=[True, False], sync_every_micro_batch=[True, False])
+    parts = pd.concat([shardplan.sweep(dropout=[d], sync_every_micro_batch=[s])
+                       for d in (True, False) for s in (True, False)])
+    keys = list(both.columns[:12]) + ["dropout", "sync_every_micro_batch"]
+    a, b = (f.sort_values(keys).reset_index(drop=True) for f in (both, parts))
+    pd.testing.assert_frame_equal(a, b)

@@ -477,8 +477,12 @@ def _peak(moments, first_bw, step, persistent, zero):
     def total(m):  # the terms a moment holds (MOMENT_TERMS), added in place into one row-sized array;
         # terms over fewer rows (a sweep grid's broadcast axes) are added together first: one pass
         # over the rows for all of them (integer sums: the order changes no byte)
-        out, fewer_rows = np.asarray(persistent + zero), np.int64(0)  # an array even for one configuration
-        for term in (filter(_PRESENT, map(m.get, MOMENT_TERMS)) if ROWS in m else m.values()):
+        terms = list(filter(_PRESENT, map(m.get, MOMENT_TERMS)) if ROWS in m else m.values())
+        # the row-sized array is the broadcast of every term (a flag axis of a sweep grid may give a
+        # term more rows than the persistent bytes have): an array even for one configuration
+        shape = np.broadcast_shapes(np.shape(persistent + zero), *map(np.shape, terms))
+        out, fewer_rows = np.array(np.broadcast_to(persistent + zero, shape)), np.int64(0)
+        for term in terms:
             if np.size(term) < out.size:
                 fewer_rows = fewer_rows + term
             else:
@@ -487,9 +491,13 @@ def _peak(moments, first_bw, step, persistent, zero):
         return np.multiply(out, m[ROWS], out=out) if ROWS in m else out
 
     def largest(first, stop):  # the largest total of moments[first:stop], and which moment it is
-        best, top = np.full(zero.shape, first, dtype=np.int64), total(moments[first])
+        top = total(moments[first])
+        best = np.full(top.shape, first, dtype=np.int64)
         for i in range(first + 1, stop):
             this = total(moments[i])
+            if this.shape != top.shape:  # a moment over more rows (a flag axis of the grid) widens both
+                shape = np.broadcast_shapes(this.shape, top.shape)
+                top, best = np.array(np.broadcast_to(top, shape)), np.array(np.broadcast_to(best, shape))
             np.copyto(best, i, where=this > top)
             np.maximum(top, this, out=top)
         return best, top
