@@ -100,7 +100,8 @@ def fit_cli(rec: dict, calibration: bool) -> dict:
             "--precision", tc.precision, "--global-batch-tokens", str(w * tc.micro_batch * tc.seq_len), "--json",
             "--checkpoint-wrapper" if tc.checkpoint_wrapper else "--no-checkpoint-wrapper"]
     args += ["--reduce-dtype", tc.reduce_dtype] if tc.reduce_dtype else []
-    args += ["--calibration", str(OVERLAY)] if calibration else []
+    # the overlay was measured on the same H100 whose profile the query names (device "cuda"): --force
+    args += ["--calibration", str(OVERLAY), "--force"] if calibration else []
     out = subprocess.run(args, capture_output=True, text=True, check=True, cwd=ROOT,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout
     return json.loads(out)

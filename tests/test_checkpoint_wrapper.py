@@ -8,6 +8,7 @@ from pathlib import Path
 from shardplan.calibrate.gpu_compare import compare_folder, training_config
 from shardplan.formulas.columns import columns_for
 from shardplan.formulas.memory import estimate_memory, kv_cache_leftover_bytes
+from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.hf_config import spec_from_hf_config
@@ -30,7 +31,7 @@ def _columns(h, wrapper):
                             use_cache=wrapper)
     c = columns_for(_tiny(h), parse_gpus("8xh100-sxm"), config)
     # the CPU run: per-tensor AdamW, composite dropout, SDPA's flash kernel (compare_hf's CPU semantics)
-    return dataclasses.replace(c, foreach_optimizer=c.foreach_optimizer * 0, fused_dropout=c.fused_dropout * 0,
+    return dataclasses.replace(c, optimizer_impl=c.optimizer_impl * 0 + st.OPT_FOR_LOOP, fused_dropout=c.fused_dropout * 0,
                                sdpa_fp32_gqa_math=c.sdpa_fp32_gqa_math * 0)
 
 

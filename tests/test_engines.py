@@ -91,9 +91,10 @@ def test_optimizer_step_bytes_are_the_optimizers_own(optimizer, precision, expec
 
 
 def test_cpu_and_gpu_steps_charge_the_same_bytes():
+    """A fused GPU step and the CPU optimizer (a fused host kernel) move the same bytes per param."""
     rates = compute_rates(parse_gpus("8xh100-sxm"))
     for opt in range(len(st.OPTIMIZERS)):
-        gpu = columns(optimizer=opt)
+        gpu = columns(optimizer=opt, optimizer_impl=st.OPT_FUSED)
         cpu = columns(optimizer=opt, offload=st.OFFLOAD_ALL)
         per_param = float(optimizer_step_bytes_per_element(opt, st.BF16_MIXED, gpu.hidden_size))
         shard = float(gpu.total_params) / 8

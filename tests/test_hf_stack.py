@@ -20,6 +20,7 @@ import pytest
 
 from shardplan.calibrate.compare_hf import CATEGORIES, EXACT, compare_records, measured, predict, record_columns
 from shardplan.calibrate.results import read_jsonl
+from shardplan.inputs import strategy as st
 
 TABLE = Path(__file__).resolve().parents[1] / "data" / "calibration" / "hf_stack_cpu.jsonl"
 RECORDS = [r for r in read_jsonl(TABLE) if r.get("status") == "ok"]
@@ -149,7 +150,7 @@ def test_per_tensor_adamw_temporaries_off_cuda():
     records = [r for r in _pick(method="full", wrapper="single") if r["config"]["family"] in ("mistral", "qwen2")]
     for r in records:
         assert abs(_err(r)) <= TOLERANCE
-    assert any(_err(r, _with(r, foreach_optimizer=True)) > TOLERANCE for r in records)
+    assert any(_err(r, _with(r, optimizer_impl=st.OPT_FOREACH)) > TOLERANCE for r in records)
 
 
 def test_hf_rope_is_shared_over_the_batch():

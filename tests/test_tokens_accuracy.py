@@ -1,9 +1,9 @@
 """Tokens/s against the development set's published runs (``shardplan.validation.tokens``): the
 time half of docs/accuracy.md. Fails when the numbers get worse than committed.
 
-Committed (this tree): 297 runs, median |error| 8.1 %, p90 30.8 %; compute-bound 7.8 % / 30.4 %,
-communication-bound 16.2 % / 30.1 % (16 runs: an llm-foundry row whose Triton attention made its
-compute longer left the regime). The
+Committed (this tree): 297 runs, median |error| 8.1 %, p90 30.7 %; compute-bound 7.7 % / 30.4 %,
+communication-bound 14.5 % / 28.9 % (16 runs: an llm-foundry row whose Triton attention made its
+compute longer left the regime; the per-stack AdamW kernel, ``optimizer_impl``, lowered the last two). The
 guard is those values plus 0.2 percentage points (float noise across numpy builds, not a
 tolerance on the model): any change that makes a regime or the whole set worse fails here, and a
 change that improves it should lower the constants. The issue's targets (median ≤ 8 %, p90 ≤ 25 %,
@@ -18,7 +18,7 @@ from shardplan.validation import tokens
 
 ROWS = tokens.dev_set_rows()
 SLACK = 0.002
-COMMITTED = {"all": (0.081, 0.308), "compute-bound": (0.078, 0.304), "communication-bound": (0.162, 0.301)}
+COMMITTED = {"all": (0.081, 0.307), "compute-bound": (0.077, 0.304), "communication-bound": (0.145, 0.289)}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
 
 

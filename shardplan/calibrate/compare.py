@@ -14,7 +14,7 @@ Harness specifics (stated, not fitted):
   ``fp32`` with reduce dtype r.
 * The CPU harness is one memory pool: Adam's per-tensor ``step`` scalars (CPU tensors under
   torch's default on CUDA) are on the measured device, so the prediction counts them
-  (``optimizer_step_on_device=True``), and its AdamW runs per tensor (``foreach_optimizer=False``,
+  (``optimizer_step_on_device=True``), and its AdamW runs per tensor (``optimizer_impl`` for_loop,
   torch's default off CUDA). CPU offload on a CPU-only run moves nothing: it is predicted as no
   offload.
 * A CUDA record (``device`` cuda, or CUDA allocator peaks in it) is measured on the GPU alone:
@@ -153,7 +153,7 @@ def record_columns(record: dict, spec: ModelSpec | None = None) -> Columns:
         attention=st.SDPA if spec.norm == "rmsnorm" else st.EAGER, dropout=bool(cfg.get("dropout", 0.0) > 0),
         # the tiny harness expands position ids to b rows (transformers builds RoPE from one row);
         # its runs are CPU runs, whose flash SDPA kernel takes fp32 with GQA
-        rope_shared_batch=False, sdpa_fp32_gqa_math=False, foreach_optimizer=record_on_cuda(record),
+        rope_shared_batch=False, sdpa_fp32_gqa_math=False, optimizer_impl=st.OPT_FOREACH if record_on_cuda(record) else st.OPT_FOR_LOOP,
     )
 
 

@@ -13,7 +13,7 @@ Each record carries the HF config dict it was built from; shardplan reads it wit
 
 Harness specifics (stated, not fitted): a CPU run is one memory pool, so Adam's ``step`` scalars
 count (``optimizer_step_on_device``; on CUDA they are host memory); CPU runs get torch's CPU
-kernels (``fused_dropout=False``, ``foreach_optimizer=False``); ``MemTracker`` (unwrapped) does not
+kernels (``fused_dropout=False``, ``optimizer_impl`` for_loop); ``MemTracker`` (unwrapped) does not
 count the inputs, ``FSDPMemTracker`` and ``StorageTracker`` do (ids + labels, 2·8·b·s); the
 model's buffers (RoPE ``inv_freq`` and ``original_inv_freq``, head_dim/2 each) are tracked;
 bitsandbytes' quant_state is untracked, so the measured params and peak add the walked
@@ -62,7 +62,8 @@ def record_columns(record: dict, spec: ModelSpec | None = None) -> Columns:
         attention=st.SDPA, dropout=False, reduce_dtype=None, logits_fp32=True, lora_dropout=cfg["lora_dropout"],
         reentrant_checkpointing=bool(cfg["gradient_checkpointing"] and cfg["use_reentrant"]),
         quant_state_sharded=False, rope_shared_batch=True,
-        fused_dropout=on_cuda(record), foreach_optimizer=on_cuda(record), sdpa_fp32_gqa_math=on_cuda(record),
+        fused_dropout=on_cuda(record),
+        optimizer_impl=st.OPT_FOREACH if on_cuda(record) else st.OPT_FOR_LOOP, sdpa_fp32_gqa_math=on_cuda(record),
     )
 
 

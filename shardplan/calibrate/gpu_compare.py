@@ -72,6 +72,8 @@ def training_config(cfg: dict) -> TrainingConfig:
         # its training loop left the model config's use_cache on (transformers' default): the KV cache
         # under the wrapper is what its FSDP + AC runs held beyond the model (memory.kv_cache_leftover_bytes)
         use_cache=fsdp and ac != "none",
+        # the campaign's own loop builds torch.optim.AdamW(foreach=...) or (fused=...) (gpu_campaign._optimizer)
+        optimizer_impl="fused" if cfg.get("optimizer") == "adamw_fused" else "foreach",
     )
 
 

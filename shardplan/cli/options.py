@@ -21,7 +21,7 @@ FORCE_HELP = "apply a foreign --calibration (with a warning); replace a read-onl
 STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chunks": int,
                     "optimizer_in_backward": bool, "activation_offload": bool, "paged_optimizer": bool,
                     "checkpoint_wrapper": bool, "use_cache": bool, "expandable_segments": bool, "fp32_master": bool,
-                    "quant_format": str, "load_mode": str}
+                    "quant_format": str, "load_mode": str, "optimizer_impl": str}
 STACK_KNOBS = {
     "attention": typer.Option(None, rich_help_panel="Stack", help=vocab_help("attention", "sdpa")),
     "reduce_dtype": typer.Option(None, rich_help_panel="Stack", help=REDUCE_HELP),
@@ -46,6 +46,7 @@ STACK_KNOBS = {
                                 help="fp32 master (unless bf16-pure)"),
     "quant_format": typer.Option(None, rich_help_panel="Stack", help=vocab_help("quant_format", "nf4")),
     "load_mode": typer.Option(None, rich_help_panel="Stack", help=vocab_help("load_mode", "the stack's")),
+    "optimizer_impl": typer.Option(None, rich_help_panel="Stack", help=vocab_help("optimizer_impl", "the stack's")),
 }
 
 

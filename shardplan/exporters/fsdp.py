@@ -154,9 +154,16 @@ def _load_model(spec: PlanSpec) -> str:
     return "\n\n" + "\n".join(body) + "\n"
 
 
+# torch.optim.AdamW's flag for the plan's optimizer_impl (its step time and temporaries assumed it)
+_ADAMW_IMPL = {"fused": "fused=True", "foreach": "foreach=True", "for_loop": "foreach=False"}
+
+
 def _optimizer(spec: PlanSpec) -> str:
+    line = _OPTIMIZERS[spec.optimizer]
+    if spec.optimizer == "adamw" and spec.optimizer_impl in _ADAMW_IMPL:
+        line = line.replace("lr=lr)", f"lr=lr, {_ADAMW_IMPL[spec.optimizer_impl]})")
     return ("\n\ndef make_optimizer(model, lr=1e-5):\n"
-            "    params = [p for p in model.parameters() if p.requires_grad]\n" + _OPTIMIZERS[spec.optimizer] + "\n")
+            "    params = [p for p in model.parameters() if p.requires_grad]\n" + line + "\n")
 
 
 def _ddp_body(spec: PlanSpec) -> str:

@@ -37,7 +37,7 @@ LORA_TARGET_MODULES = {"all-linear": "all-linear", "attention": ["q_proj", "k_pr
 # The stack and the stack knobs a plan's numbers assumed (carried into every export's header).
 STACK_FIELDS = ("stack", "logits_fp32", "ce_chunks", "optimizer_in_backward", "activation_offload", "fp32_master",
                 "paged_optimizer", "lora_dropout", "reentrant_checkpointing", "quant_state_sharded", "quant_format",
-                "load_mode")
+                "load_mode", "optimizer_impl")
 
 # What may reach generated code. Exports are read by Python, shells and YAML parsers, so a value
 # from a plan file is either one of these shapes or refused: a block class is a Python (dotted)

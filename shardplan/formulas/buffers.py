@@ -211,11 +211,13 @@ def engine_buffers(c):
 
 
 def optimizer_step_temporaries(c, optimizer_shard_degree):
-    """The optimizer step's temporaries, in the master dtype.
+    """The optimizer step's temporaries, in the master dtype (``optimizer_impl``).
 
+    * fused AdamW (torch ``_fused_adamw_``, one kernel per tensor group): none, every
+      intermediate stays in registers;
     * foreach AdamW (torch's default on CUDA): the sqrt(v) list, one copy of the trainable shard
       (torch ``optim/adam.py`` ``_multi_tensor_adam``: ``exp_avg_sq_sqrt = _foreach_sqrt``); Lion's update;
-    * per-tensor AdamW (``foreach_optimizer=False``: torch's default off CUDA,
+    * per-tensor AdamW (``for_loop``: torch's default off CUDA,
       ``optim/optimizer.py`` ``_default_to_fused_or_foreach``): ``exp_avg_sq.sqrt() / bias_correction2_sqrt``
       holds two copies of the largest tensor the optimizer sees, while the previous tensor's
       ``denom`` stays alive until the name is rebound (``_single_tensor_adam``'s loop): 2 × the
@@ -241,6 +243,6 @@ def optimizer_step_temporaries(c, optimizer_shard_degree):
     root, block = np.ceil(c.root_params / n), np.ceil(c.unit_params / n)
     flat = np.maximum(2 * root, 2 * block + np.where(c.num_layers >= 2, np.maximum(root, block), root))
     single = master * np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & (c.method == st.FULL), flat, 2 * np.ceil(largest / n))
-    temps = np.where(c.foreach_optimizer, foreach, single)
+    temps = np.select([c.optimizer_impl == st.OPT_FOREACH, c.optimizer_impl == st.OPT_FOR_LOOP], [foreach, single], 0)
     one = np.ceil(foreach * np.minimum(c.largest_module_params / np.maximum(c.total_params, 1), 1.0))
     return np.asarray(np.where(has_temp & on_gpu, np.where(c.optimizer_in_backward, np.minimum(one, temps), temps), 0), dtype=np.int64)

@@ -152,7 +152,7 @@ class Columns:
     use_cache: np.ndarray            # HF use_cache on during training (memory.kv_cache_leftover_bytes)
     rope_shared_batch: np.ndarray    # RoPE cos/sin computed for one row and broadcast over the batch (HF; tiny harness: b rows)
     fused_dropout: np.ndarray        # CUDA native_dropout (1-byte mask); False: CPU's composite (mask in the input dtype)
-    foreach_optimizer: np.ndarray    # foreach optimizer step (torch's CUDA default); False: per-tensor loop (CPU default)
+    optimizer_impl: np.ndarray       # OPTIMIZER_IMPLS code: fused, foreach (torch's CUDA default), for_loop (CPU default)
     sdpa_fp32_gqa_math: np.ndarray   # fp32 + GQA sends SDPA to its math backend (CUDA); False: CPU's flash kernel
     sync_every_micro_batch: np.ndarray  # gradients reduced every micro-batch; False: no_sync until the last (memory.py)
 
@@ -193,10 +193,10 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     stack=st.HF, logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False,
     fp32_master=True, paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False,
     quant_state_sharded=True, quant_format=st.NF4, load_mode=st.LOAD_RANK0_BROADCAST, checkpoint_wrapper=False,
-    use_cache=False,
+    use_cache=False, optimizer_impl=st.OPT_FOREACH,
     # mechanism columns: what real stacks on CUDA do (RoPE built from one row of position ids:
     # transformers, torchtitan's freqs_cis; CUDA's fused dropout; foreach AdamW)
-    rope_shared_batch=True, fused_dropout=True, foreach_optimizer=True, sdpa_fp32_gqa_math=True,
+    rope_shared_batch=True, fused_dropout=True, sdpa_fp32_gqa_math=True,
     expandable_segments=False,  # the caching allocator's default (allocator.py)
     sync_every_micro_batch=True,  # FSDP's and DeepSpeed's default: no no_sync / set_requires_gradient_sync(False)
 )

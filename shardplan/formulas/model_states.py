@@ -163,14 +163,27 @@ def optimizer_bytes_per_element(optimizer, precision, hidden_size):
     )
 
 
-def optimizer_step_bytes_per_element(optimizer, precision, hidden_size):
-    """HBM (or host DRAM) bytes one optimizer step moves per parameter: it reads and writes the
-    master weights and every state (``optimizer_bytes_per_element``) and reads the gradient, all
-    in the master dtype. AdamW in fp32: 2·(4 + 8) + 4 = 28 B. ASSUMPTION: memory-bound, each byte
-    touched once (torch ``_multi_tensor_adam``/``_fused_adam`` read param, grad, exp_avg,
-    exp_avg_sq and write param, exp_avg, exp_avg_sq)."""
+# Tensor passes of one unfused AdamW step with weight decay, each a read or a write of one
+# master-dtype element per parameter (torch 2.x ``optim/adam.py``, non-capturable path; the same
+# ops in ``_multi_tensor_adam`` as ``_foreach_*`` and in ``_single_tensor_adam`` per tensor):
+# mul_(param, 1 - lr·wd) 2, lerp_(exp_avg, grad) 3, mul_(exp_avg_sq, β2) 2, addcmul_(exp_avg_sq,
+# grad, grad) 3 (grad read once), sqrt(exp_avg_sq) 2, div_ 2, add_(eps) 2, addcdiv_(param,
+# exp_avg, denom) 4. ASSUMPTION: weight decay on (torch AdamW's default 0.01; 18 passes without).
+UNFUSED_ADAMW_PASSES = 2 + 3 + 2 + 3 + 2 + 2 + 2 + 4
+
+
+def optimizer_step_bytes_per_element(optimizer, precision, hidden_size, impl=st.OPT_FUSED):
+    """HBM (or host DRAM) bytes one optimizer step moves per parameter, in the master dtype.
+
+    Fused (one kernel: torch ``_fused_adamw_``, DeepSpeed ``FusedAdam``, the CPU optimizers): it
+    reads and writes the master weights and every state (``optimizer_bytes_per_element``) and reads
+    the gradient once: AdamW in fp32 2·(4 + 8) + 4 = 28 B. AdamW foreach or for-loop (``impl``):
+    every op is its own pass (``UNFUSED_ADAMW_PASSES`` = 20: 80 B in fp32). ASSUMPTION: memory-bound;
+    other optimizers are counted as fused under any ``impl`` (the knob picks AdamW's kernel)."""
     master = master_dtype_bytes(precision)
-    return 2.0 * (master + optimizer_bytes_per_element(optimizer, precision, hidden_size)) + master
+    fused = 2.0 * (master + optimizer_bytes_per_element(optimizer, precision, hidden_size)) + master
+    unfused = (np.asarray(optimizer) == st.ADAMW) & (np.asarray(impl) != st.OPT_FUSED)
+    return np.where(unfused, UNFUSED_ADAMW_PASSES * master, fused)
 
 
 def _floor(numerator, divisor):
@@ -355,7 +368,9 @@ def _held_states(c, optimizer_step_on_device):
     params = params + hpz_secondary_param_bytes(c, 2 * trainable + frozen_bytes)
     grads = np.where(full_fsdp, _fsdp_shard_elements(c, n_g) * g_bytes, grads)
     optimizer = np.where(full_fsdp, np.asarray(np.ceil(_fsdp_shard_elements(c, n_o) * o_bytes), dtype=np.int64), optimizer)
-    optimizer = optimizer + optimizer_step_tensor_bytes(c, optimizer_step_on_device)
+    # fused AdamW keeps each ``step`` on the parameter's device (``_init_group``)
+    on_device = np.asarray(optimizer_step_on_device) | (c.optimizer_impl == st.OPT_FUSED)
+    optimizer = optimizer + optimizer_step_tensor_bytes(c, on_device)
     # torch DDP's gradient buckets: a second copy of the gradients (DDP docstring, gradient_as_bucket_view)
     grad_buckets = np.where(eng.wrapper_is(eng.W_DDP, c.engine, c.strategy), trainable * g_bytes, 0)
     return params, grads, master, optimizer, grad_buckets

@@ -438,10 +438,11 @@ def qlora_dequant_s(c, rates: ComputeRates):
 
 def optimizer_step_s(c, rates: ComputeRates):
     """GPU optimizer step, memory-bound: the optimizer's own bytes per sharded trainable parameter
-    (``model_states.optimizer_step_bytes_per_element``: AdamW fp32 28 B/param). Offloaded: the CPU
-    does it (``cpu_optimizer_step_s``)."""
+    (``model_states.optimizer_step_bytes_per_element`` for the stack's ``optimizer_impl``: AdamW
+    fp32 fused 28 B/param, foreach / for-loop 80 B/param). Offloaded: the CPU does it
+    (``cpu_optimizer_step_s``)."""
     _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
-    per_param = optimizer_step_bytes_per_element(c.optimizer, c.precision, c.hidden_size)
+    per_param = optimizer_step_bytes_per_element(c.optimizer, c.precision, c.hidden_size, c.optimizer_impl)
     shard = trainable_params(c) / n_o
     return np.where(c.offload == st.OFFLOAD_NONE, shard * per_param / rates.hbm_bytes_per_s, 0.0)
 

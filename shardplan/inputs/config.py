@@ -66,6 +66,8 @@ class TrainingConfig(BaseModel):
     quant_state_sharded: bool | None = Field(None, description="bnb quant_state sharded with the weights")
     quant_format: str | None = Field(None, description="4-bit base format: nf4, gptq, awq")
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
+    optimizer_impl: str | None = Field(None, description="how the AdamW step runs: fused (one kernel), foreach "
+                                       "(torch's CUDA default: multi-tensor passes and a sqrt(v) copy), for_loop")
 
     def __init__(self, **data: Any) -> None:
         # words are resolved by the validator below (``_one_vocabulary``); a bad one's one-line
@@ -105,6 +107,8 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     else:
         out["quant_format"] = None
     out["load_mode"] = None if get("load_mode") is None else st.code(st.LOAD_MODES, get("load_mode"), "load_mode")
+    impl = get("optimizer_impl")
+    out["optimizer_impl"] = None if impl is None else st.code(st.OPTIMIZER_IMPLS, impl, "optimizer_impl")
     if not check_names:
         return out
     for name, names in (("precision", st.PRECISIONS), ("optimizer", st.OPTIMIZERS), ("ac", st.AC_MODES),

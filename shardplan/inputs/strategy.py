@@ -60,6 +60,11 @@ NF4, GPTQ, AWQ = range(len(QUANT_FORMATS))
 LOAD_MODES = ("full_per_gpu", "rank0_broadcast", "meta_init")
 LOAD_FULL_PER_GPU, LOAD_RANK0_BROADCAST, LOAD_META_INIT = range(len(LOAD_MODES))
 
+# How the AdamW step runs on the GPU (torch.optim.AdamW fused= / foreach=; torchtitan's
+# ``optimizer.implementation``): model_states.optimizer_step_bytes_per_element, buffers.optimizer_step_temporaries.
+OPTIMIZER_IMPLS = ("fused", "foreach", "for_loop")
+OPT_FUSED, OPT_FOREACH, OPT_FOR_LOOP = range(len(OPTIMIZER_IMPLS))
+
 # PEFT LoRA targets as the stacks name them (model.lora_params_per_block / lora_root_params):
 # q,v (PEFT's default for Llama, torchtune ``lora_attn_modules=['q_proj','v_proj']``), every
 # attention projection, every Linear of the blocks (PEFT ``target_modules="all-linear"``, which

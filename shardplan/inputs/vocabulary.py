@@ -134,6 +134,10 @@ KNOBS: dict[str, Knob] = {k.field: k for k in (
                                                               "(cpu_ram_efficient_loading=True)"),
         Alias("meta", "meta_init", "built on the meta device, each rank fills its shard"),
     ), keys=("load", "load_mode"), bare=True, option="--load-mode"),
+    Knob("optimizer_impl", "how the AdamW step runs", st.OPTIMIZER_IMPLS, (
+        Alias("for-loop", "for_loop", "torchtitan optimizer.implementation 'for-loop'; torch foreach=False"),
+        Alias("adamw_torch_fused", "fused", "Transformers TrainingArguments optim='adamw_torch_fused'"),
+    ), keys=("optim_impl", "optimizer_impl"), option="--optimizer-impl"),
 )}
 
 

@@ -31,8 +31,8 @@ CATEGORICAL_KNOBS = {
 # rows their ``single_gpu`` values); values given make an axis of their own.
 STACK_KNOB_AXES = ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload", "fp32_master",
                    "paged_optimizer", "lora_dropout", "reentrant_checkpointing", "quant_state_sharded",
-                   "quant_format", "load_mode", "checkpoint_wrapper", "use_cache")
-STACK_KNOB_NAMES = {"quant_format": st.QUANT_FORMATS, "load_mode": st.LOAD_MODES}
+                   "quant_format", "load_mode", "checkpoint_wrapper", "use_cache", "optimizer_impl")
+STACK_KNOB_NAMES = {"quant_format": st.QUANT_FORMATS, "load_mode": st.LOAD_MODES, "optimizer_impl": st.OPTIMIZER_IMPLS}
 INTEGER_KNOBS = ("ac_every_k", "micro_batch", "seq_len", "grad_accum")
 
 # Axis order of the product (the last varies fastest) and the DataFrame column each axis fills.
@@ -46,7 +46,7 @@ AXIS_COLUMN = {**{k: k for k in STACK_KNOB_AXES}, "stack": "stack", "models": "m
                "ac_every_k": "ac_every_k", "micro_batch": "micro_batch", "seq_len": "seq_len",
                "grad_accum": "grad_accum", "shard_group_size": "shard_group_size", "attention": "attention",
                "dropout": "dropout", "reduce_dtype": "reduce_dtype", "sync_every_micro_batch": "sync_every_micro_batch"}
-LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS) + ("reduce_dtype", "quant_format", "load_mode")
+LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS) + ("reduce_dtype", "quant_format", "load_mode", "optimizer_impl")
 
 
 def as_list(value: Any) -> list:

@@ -377,6 +377,18 @@ OPTIMIZER_PATTERNS = (
     (r"^not stated", "stack"), (r"4-bit", "refuse"), (r"8bit|8-bit", "adamw-8bit"), (r"sgd", "sgd"), (r"adam", "adamw"),
     (r"^na$|not stated|^$", "stack"),
 )
+# How the row's AdamW steps, where its optimizer text names it (otherwise the stack's default):
+# torchtune's "AdamW fused" rows; Transformers' optim='adamw_torch' builds torch.optim.AdamW with
+# neither flag (foreach on CUDA: optim/optimizer.py _default_to_fused_or_foreach); Composer's
+# DecoupledAdamW (llm-foundry's decoupled_adamw) steps each parameter in a Python loop
+# (composer/optim/decoupled_weight_decay.py DecoupledAdamW.adamw).
+OPTIMIZER_IMPL_PATTERNS = (
+    (r"fused(?! into)", "fused"), (r"adamw_torch\b", "foreach"), (r"decoupled_adamw", "for_loop"),
+)
+# torchtune configs read at commits before "add fused = true to adam, except pagedAdam" (#1575,
+# cca50f02e, 2024-09-14; each checked with git merge-base) build torch.optim.AdamW with no flag:
+# foreach, not the stack's current fused default.
+TORCHTUNE_BEFORE_FUSED_ADAM = r"\b(5f0d64c6b|fef3ed10d|7d05579fe|0217d44c2)"
 
 # What a framework with no stack profile of its own sets for the stack knobs, read from its code:
 # (pattern over "framework strategy", knobs, source). The plain stack's defaults fill the rest.
@@ -505,14 +517,24 @@ def _offload(row: dict[str, str]) -> dict[str, Any]:
 def _optimizer(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
     text = row["optimizer"]
     name = _word(OPTIMIZER_PATTERNS, text, "unrecognised_optimizer", "optimizer_not_modelled")
-    out: dict[str, Any] = {}
     if name == "stack":
         assumed.append("optimizer: not stated, the stack's default")
-        return out
+        return _optimizer_impl(row, assumed)
     # a named optimizer says whether it is paged and stepped in backward: "AdamW" in torchtune's
     # flags table is torch.optim.AdamW, not the recipe's default PagedAdamW8bit-in-backward
     return {"optimizer": name, "paged_optimizer": bool(re.search(r"paged", text, re.I)),
-            "optimizer_in_backward": bool(re.search(r"optimizer_in_bwd=true|step fused into backward", text, re.I))}
+            "optimizer_in_backward": bool(re.search(r"optimizer_in_bwd=true|step fused into backward", text, re.I)),
+            **_optimizer_impl(row, assumed)}
+
+
+def _optimizer_impl(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+    """The AdamW kernel the row's optimizer text or its torchtune config commit names; none: the stack's."""
+    impl = _first(OPTIMIZER_IMPL_PATTERNS, row["optimizer"])
+    if impl is None and re.search(r"torchtune", row["framework"], re.I) \
+            and re.search(TORCHTUNE_BEFORE_FUSED_ADAM, row["source_commit_or_url"]):
+        impl = "foreach"
+        assumed.append("optimizer_impl: foreach (torchtune configs before #1575 set no fused flag)")
+    return {} if impl is None else {"optimizer_impl": impl}
 
 
 # (pattern over the notes, chunks): the loss a row's notes name (torchtune's flags table); a row
