@@ -224,9 +224,9 @@ def main() -> int:
     refit = refit_rows(gpu_split.read(gpu_split.FOLDER / gpu_split.HELDOUT_NAME),
                        gpu_split.read(gpu_split.FOLDER / gpu_split.TRAIN_NAME))
     write_text_atomic(gpu_split.FOLDER / "allocator_refit_train.json", json.dumps(
-        {"fragmentation_per_allocated_median": refit[0], "fitted_from": f"data/calibration/gpu/userscripts/{gpu_split.TRAIN_NAME}",
+        {"fragmentation_per_transient_median": refit[0], "fitted_from": f"data/calibration/gpu/userscripts/{gpu_split.TRAIN_NAME}",
          "how": "shardplan.calibrate.gpu_heldout.refit_fragmentation: median per allocator class of (reserved - allocated - "
-                "side-stream pools) / allocated peak over the train split; judged on the held-out third in docs/accuracy.md"},
+                "side-stream pools) / largest transient over the train split; judged on the held-out third in docs/accuracy.md"},
         indent=1) + "\n")
     new = section(held, train, fits, refit)
     if BEGIN in doc:

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.calibrate.fragmentation_loso import coefficients, every_source_records, leave_one_source_out, summary
-from shardplan.calibrate.gpu_compare import compare_folder
+from shardplan.calibrate.gpu_compare import compare_folder, fragmentation_ratios, load_records
 from shardplan.formulas.allocator import CLASSES, largest_transient_bytes
 from shardplan.formulas.columns import columns_for
 from shardplan.formulas.memory import estimate_memory
@@ -43,47 +42,29 @@ def test_rounding_probe_follows_the_caching_allocator_rules():
         assert r["reserved_bytes"] - base_res == segment, n
 
 
-def test_fragmentation_coefficients_are_every_sources_measurement():
-    """allocator.json's medians and ranges are recomputed from the committed records of every source
-    (campaign files + the user-script train split; no hand-set number)."""
-    fitted = coefficients(every_source_records())
+def test_fragmentation_coefficients_are_the_campaigns_measurement():
+    """allocator.json's medians and ranges are recomputed from the committed records (no hand-set number)."""
+    ratios = fragmentation_ratios(load_records(GPU))
     model = default_allocator()
     for name in CLASSES:
-        assert model.coefficient(name).model_dump() == pytest.approx(fitted[name], abs=5e-5), name
-
-
-def test_fragmentation_left_out_source_error():
-    """Out-of-source: each source's reserved peak predicted with the coefficients of the others.
-    Tolerance: the pooled 90th percentile of out-of-source |error| (0.174 when fitted: the
-    5 sources' 42 runs, calibrate.fragmentation_loso) rounded up to 0.18; the regressor it replaced
-    (the fp32 logits block) had 0.265 and missed the user scripts by +60 %."""
-    errors = leave_one_source_out()
-    assert set(errors) == {"hf", "qlora", "fsdp", "expandable_segments", "userscripts_train"}
-    rows = {r["source"]: r for r in summary(errors)}
-    assert rows["all"]["p90_abs"] <= 0.18 and rows["all"]["runs"] == 42
-    assert all(abs(r["signed_median"]) < 0.18 for r in rows.values()), rows
-
-
-def test_fragmentation_scales_with_the_allocated_peak():
-    # mechanism 3: the slack is a fraction of the bytes the segments hold; a longer sequence raises
-    # the allocated peak and the slack by the same factor within a class
-    short, long = (_mem(TrainingConfig(strategy="full_shard", seq_len=s, ac="full")) for s in (2048, 8192))
-    assert int(long["peak_allocated_bytes"]) > int(short["peak_allocated_bytes"])
-    for m in (short, long):
-        assert int(m["fragmentation_bytes"]) == pytest.approx(
-            default_allocator().coefficient("fsdp2").median * int(m["peak_allocated_bytes"]), abs=1)
+        got = sorted(ratios[name])
+        coeff = model.coefficient(name)
+        assert coeff.runs == len(got)
+        assert coeff.median == pytest.approx(statistics.median(got), abs=5e-4)
+        assert coeff.low == pytest.approx(got[0], abs=5e-4) and coeff.high == pytest.approx(got[-1], abs=5e-4)
 
 
 def test_reserved_prediction_on_the_gpu_runs():
-    """Where the allocated prediction is right (|error| < 5 %), the reserved one's median and 90th
-    percentile |error| stay within the leave-one-source-out ones (test_fragmentation_left_out_source_error:
-    0.052 and 0.174 fitted, stated as 0.06 and 0.18). The flat 5 % fragmentation this model's first
-    version replaced was -14.9 % on FSDP2 W=4 no AC (69.42 GiB measured, 56.29 GiB allocated predicted)."""
+    """Where the allocated prediction is right (|error| < 5 %), the reserved one is within 14 %
+    (measured: +13.5 % on FSDP2 W=64, the widest fragmentation class; docs/accuracy.md,
+    data/calibration/gpu/predicted_vs_measured.md). The flat 5 %
+    fragmentation it replaces was -14.9 % on FSDP2 W=4 no AC (69.42 GiB measured, 56.29 GiB
+    allocated predicted)."""
     rows = compare_folder(GPU)
     good = [r for r in rows if abs(r["allocated_error"]) < 0.05]
     assert len(good) >= 11  # of the campaign's 36 runs (13 with the HF-stack mechanisms); the table has the rest
-    errors = sorted(abs(r["reserved_error"]) for r in good)
-    assert statistics.median(errors) <= 0.06 and errors[-(-9 * len(errors) // 10) - 1] <= 0.18, errors
+    for r in good:
+        assert abs(r["reserved_error"]) < 0.14, r
     w4 = next(r for r in rows if r["engine"] == "fsdp2" and r["world_size"] == 4 and r["ac"] == "none"
               and not r["expandable_segments"])
     flat = r_flat = w4["predicted_allocated_bytes"] * 1.05
@@ -115,11 +96,10 @@ def test_expandable_segments_knob_shrinks_fragmentation():
     config = TrainingConfig(strategy="full_shard", seq_len=4096, ac="full")
     off, on = _mem(config), _mem(config.model_copy(update={"expandable_segments": True}))
     assert int(on["peak_allocated_bytes"]) == int(off["peak_allocated_bytes"])
-    held = int(off["peak_allocated_bytes"])
-    frag = default_allocator().fragmentation_per_allocated
-    assert frag["expandable_segments"].median < frag["fsdp2"].median
-    assert int(off["fragmentation_bytes"]) == pytest.approx(frag["fsdp2"].median * held, abs=1)
-    assert int(on["fragmentation_bytes"]) == pytest.approx(frag["expandable_segments"].median * held, abs=1)
+    transient = 4 * 4096 * 128256
+    frag = default_allocator().fragmentation_per_transient
+    assert int(off["fragmentation_bytes"]) == pytest.approx(frag["fsdp2"].median * transient, abs=1)
+    assert int(on["fragmentation_bytes"]) == pytest.approx(frag["expandable_segments"].median * transient, abs=1)
 
 
 def test_chunked_loss_shrinks_the_largest_transient():
@@ -158,7 +138,7 @@ def test_calibration_overlay_allocator_is_read_by_fit(tmp_path, capsys):
     assert get(cal) - get(base) == (2 << 30) - default_allocator().cuda_context_bytes
     bad = tmp_path / "bad.json"
     data = json.loads(path.read_text())
-    data["allocator"]["fragmentation_per_allocated"] = {"nonsense": {"median": 1, "low": 0, "high": 2, "runs": 1}}
+    data["allocator"]["fragmentation_per_transient"] = {"nonsense": {"median": 1, "low": 0, "high": 2, "runs": 1}}
     bad.write_text(json.dumps(data))
     code, out, err = run(*args, "--calibration", str(bad))
     assert code == 2 and "nonsense" in err and "Traceback" not in err + out

@@ -88,7 +88,7 @@ def test_the_allocator_fit_never_opens_the_heldout_file(monkeypatch):
 
     refit = refit_fragmentation(gpu_split.read(TRAIN))  # the train-split refit docs/accuracy.md judges
     assert refit == json.loads((gpu_split.FOLDER / "allocator_refit_train.json").read_text())[
-        "fragmentation_per_allocated_median"] and opened == []
+        "fragmentation_per_transient_median"] and opened == []
     with pytest.raises(AssertionError):
         gpu_split.read(HELDOUT)  # the trap works
 

@@ -139,11 +139,10 @@ def compare_folder(folder: Path) -> list[dict]:
 
 def fragmentation_ratios(records: list[dict], gpu: str = "h100-sxm", columns_of=None) -> dict[str, list[float]]:
     """Per allocator class (``allocator.CLASSES``): measured (reserved − allocated − the predicted
-    side-stream pools) over the predicted allocated peak (what the
-    coefficient multiplies in ``allocator.fragmentation_bytes``) — the data behind ``allocator.json``'s
-    ``fragmentation_per_allocated``. ``columns_of``: another mapping of a record's configuration
+    side-stream pools) over the largest transient — the data behind ``allocator.json``'s
+    ``fragmentation_per_transient``. ``columns_of``: another mapping of a record's configuration
     (``gpu_heldout.user_columns`` for the runs of the scripts users launch)."""
-    from shardplan.formulas.allocator import CLASSES, allocator_class
+    from shardplan.formulas.allocator import CLASSES, allocator_class, largest_transient_bytes
 
     out: dict[str, list[float]] = {k: [] for k in CLASSES}
     for rec in records:
@@ -152,5 +151,5 @@ def fragmentation_ratios(records: list[dict], gpu: str = "h100-sxm", columns_of=
         c = columns_of(rec["config"]) if columns_of else campaign_columns(rec, gpu)
         m = estimate_memory(c)
         slack = rec["max_reserved_bytes"] - rec["max_allocated_bytes"] - int(m["stream_pool_bytes"])
-        out[CLASSES[int(allocator_class(c, c.expandable_segments))]].append(slack / int(m["peak_allocated_bytes"]))
+        out[CLASSES[int(allocator_class(c, c.expandable_segments))]].append(slack / int(largest_transient_bytes(c)))
     return out

@@ -96,7 +96,7 @@ def compare(rec: dict) -> dict | None:
 
 
 def refit_fragmentation(train: list[dict]) -> dict[str, float]:
-    """The allocator's k (reserved slack over the allocated peak, per allocator class) as the
+    """The allocator's k (reserved slack over the largest transient, per allocator class) as the
     median over the *train* split only (``gpu_compare.fragmentation_ratios``): the fit the held-out
     third then judges. Not written to allocator.json (issue 21 refits that leave-one-source-out)."""
     import statistics as stats
@@ -109,14 +109,14 @@ def refit_fragmentation(train: list[dict]) -> dict[str, float]:
 def reserved_with(rec: dict, k_by_class: dict[str, float]) -> int | None:
     """The reserved prediction with ``k_by_class`` in place of allocator.json's medians (None when
     the run's class had no train run)."""
-    from shardplan.formulas.allocator import CLASSES, allocator_class
+    from shardplan.formulas.allocator import CLASSES, allocator_class, largest_transient_bytes
 
     c = user_columns(rec["config"])
     k = k_by_class.get(CLASSES[int(allocator_class(c, c.expandable_segments))])
     if k is None:
         return None
     m = estimate_memory(c)
-    return int(m["peak_allocated_bytes"]) + int(m["stream_pool_bytes"]) + int(k * int(m["peak_allocated_bytes"]))
+    return int(m["peak_allocated_bytes"]) + int(m["stream_pool_bytes"]) + int(k * int(largest_transient_bytes(c)))
 
 
 def compare_file(path: Path) -> list[dict]:

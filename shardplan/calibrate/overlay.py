@@ -10,7 +10,7 @@ File format (JSON, ``schema: "shardplan.calibration/1"``)::
      "compute": [{"dtype", "device", "f_max_flops_per_s", "m_half", "p", "peak_flops_per_s", "eff_max",
                   "max_rel_err", "sm_count", "calibrated": true}],
      "bandwidth": [{"kernel": "copy" | "add", "device", "dtype", "size_bytes", "bytes_per_s", "calibrated": true}],
-     "allocator": {"cuda_context_bytes": int, "fragmentation_per_allocated": {CLASS: {median, low, high,
+     "allocator": {"cuda_context_bytes": int, "fragmentation_per_transient": {CLASS: {median, low, high,
                    runs}}, "calibrated": true} | null,
      "accuracy": {"classes": {CLASS: {"relative_error", "derivation", "source"}}, "stacks": {STACK: {...}},
                   "throughput": {...}} | null}     (errors measured on your runs; shardplan.formulas.accuracy_bands)
@@ -110,10 +110,10 @@ class AllocatorCalibration(_Frozen):
     coefficients per allocator class; what is left out keeps the shipped measurement."""
 
     cuda_context_bytes: int | None = Field(None, ge=0)
-    fragmentation_per_allocated: dict[str, FragmentationCoefficient] | None = None
+    fragmentation_per_transient: dict[str, FragmentationCoefficient] | None = None
     calibrated: Literal[True] = True
 
-    @field_validator("fragmentation_per_allocated")
+    @field_validator("fragmentation_per_transient")
     @classmethod
     def _known_classes(cls, value):
         from shardplan.formulas.allocator import CLASSES
@@ -167,10 +167,10 @@ class Calibration(_Frozen):
         base = default_allocator()
         if self.allocator is None:
             return base
-        frag = dict(base.fragmentation_per_allocated)
-        frag.update(self.allocator.fragmentation_per_allocated or {})
+        frag = dict(base.fragmentation_per_transient)
+        frag.update(self.allocator.fragmentation_per_transient or {})
         context = self.allocator.cuda_context_bytes
-        return base.model_copy(update={"fragmentation_per_allocated": frag, "calibrated": True,
+        return base.model_copy(update={"fragmentation_per_transient": frag, "calibrated": True,
                                        "cuda_context_bytes": base.cuda_context_bytes if context is None else context})
 
     def link(self, op: str, tier: str = "intra_node", world_size: int | None = None) -> LinkCalibration | None:

@@ -130,7 +130,7 @@ def _validate_one(path: Path) -> str:
     if "bytes_per_element" in data and "strategies" in data:  # an engine declaration (inputs/engines.py)
         from shardplan.inputs.engines import EngineProfile
         return f"{path}: ok (EngineProfile {load_profile(path, EngineProfile).name})"
-    if "fragmentation_per_allocated" in data:  # the caching-allocator model (allocator.py)
+    if "fragmentation_per_transient" in data:  # the caching-allocator model (allocator.py)
         from shardplan.inputs.allocator_profile import AllocatorModel
         load_profile(path, AllocatorModel)
         return f"{path}: ok (AllocatorModel)"

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class FragmentationCoefficient(BaseModel):
-    """Measured (reserved − allocated − pools) / allocated peak, per allocator class."""
+    """Measured (reserved − allocated − pools) / largest transient, per allocator class."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     median: float = Field(ge=0)
@@ -25,12 +25,12 @@ class FragmentationCoefficient(BaseModel):
 class AllocatorModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     cuda_context_bytes: int = Field(ge=0)
-    fragmentation_per_allocated: dict[str, FragmentationCoefficient]
+    fragmentation_per_transient: dict[str, FragmentationCoefficient]
     sources: dict[str, str]
     calibrated: bool = False
 
     def coefficient(self, name: str) -> FragmentationCoefficient:
-        return self.fragmentation_per_allocated[name]
+        return self.fragmentation_per_transient[name]
 
 
 @lru_cache(maxsize=1)
