@@ -15,7 +15,7 @@ from shardplan.support.errors import ShardplanError
 STACK_HELP = vocab_help("stack", "hf")  # its defaults fill the knobs not given: docs/stacks.md
 REDUCE_HELP = vocab_help("reduce_dtype", "fp32; DeepSpeed: 16-bit")
 WIDE_HELP = "every line whole, however wide (default: $COLUMNS, the terminal, or 100)"
-FORCE_HELP = "apply a foreign --calibration (with a warning); replace a read-only --export file"
+FORCE_HELP = "apply a foreign --calibration; replace a read-only --export file"
 
 # Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)
 STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chunks": int,

@@ -83,18 +83,31 @@ def tokens_line(t: dict) -> str:
             f"{t['tokens_per_s_high']:,.0f})")
 
 
+SHORT_FOLD = 0.02  # a term under 2 % of the peak allocated is folded in the short answer's table
+
+
 def breakdown_table(results: list[FitResult], width: int | None = None, short: bool = False) -> str:
     """Term by term, one column per strategy (and what each term is, for one strategy). Fitted to
     ``width`` by :func:`layout.table`: the explanation wraps; many strategies split into groups.
     ``short``: the terms and SHORT_TOTALS only, no explanations (the no-fit answer's table)."""
     notes = len(results) == 1 and not short
     headers = ["term (GiB per GPU)"] + [r.strategy for r in results] + (["what it is"] if notes else [])
-    rows = []
+    rows, small = [], []
+    # the short answer folds the terms under SHORT_FOLD of the peak into one row: a no-fit answer
+    # stays readable (issue 22 item 11) whichever moment is the peak; --detail lists every term
+    fold = SHORT_FOLD * max(r.per_gpu.peak_allocated_bytes for r in results) if short else -1
     for term in BREAKDOWN_TERMS:
         values = [r.per_gpu.breakdown[term] for r in results]
         if not any(values):
             continue
+        if max(values) < fold:
+            small.append((term, values))
+            continue
         rows.append([term] + [gib(v) for v in values] + ([TERM_NOTES[term]] if notes else []))
+    if len(small) > 1:
+        rows.append([f"({len(small)} smaller terms)"] + [gib(sum(col)) for col in zip(*(v for _, v in small))])
+    elif small:  # one term is shown as itself
+        rows.append([small[0][0]] + [gib(v) for v in small[0][1]])
     totals = [
         ("(model states)", [r.per_gpu.model_state_bytes for r in results],
          "params + grads + master + optimizer (+ DeepSpeed gathered module)"),

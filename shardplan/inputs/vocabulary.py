@@ -126,15 +126,15 @@ KNOBS: dict[str, Knob] = {k.field: k for k in (
         Alias("litgpt", "lightning", "LitGPT runs on Lightning Fabric"),
         Alias("fabric", "lightning", "Lightning Fabric"),
     ), keys=("stack",), bare=True, option="--stack"),
-    Knob("quant_format", "4-bit base format", st.QUANT_FORMATS, (
+    Knob("quant_format", "4-bit base", st.QUANT_FORMATS, (
         Alias("bnb-4bit", "nf4", "bitsandbytes load_in_4bit with bnb_4bit_quant_type='nf4' (the QLoRA recipe)"),
     ), keys=("quant", "quant_format"), bare=True, implies=(("method", "qlora"),), option="--quant-format"),
-    Knob("load_mode", "how the weights reach the GPUs", st.LOAD_MODES, (
+    Knob("load_mode", "weight loading", st.LOAD_MODES, (
         Alias("cpu_ram_efficient_loading", "rank0_broadcast", "accelerate FullyShardedDataParallelPlugin"
                                                               "(cpu_ram_efficient_loading=True)"),
         Alias("meta", "meta_init", "built on the meta device, each rank fills its shard"),
     ), keys=("load", "load_mode"), bare=True, option="--load-mode"),
-    Knob("optimizer_impl", "how the AdamW step runs", st.OPTIMIZER_IMPLS, (
+    Knob("optimizer_impl", "AdamW kernel", st.OPTIMIZER_IMPLS, (
         Alias("for-loop", "for_loop", "torchtitan optimizer.implementation 'for-loop'; torch foreach=False"),
         Alias("adamw_torch_fused", "fused", "Transformers TrainingArguments optim='adamw_torch_fused'"),
     ), keys=("optim_impl", "optimizer_impl"), option="--optimizer-impl"),
