@@ -1,7 +1,7 @@
 """What the code and the docs cite is something a user can open: a paper, a repository path, or a
 page under docs/. The project's internal design notes are not shipped, so nothing may cite them;
 and the strategy-to-framework table in docs/vocabulary.md, which the code cites instead, is the one
-each engine's declaration holds (``inputs.engines.framework_name``)."""
+each engine's declaration holds (``inputs.engine_lookup.framework_name``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.engines import framework_name
+from shardplan.inputs.engine_lookup import framework_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SEARCHED = ("shardplan", "docs", "tools", "benchmarks", "tests", "notebooks", "data", "hardware_profiles", "model_profiles",
@@ -58,4 +58,4 @@ def test_docs_framework_table_is_the_engine_declarations():
     block = text.split("<!-- frameworks:begin -->\n", 1)[1].split("<!-- frameworks:end -->", 1)[0]
     expected = framework_table()
     assert block == expected, ("docs/vocabulary.md 'Strategies in each framework': put this table between "
-                               "the frameworks markers (from each engine's declaration, inputs.engines.framework_name):\n" + expected)
+                               "the frameworks markers (from each engine's declaration, inputs.engine_lookup.framework_name):\n" + expected)

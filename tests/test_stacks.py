@@ -82,7 +82,7 @@ def test_plain_stack_with_knobs_off_reproduces_the_stackless_numbers():
     cluster = parse_gpus("4xh100-sxm")
     cfg = TrainingConfig(strategy="full_shard", **{k: v for k, v in ENGINE_DEFAULTS.items() if v is not None})
     with_knobs = estimate_memory(columns_for(SPEC, cluster, cfg))
-    from shardplan.inputs.config import knob_values
+    from shardplan.inputs.stacks import knob_values
     knobs = {k: v for k, v in knob_values(cfg, cluster).items()
              if k not in ENGINE_DEFAULTS and k != "stack"}
     bare = estimate_memory(Columns.build(**model_values(SPEC), **cluster_values(cluster), **knobs))
@@ -325,7 +325,7 @@ def test_plan_states_the_stack_and_counts_the_load_peak():
 def test_columns_without_an_fp32_master_are_bf16_pure():
     """A library caller building Columns directly gets the same fold as resolve_stack."""
     from shardplan.formulas.columns import Columns, cluster_values
-    from shardplan.inputs.config import knob_values
+    from shardplan.inputs.stacks import knob_values
     cluster = parse_gpus("4xh100-sxm")
     knobs = knob_values(TrainingConfig(strategy="full_shard", stack="plain"), cluster)
     knobs.pop("reduce_dtype")

@@ -16,7 +16,7 @@ from shardplan.formulas.comm import comm_volume
 from shardplan.formulas.memory import estimate_memory
 from shardplan.formulas.model_states import model_states
 from shardplan.inputs import strategy as st
-from shardplan.inputs.engines import get_engine
+from shardplan.inputs.engine_lookup import get_engine
 from shardplan.inputs.vocabulary import canonical
 from tests.helpers import columns
 

@@ -61,7 +61,8 @@ def run_fit(args: dict) -> None:
     """``fit``'s work: resolve the query, evaluate every strategy, render (and export)."""
     from shardplan.formulas.accuracy_bands import load_bands
     from shardplan.inputs.config import TrainingConfig
-    from shardplan.inputs.hardware import adapt_precision, cluster_notes
+    from shardplan.inputs.hardware import cluster_notes
+    from shardplan.inputs.stacks import adapt_precision
     from shardplan.planning.fit import fit as fit_strategies
 
     if args["export_to"]:  # FORMAT[=PATH] checked before any evaluation, not after the report

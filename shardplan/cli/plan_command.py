@@ -66,7 +66,8 @@ def run_plan(args: dict) -> None:
     from shardplan.cli.plan_report import plan_to_json, render_plan
     from shardplan.formulas.accuracy_bands import load_bands
     from shardplan.inputs import strategy as st
-    from shardplan.inputs.hardware import adapt_precision, cluster_notes
+    from shardplan.inputs.hardware import cluster_notes
+    from shardplan.inputs.stacks import adapt_precision
     from shardplan.inputs.units import parse_count
     from shardplan.planning.planner import plan as search
 

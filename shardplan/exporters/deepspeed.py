@@ -20,7 +20,8 @@ import json
 from typing import Any
 
 from shardplan.exporters.spec import PlanSpec
-from shardplan.inputs.engines import engine_profiles, get_engine, runs_deepspeed
+from shardplan.inputs.engine_lookup import get_engine, runs_deepspeed
+from shardplan.inputs.engines import engine_profiles
 from shardplan.support.errors import ShardplanError
 
 OPTIMIZER_TYPES = {"adamw": "AdamW", "sgd": "SGD", "lion": "Lion"}  # DeepSpeed-native; others: client optimizer

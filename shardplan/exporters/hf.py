@@ -18,7 +18,7 @@ from shardplan.exporters.deepspeed import deepspeed_config
 from shardplan.exporters.fsdp import FSDP1_STRATEGY
 from shardplan.exporters.launch import launcher_prefix
 from shardplan.exporters.spec import LORA_TARGET_MODULES, PlanSpec
-from shardplan.inputs.engines import get_engine, runs_deepspeed
+from shardplan.inputs.engine_lookup import get_engine, runs_deepspeed
 from shardplan.support.errors import ShardplanError
 from shardplan.support.extras import require
 

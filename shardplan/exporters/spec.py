@@ -169,7 +169,7 @@ class PlanSpec(TrainingConfig):
     def zero_stage(self) -> int:
         """The ZeRO stage of the strategy, as the engine declares it (DeepSpeed's declaration for a
         plan of another engine: data/engine_profiles/deepspeed.json ``zero_stage``)."""
-        from shardplan.inputs.engines import zero_stage
+        from shardplan.inputs.engine_lookup import zero_stage
 
         stage = zero_stage(self.strategy, self.engine)
         if stage is None:

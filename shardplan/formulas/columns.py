@@ -4,7 +4,7 @@ A single query is a one-row sweep: ``Columns.build`` accepts scalars or arrays f
 and broadcasts them, so the same formulas serve one configuration and millions
 (docs/architecture.md, principle 2). ``model_values`` / ``cluster_values`` are a model's and a
 cluster's numbers (per-tensor padding groups, NF4 quant_state bytes, NCCL buffers: the formulas
-that size them live beside them in ``formulas/``), ``inputs.config.knob_values`` the knobs' codes;
+that size them live beside them in ``formulas/``), ``inputs.stacks.knob_values`` the knobs' codes;
 ``columns_for`` puts one configuration's together.
 """
 

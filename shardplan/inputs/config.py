@@ -1,5 +1,6 @@
 """What a user states about a training run: ``TrainingConfig`` (names), and its knobs as the
-integer codes the formulas read (``knob_values``). The numbers themselves, broadcast into columns
+integer codes the formulas read (``resolved_knob_values``; ``stacks.knob_values`` fills the
+stack's defaults first). The numbers themselves, broadcast into columns
 with a model's and a cluster's, are ``formulas/columns.py``'s ``Columns``.
 """
 
@@ -121,15 +122,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     return out
 
 
-def knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
-    """Names -> codes, with one-line errors for unknown names; knobs the config leaves unstated
-    come from its stack (``stacks.resolve_stack``)."""
-    from shardplan.inputs.stacks import resolve_stack
-
-    return resolved_knob_values(resolve_stack(config, cluster.world_size), cluster)
-
-
-# The categorical knobs every configuration names, with the names their codes index (strategy.py).
+# The categorical knobs every configuration names, with the names their codes index (knob_names.py).
 CATEGORICAL_KNOBS = (("stack", st.STACKS), ("strategy", st.STRATEGIES), ("engine", st.ENGINES),
                      ("precision", st.PRECISIONS), ("optimizer", st.OPTIMIZERS), ("ac", st.AC_MODES),
                      ("offload", st.OFFLOADS), ("method", st.METHODS), ("attention", st.ATTENTIONS))
@@ -137,7 +130,7 @@ _NAME_CODES = {field: {name: i for i, name in enumerate(names)} for field, names
 
 
 def resolved_knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
-    """``knob_values`` of a config its stack has resolved already (``stacks.resolve_stack``)."""
+    """``knob_values`` of a config its stack has resolved already (``stacks.resolve_stack``; ``stacks.knob_values`` resolves and converts)."""
     codes = knob_codes(config)
     for field, names in CATEGORICAL_KNOBS:  # a canonical name by one lookup; anything else (an alias, a bad word) by st.code
         value = getattr(config, field)

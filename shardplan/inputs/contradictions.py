@@ -38,7 +38,7 @@ def _offload_invalid(cfg, stated, cluster, spec) -> bool:
 
 
 def _offload_reason(cfg, stated, cluster, spec) -> str:
-    from shardplan.inputs.engines import get_engine
+    from shardplan.inputs.engine_lookup import get_engine
 
     engine = get_engine(cfg.engine)
     run = engine.strategies.get(cfg.strategy)

@@ -10,11 +10,14 @@ default gradient-reduction dtype, its collective bucket sizes and any quantized 
 codes keep their values. The formulas never test an engine's name: they read the declarations as
 numpy tables indexed by the engine code (``table().param_bytes[engine, precision]``), through the
 broadcasting helpers below.
+
+This module sits below the vocabulary (which reads the declarations' ``words``), so it reads only
+the knob names (``knob_names.py``); looking a declaration up by any accepted spelling
+(``engine_lookup.get_engine``) sits above the vocabulary.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,9 +26,10 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from shardplan.inputs import knob_names as st
+from shardplan.inputs.knob_names import ENGINE_DIR
 from shardplan.support.errors import ShardplanError
-
-ENGINE_DIR = Path(__file__).parents[1] / "data" / "engine_profiles"
+from shardplan.support.names import choose
 
 # The classes that do an engine's work for one strategy: no wrapper, torch DDP, FSDP, DeepSpeed's
 # ZeRO engine. A new engine reuses one of these mechanisms (its numbers are data); a new
@@ -147,8 +151,6 @@ class EngineProfile(_Frozen):
 def _check(profile: EngineProfile, path: Path) -> EngineProfile:
     """What the schema cannot say: the file is named after the engine, every per-precision value
     names each precision once, names are known words (one-line errors naming file and field)."""
-    from shardplan.inputs import strategy as st
-
     if profile.name != path.stem:
         raise ShardplanError(f"{path.name}: name", profile.name, f"must be the file's name ({path.stem})")
     states = profile.bytes_per_element
@@ -185,24 +187,10 @@ def engine_profiles() -> tuple[EngineProfile, ...]:
     return tuple(profiles)
 
 
-def engine_names() -> tuple[str, ...]:
-    """The engine names in code order, read from the declarations' ``name`` and ``code`` only
-    (``strategy.ENGINES``; imported before the other vocabularies exist)."""
-    heads = [json.loads(p.read_text()) for p in ENGINE_DIR.glob("*.json")]
-    return tuple(h["name"] for h in sorted(heads, key=lambda h: h["code"]))
-
-
-def get_engine(name: str) -> EngineProfile:
-    """The declaration of engine ``name`` (any accepted spelling)."""
-    from shardplan.inputs import strategy as st
-
-    return engine_profiles()[st.code(st.ENGINES, name, "engine")]
-
-
 @dataclass(frozen=True)
 class EngineTables:
     """The declarations as arrays: ``[engine]``, ``[engine, precision]``, ``[engine, strategy]`` or
-    ``[engine, strategy, offload]`` (codes of ``strategy.py``). Built once (``tables``)."""
+    ``[engine, strategy, offload]`` (codes of ``knob_names.py``). Built once (``tables``)."""
 
     param_bytes: np.ndarray
     grad_bytes: np.ndarray
@@ -249,7 +237,7 @@ def _strategy_tables(profiles, st) -> dict[str, np.ndarray]:
     out["offload_ok"][:, :, st.OFFLOAD_NONE] = True
     for e, p in enumerate(profiles):
         for name, run in p.strategies.items():
-            s = st.code(st.STRATEGIES, name, f"{p.name}.json: strategies")
+            s = st.STRATEGIES.index(choose(name, st.STRATEGIES, f"{p.name}.json: strategies"))
             own = run.framework_name.removesuffix(" (≈)")  # "(≈)": run as the strategy of that name
             out["runs_as"][e, s] = next(st.STRATEGIES.index(n) for n, r in p.strategies.items()
                                         if r.framework_name.removesuffix(" (≈)") == own)
@@ -300,8 +288,6 @@ def _engine_tables(profiles) -> dict[str, np.ndarray]:
 
 @lru_cache(maxsize=1)
 def tables() -> EngineTables:
-    from shardplan.inputs import strategy as st
-
     profiles = engine_profiles()
     reduce = np.array([[st.REDUCE_DTYPES.index(p.default_reduce_dtype.value[name]) for name in st.PRECISIONS]
                        for p in profiles])
@@ -343,22 +329,3 @@ def valid_offload(c):
     offloads params+grads+optimizer together (``CPUOffloadPolicy`` / ``CPUOffload(offload_params=True)``);
     DeepSpeed offloads the optimizer at stage 1–3 and parameters only at stage 3; DDP offloads nothing."""
     return tables().offload_ok[np.asarray(c.engine), np.asarray(c.strategy), np.asarray(c.offload)]
-
-
-def framework_name(strategy: str, engine: str) -> str:
-    """What ``engine`` calls ``strategy`` ("stage 3", "ShardingStrategy.FULL_SHARD"); "" if it cannot run it."""
-    run = get_engine(engine).strategies.get(strategy)
-    return "" if run is None else run.framework_name
-
-
-def runs_deepspeed(engine: str) -> bool:
-    """Whether DeepSpeed's ZeRO engine does ``engine``'s work (its exports are DeepSpeed configs)."""
-    return any(run.wrapper == "deepspeed" for run in get_engine(engine).strategies.values())
-
-
-def zero_stage(strategy: str, engine: str) -> int | None:
-    """The ZeRO stage that runs ``strategy``: the engine's own declaration when DeepSpeed runs it,
-    else DeepSpeed's (a plan of another engine exported to DeepSpeed); None: no stage runs it."""
-    declared = get_engine(engine if runs_deepspeed(engine) else "deepspeed")
-    run = declared.strategies.get(strategy)
-    return None if run is None else run.zero_stage

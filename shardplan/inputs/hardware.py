@@ -419,22 +419,6 @@ def check_precision(gpu: GPUProfile, precision: str) -> None:
                              f"(query word 'fp16'; HF Trainer fp16=True)")
 
 
-def adapt_precision(config, cluster: Cluster):
-    """(config, notes): a precision the user did not state, whose default (the stack's) is bf16, becomes
-    fp16-mixed on a GPU without bf16, and the answer says so; a stated bf16 precision is refused
-    (``check_precision``). ``config`` is a ``TrainingConfig``."""
-    from shardplan.inputs.stacks import resolve_stack
-
-    precision = resolve_stack(config, cluster.world_size).precision
-    if not str(precision).startswith("bf16") or cluster.gpu.has_bf16:
-        return config, []
-    if "precision" in config.model_fields_set:
-        check_precision(cluster.gpu, precision)
-    note = (f"precision: {cluster.gpu.display_name} has no bf16 tensor cores; using {PRECISION_FALLBACK} "
-            f"instead of the stack's {precision}")
-    return config.model_copy(update={"precision": PRECISION_FALLBACK}), [note]
-
-
 def get_hardware(name: str) -> GPUProfile | LinkProfile:
     """A GPU or link profile by name; unknown names get one line listing both kinds."""
     key = normalize(name)
@@ -451,6 +435,6 @@ def get_hardware(name: str) -> GPUProfile | LinkProfile:
 __all__ = [
     "GPUProfile", "LinkProfile", "Cluster", "DEFAULT_GEMM_EFFICIENCY", "DEFAULT_ATTENTION_EFFICIENCY",
     "DEFAULT_SM_COUNT", "DEFAULT_HOST_LINK", "DEFAULT_NCCL_CHANNELS", "gpu_profiles", "link_profiles", "get_gpu", "get_link",
-    "parse_gpus", "gpu_for_capacity", "cluster_notes", "check_precision", "adapt_precision", "get_hardware",
+    "parse_gpus", "gpu_for_capacity", "cluster_notes", "check_precision", "get_hardware",
     "even_layout", "MAX_GPUS",
 ]

@@ -13,22 +13,28 @@ applied in order on top of ``defaults`` when their ``when`` matches (GPU count, 
 ``model_fields_set``) from the profile, then the remaining stack knobs from ``ENGINE_DEFAULTS``
 (the values that reproduce shardplan's numbers before stacks existed). The memory formulas never
 look at the stack: they read the knob columns (``formulas.columns.Columns``).
+
+The profiles' schema and reading them sit below the vocabulary (``stack_files.py``: the vocabulary
+reads their ``words``); checking their defaults against ``TrainingConfig`` and the vocabulary, and
+filling a config from them (``resolve_stack``, ``knob_values``), sit here, above ``config.py``,
+so ``inputs/`` has no import cycle.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 from types import SimpleNamespace
-from typing import Any, Literal, Union
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from shardplan.inputs import strategy as st
-from shardplan.inputs.profiles import DATA_DIR, load_profile
+from shardplan.inputs.config import TrainingConfig, knob_codes, resolved_knob_values
+from shardplan.inputs.hardware import PRECISION_FALLBACK, Cluster, check_precision
+from shardplan.inputs.stack_files import STACK_DIR, StackProfile, read_stack
+from shardplan.inputs.vocabulary import KNOBS
 from shardplan.support.errors import ShardplanError
-
-STACK_DIR = DATA_DIR / "stack_profiles"
 
 # The stack knobs and the value each takes when neither the user nor the stack states it (the
 # numbers shardplan gave before stacks were an input). ``fp32_master`` None: derived from the
@@ -42,70 +48,8 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
 STACK_KNOBS = tuple(ENGINE_DEFAULTS)
 
 
-class StackDefault(BaseModel):
-    """One default with where it comes from (library + file/function, or a documentation page)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    value: Union[bool, int, float, str]
-    source: str
-
-
-class StackCondition(BaseModel):
-    """When an override applies: one GPU or several (None: either), and which methods (None: all)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    gpus: Literal["one", "many"] | None = None
-    methods: list[Literal["full", "lora", "qlora"]] | None = None
-
-    def matches(self, world_size: int, method: str) -> bool:
-        gpus_ok = self.gpus is None or (self.gpus == "one") == (int(world_size) == 1)
-        return gpus_ok and (self.methods is None or method in self.methods)
-
-
-class StackOverride(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    when: StackCondition
-    set: dict[str, StackDefault]
-
-
-class StackWord(BaseModel):
-    """What the stack means by a short word for a knob ("bf16" -> bf16-mixed or bf16-pure); None:
-    the stack refuses that mode (``source`` says where)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    value: str | None
-    source: str
-
-
-class StackProfile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    display_name: str
-    description: str
-    defaults: dict[str, StackDefault]
-    overrides: list[StackOverride] = []
-    not_modelled: list[str] = []
-    # knob -> word -> meaning: the vocabulary's stack-dependent aliases (shardplan/inputs/vocabulary.py)
-    words: dict[str, dict[str, StackWord]] = {}
-
-    def knobs(self, world_size: int, method: str = "full") -> dict[str, Any]:
-        """The profile's defaults for a run on ``world_size`` GPUs with ``method`` (names -> values)."""
-        out = {k: d.value for k, d in self.defaults.items()}
-        for rule in self.overrides:
-            if rule.when.matches(world_size, method):
-                out.update({k: d.value for k, d in rule.set.items()})
-        return out
-
-
 def _check(profile: StackProfile, path) -> StackProfile:
     """Every key must be a TrainingConfig knob and every value one it accepts."""
-    from shardplan.inputs.config import TrainingConfig, knob_codes
-
     sections = [("defaults", profile.defaults)] + [(f"overrides.{i}.set", r.set) for i, r in enumerate(profile.overrides)]
     for section, where in sections:
         for key, default in where.items():
@@ -120,8 +64,6 @@ def _check(profile: StackProfile, path) -> StackProfile:
         knob_codes(config, check_names=True)  # names must be known words
     if profile.name not in st.STACKS:
         raise ShardplanError(f"{path.name}: name", profile.name, f"not one of {', '.join(st.STACKS)}")
-    from shardplan.inputs.vocabulary import KNOBS
-
     for knob, words in profile.words.items():
         dependent = {a.word for a in KNOBS[knob].aliases if a.by == "stack"} if knob in KNOBS else set()
         for word, meaning in words.items():
@@ -137,9 +79,8 @@ def _check(profile: StackProfile, path) -> StackProfile:
 @lru_cache(maxsize=None)
 def get_stack(name: str) -> StackProfile:
     """The built-in profile of stack ``name`` (one of ``strategy.STACKS``)."""
-    code = st.code(st.STACKS, name, "stack")
-    path = STACK_DIR / f"{st.STACKS[code]}.json"
-    return _check(load_profile(path, StackProfile), path)
+    canonical = st.STACKS[st.code(st.STACKS, name, "stack")]
+    return _check(read_stack(canonical), STACK_DIR / f"{canonical}.json")
 
 
 @lru_cache(maxsize=1024)
@@ -149,20 +90,14 @@ def stack_knobs(stack: str, world_size: int, method: str) -> tuple[tuple[str, An
     return tuple(get_stack(stack).knobs(world_size, method).items())
 
 
-def stack_word(stack: str, knob: str, word: str) -> str:
-    """What ``stack`` means by ``word`` for ``knob`` (its profile's ``words``), or a one-line
-    error when the stack refuses that mode or does not say."""
-    profile = get_stack(stack)
-    meaning = profile.words.get(knob, {}).get(word)
-    if meaning is None:
-        raise ShardplanError(knob, word, f"the {profile.name} stack profile does not say what it means")
-    if meaning.value is None:
-        raise ShardplanError(knob, word, f"the {profile.name} stack has no such mode ({meaning.source})")
-    return meaning.value
-
-
 def stack_profiles() -> list[StackProfile]:
     return [get_stack(name) for name in st.STACKS]
+
+
+def knob_values(config: TrainingConfig, cluster: Cluster) -> dict[str, Any]:
+    """Names -> codes, with one-line errors for unknown names; knobs the config leaves unstated
+    come from its stack (``resolve_stack``; ``config.resolved_knob_values`` for a resolved one)."""
+    return resolved_knob_values(resolve_stack(config, cluster.world_size), cluster)
 
 
 def resolve_stack(config, world_size: int):
@@ -207,8 +142,6 @@ def stack_tables(single: bool) -> dict[str, np.ndarray]:
     """Per stack knob, its value for each (method code, stack code) (sweeps index it with the
     ``method`` and ``stack`` columns). Categorical knobs are codes; ``fp32_master`` is 1/0, or -1
     when derived from the precision. Only the stack knobs: a sweep's other knobs are its own axes."""
-    from shardplan.inputs.config import knob_codes
-
     out = {k: np.zeros((len(st.METHODS), len(st.STACKS)), dtype=np.float64 if k == "lora_dropout" else np.int64)
            for k in STACK_KNOBS}
     for m, method in enumerate(st.METHODS):
@@ -225,3 +158,18 @@ def stack_label(name: str) -> str:
     """"hf (Transformers + Trainer + PEFT + bitsandbytes)": how every answer names its stack."""
     profile = get_stack(name)
     return f"{profile.name} ({profile.display_name})"
+
+
+def adapt_precision(config, cluster: Cluster):
+    """(config, notes): a precision the user did not state, whose default (the stack's) is bf16, becomes
+    fp16-mixed on a GPU without bf16, and the answer says so; a stated bf16 precision is refused
+    (``hardware.check_precision``). ``config`` is a ``TrainingConfig``. Here, not in ``hardware.py``:
+    it reads the stack's default, and the stacks sit above the hardware profiles."""
+    precision = resolve_stack(config, cluster.world_size).precision
+    if not str(precision).startswith("bf16") or cluster.gpu.has_bf16:
+        return config, []
+    if "precision" in config.model_fields_set:
+        check_precision(cluster.gpu, precision)
+    note = (f"precision: {cluster.gpu.display_name} has no bf16 tensor cores; using {PRECISION_FALLBACK} "
+            f"instead of the stack's {precision}")
+    return config.model_copy(update={"precision": PRECISION_FALLBACK}), [note]

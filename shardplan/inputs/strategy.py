@@ -1,83 +1,24 @@
-"""The strategy vocabulary, its knobs, and which combinations are valid (with each engine's
-declaration, ``shardplan/inputs/engines.py``; docs/engines.md).
+"""What the knobs' names mean: names -> codes with the vocabulary's aliases (``code``), and which
+combinations each engine's declaration runs, how it shards them and its default reduce dtype
+(``shardplan/inputs/engines.py``; docs/engines.md).
 
-Every categorical knob is an index into a tuple of names, so formulas can take numpy integer
-arrays and branch with ``np.where`` (docs/formulas.md: every formula broadcasts). ``*_names`` tuples are the only
-place the spelling lives.
+The names themselves live in ``knob_names.py`` (re-exported here, so callers write
+``st.FULL_SHARD``): they sit below the engine and stack declarations and the vocabulary, which
+validate against them, while this module reads those, which keeps ``inputs/`` free of import cycles
+(docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from shardplan.inputs.engines import engine_names as _engine_names
 from shardplan.inputs.engines import per_precision, per_strategy
+from shardplan.inputs.knob_names import *  # noqa: F403 (the names, re-exported: callers write st.FULL_SHARD)
+from shardplan.inputs.knob_names import BF16_MIXED, BF16_PURE, FP16_MIXED, FP32, REDUCE_DTYPES, REDUCE_PARAM, SINGLE
+from shardplan.inputs.vocabulary import KNOBS, canonical
+from shardplan.support.errors import ShardplanError
 from shardplan.support.names import choose
 
-# ``single``: one GPU, no wrapper (no DDP/FSDP/DeepSpeed): full states on the GPU, no sharding
-# buffers and no NCCL communicator. Appended last so the other codes keep their values.
-STRATEGIES = ("ddp", "no_shard", "zero1", "zero2", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2",
-              "single")
-DDP, NO_SHARD, ZERO1, ZERO2, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, SINGLE = range(len(STRATEGIES))
-
-# The engines are declared as data (shardplan/inputs/engines.py, data/engine_profiles/*.json); their
-# names come in the declared code order, so existing codes keep their values.
-ENGINES = _engine_names()
-FSDP2, FSDP1, DEEPSPEED = (ENGINES.index(n) for n in ("fsdp2", "fsdp1", "deepspeed"))
-
-PRECISIONS = ("bf16-mixed", "fp16-mixed", "bf16-pure", "fp32")
-BF16_MIXED, FP16_MIXED, BF16_PURE, FP32 = range(len(PRECISIONS))
-
-OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw-8bit", "lion")
-ADAMW, SGD, ADAFACTOR, ADAMW_8BIT, LION = range(len(OPTIMIZERS))
-
-AC_MODES = ("none", "full", "selective", "every-k", "selective-op")
-# selective: every matmul and attention-kernel output saved (the policy ``shardplan export`` writes);
-# selective-op: torchtitan's op-level SAC, every second matmul output recomputed (activations.py)
-AC_NONE, AC_FULL, AC_SELECTIVE, AC_EVERY_K, AC_SELECTIVE_OP = range(len(AC_MODES))
-
-OFFLOADS = ("none", "optimizer", "optimizer+params")
-OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_ALL = range(len(OFFLOADS))
-
-METHODS = ("full", "lora", "qlora")
-FULL, LORA, QLORA = range(len(METHODS))
-
-# "triton": the Triton FlashAttention kernel of FlashAttention-1's design (flash-attn 1.0's
-# ``flash_attn_triton``, copied into llm-foundry, whose ``attn_impl: triton`` runs it): SDPA's
-# flash memory, its own speed (``throughput.TRITON_OVER_FLASH2``).
-ATTENTIONS = ("sdpa", "eager", "triton")
-SDPA, EAGER, TRITON = range(len(ATTENTIONS))
-
-# The training stack whose code surrounds the engine (shardplan/inputs/stacks.py, data/stack_profiles/).
-STACKS = ("hf", "torchtitan", "torchtune", "lightning", "plain")
-HF, TORCHTITAN, TORCHTUNE, LIGHTNING, PLAIN = range(len(STACKS))
-
-# 4-bit storage of a quantized frozen base (model_states.quant_bytes_per_param).
-QUANT_FORMATS = ("nf4", "gptq", "awq")
-NF4, GPTQ, AWQ = range(len(QUANT_FORMATS))
-
-# How the weights reach the GPUs before training (memory.load_peak_bytes).
-LOAD_MODES = ("full_per_gpu", "rank0_broadcast", "meta_init")
-LOAD_FULL_PER_GPU, LOAD_RANK0_BROADCAST, LOAD_META_INIT = range(len(LOAD_MODES))
-
-# How the AdamW step runs on the GPU (torch.optim.AdamW fused= / foreach=; torchtitan's
-# ``optimizer.implementation``): model_states.optimizer_step_bytes_per_element, buffers.optimizer_step_temporaries.
-OPTIMIZER_IMPLS = ("fused", "foreach", "for_loop")
-OPT_FUSED, OPT_FOREACH, OPT_FOR_LOOP = range(len(OPTIMIZER_IMPLS))
-
-# PEFT LoRA targets as the stacks name them (model.lora_params_per_block / lora_root_params):
-# q,v (PEFT's default for Llama, torchtune ``lora_attn_modules=['q_proj','v_proj']``), every
-# attention projection, every Linear of the blocks (PEFT ``target_modules="all-linear"``, which
-# leaves the output layer out), and all of them plus the embedding and lm_head (PEFT
-# ``target_modules`` naming ``embed_tokens``/``lm_head``; torchtune ``apply_lora_to_output``).
-LORA_TARGETS = ("qv", "attention", "all-linear", "all-linear+embeddings")
-
-# Gradient reduction dtype (FSDP ``MixedPrecision``/``MixedPrecisionPolicy(reduce_dtype=...)``,
-# DeepSpeed ``communication_data_type``, DDP's ``bf16_compress_hook``/``fp16_compress_hook``):
-# "param" reduces in the compute/param dtype (FSDP's reduce_dtype=None: torch
-# ``_fsdp_collectives.foreach_reduce`` ``reduce_dtype = reduce_dtype or grad_dtype``).
-REDUCE_DTYPES = ("fp32", "bf16", "fp16", "param")
-REDUCE_FP32, REDUCE_BF16, REDUCE_FP16, REDUCE_PARAM = range(len(REDUCE_DTYPES))
 
 def runs_as(strategy, engine):
     """The strategy code the engine actually runs for ``strategy``: the first strategy its
@@ -93,8 +34,6 @@ def code(vocabulary: tuple[str, ...], value: str, field: str) -> int:
     vocabulary (shardplan/inputs/vocabulary.py) also takes its aliases ("zero3", "offload all")."""
     if isinstance(value, str) and value in vocabulary:  # already a name (every query, many times)
         return vocabulary.index(value)
-    from shardplan.inputs.vocabulary import KNOBS, canonical
-
     if field in KNOBS and KNOBS[field].names == vocabulary:
         return vocabulary.index(canonical(field, value))
     return vocabulary.index(choose(value, vocabulary, field))
@@ -162,8 +101,6 @@ def check_world_size(strategy: str, world_size: int, shard_group_size: int | Non
     """One-line errors for a run whose GPU count its strategy cannot use: ``single`` is one GPU
     without a wrapper; a shard group must divide the GPUs (the rules ``valid_world_size`` and the
     HSDP mesh apply to arrays, for one stated run)."""
-    from shardplan.support.errors import ShardplanError
-
     if strategy == "single" and world_size != 1:
         raise ShardplanError("strategy", "single", f"means one GPU without a wrapper; this run has {world_size}")
     if shard_group_size and world_size % shard_group_size:

@@ -1,7 +1,7 @@
 """One vocabulary for every categorical knob: the words a query, an ``--option``, a sweep list and
 the Python API (``TrainingConfig``) accept, and what each means.
 
-Each knob lists its canonical names (the tuples of ``strategy.py``, which formulas index) and its
+Each knob lists its canonical names (the tuples of ``knob_names.py``, which formulas index) and its
 aliases: other words people use for one of them ("zero3" = full_shard, "offload all" =
 optimizer+params, "gc" = full checkpointing). An alias whose meaning depends on another knob
 says which: "bf16" means what the chosen training STACK means by it (Transformers' ``bf16=True``
@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable
 
-from shardplan.inputs import strategy as st
+from shardplan.inputs import knob_names as st
 from shardplan.inputs.engines import engine_profiles
+from shardplan.inputs.stack_files import read_stacks, stack_word
 from shardplan.support.errors import ShardplanError
 from shardplan.support.names import did_you_mean, normalize
 
@@ -214,7 +215,6 @@ def _dependent(field_name: str, word: Any, alias: Alias, context: dict[str, Any]
     for value in given:
         owner = canonical(alias.by, value)
         if alias.by == "stack":
-            from shardplan.inputs.stacks import stack_word
             meanings[owner] = stack_word(owner, field_name, alias.word)
         else:
             meanings[owner] = dict(alias.by_value)[owner]
@@ -415,9 +415,7 @@ def markdown(stacks: Iterable[Any] = ()) -> str:
 
 def document() -> str:
     """The generated part of docs/vocabulary.md (``python -m shardplan.inputs.vocabulary`` prints it)."""
-    from shardplan.inputs.stacks import stack_profiles
-
-    return markdown(stack_profiles())
+    return markdown(read_stacks())
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ from shardplan.formulas.overflow import OVERFLOW_NOTE, check_one
 from shardplan.formulas.throughput import training_cost
 from shardplan.formulas.verdict import ADVICE, TIGHT, VERDICTS
 from shardplan.inputs import strategy as st
-from shardplan.inputs.config import TrainingConfig, knob_values
+from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.engines import tables as engine_tables
 from shardplan.inputs.hardware import Cluster, check_precision
 from shardplan.inputs.model import ModelSpec
-from shardplan.inputs.stacks import stack_label
+from shardplan.inputs.stacks import knob_values, stack_label
 from shardplan.planning.evaluate import evaluate_grid, require_query_types
 from shardplan.planning.workload import Workload, resolve_workload  # noqa: F401  (planner.resolve_workload, as before)
 from shardplan.support.errors import ShardplanError
