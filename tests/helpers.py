@@ -52,3 +52,13 @@ def one_line_error(res: CliResult, *named: str) -> str:
     for text in named:
         assert text in lines[0], (text, lines[0])
     return lines[0]
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped (a killed writer's temp file names it)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardplan.support.atomic_write import _host_tag, _temp_prefix, atomic_path, clean_stale_temps, write_text_atomic
-from tests.helpers import run_cli
+from tests.helpers import dead_pid, run_cli
 
 posix = pytest.mark.skipif(os.name != "posix" or not hasattr(os, "fork"), reason="SIGKILL and fork are POSIX")
 
@@ -28,23 +28,16 @@ def _temps(folder: Path) -> list[str]:
     return sorted(n for n in os.listdir(folder) if ".shardplan-" in n and n.endswith(".tmp"))
 
 
-def _dead_pid() -> int:
-    """The pid of a process that has exited and been reaped."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
 # --- stale temporary files ----------------------------------------------------------------------
 @posix
 def test_the_next_write_removes_temps_of_dead_writers_only(tmp_path):
     target = tmp_path / "out.csv"
     prefix = _temp_prefix(target.name)
-    dead = tmp_path / f"{prefix}{_host_tag()}-{_dead_pid()}-00aa11bb22cc.tmp"
+    dead = tmp_path / f"{prefix}{_host_tag()}-{dead_pid()}-00aa11bb22cc.tmp"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         alive = tmp_path / f"{prefix}{_host_tag()}-{sleeper.pid}-00aa11bb22cc.tmp"
-        elsewhere = tmp_path / f"{prefix}ffffff-{_dead_pid()}-00aa11bb22cc.tmp"  # another host's writer
+        elsewhere = tmp_path / f"{prefix}ffffff-{dead_pid()}-00aa11bb22cc.tmp"  # another host's writer
         other = tmp_path / ".notes.txt.tmp"                                       # not shardplan's
         for p in (dead, alive, elsewhere, other):
             p.write_text("half a fi")

@@ -16,7 +16,7 @@ import pytest
 
 from shardplan.support.atomic_write import _host_tag, write_text_atomic
 from shardplan.support.errors import ShardplanError
-from tests.helpers import one_line_error, run_cli
+from tests.helpers import dead_pid, one_line_error, run_cli
 
 posix = pytest.mark.skipif(os.name != "posix", reason="POSIX links, modes and signals")
 REPO = Path(__file__).resolve().parents[1]
@@ -115,18 +115,12 @@ def test_a_read_only_file_needs_force_and_stays_read_only(tmp_path, perm):
 
 
 # --- temporary files of killed writers ----------------------------------------------------------------
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
 @posix
 def test_the_next_write_into_the_folder_removes_any_dead_writers_temp(tmp_path):
     """Not only the same target's: a killed sweep's 200 MB temp beside other outputs goes at the next write."""
-    stale = tmp_path / f".other.csv.shardplan-{_host_tag()}-{_dead_pid()}-0123456789ab.tmp"
+    stale = tmp_path / f".other.csv.shardplan-{_host_tag()}-{dead_pid()}-0123456789ab.tmp"
     stale.write_bytes(b"x" * 1000)
-    foreign = tmp_path / f".other.csv.shardplan-ffffff-{_dead_pid()}-0123456789ab.tmp"  # another host's
+    foreign = tmp_path / f".other.csv.shardplan-ffffff-{dead_pid()}-0123456789ab.tmp"  # another host's
     foreign.write_bytes(b"x")
     write_text_atomic(tmp_path / "unrelated.json", "{}")
     assert not stale.exists() and foreign.exists()
