@@ -22,6 +22,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from shardplan.calibrate import gpu_split
 from shardplan.formulas.columns import Columns, columns_for
 from shardplan.formulas.memory import estimate_memory
@@ -125,11 +127,8 @@ def compare_file(path: Path) -> list[dict]:
 
 
 def quantile(values: list[float], q: float) -> float:
-    """The q-quantile (linear interpolation between order statistics, numpy's default)."""
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+    """The q-quantile, numpy's (linear interpolation between order statistics)."""
+    return float(np.quantile(values, q))
 
 
 def summary(rows: list[dict], by: str | None = None) -> list[dict]:
