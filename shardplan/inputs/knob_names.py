@@ -87,3 +87,7 @@ LORA_TARGETS = ("qv", "attention", "all-linear", "all-linear+embeddings")
 # ``_fsdp_collectives.foreach_reduce`` ``reduce_dtype = reduce_dtype or grad_dtype``).
 REDUCE_DTYPES = ("fp32", "bf16", "fp16", "param")
 REDUCE_FP32, REDUCE_BF16, REDUCE_FP16, REDUCE_PARAM = range(len(REDUCE_DTYPES))
+
+# What ``strategy.py`` re-exports with ``import *``: the names and codes, not this module's helpers
+# (json, Path, engine_names, ENGINE_DIR).
+__all__ = [n for n in tuple(globals()) if n.isupper() and n != "ENGINE_DIR"]
