@@ -345,7 +345,8 @@ def run_user(cfg: dict) -> dict:
 # --- the grid -------------------------------------------------------------------------------------
 def user_grid(smoke: bool) -> list[dict]:
     """Trainer + accelerate FSDP (W = 8, one at 64), TRL, single-GPU PEFT LoRA / QLoRA / full, and
-    torchtitan's loop; 1B / 3B Llama-3.2 shapes, seq 2048 unless varied, 4 steps."""
+    torchtitan's loop; 1B / 3B Llama-3.2 shapes, seq 2048 unless varied, 4 steps (6 in the
+    tokens-per-step series)."""
     one, three = ("smoke", "smoke") if smoke else (ONE_B, THREE_B)
     s = 64 if smoke else 2048
     base = dict(kind="user", smoke=smoke, steps=4, micro_batch=2, seq_len=s, use_cache=False, method="full",
@@ -371,6 +372,14 @@ def user_grid(smoke: bool) -> list[dict]:
     g += [dict(titan, model=one, ac="none"), dict(titan, model=one, ac="full"), dict(titan, model=one, ac="full",
                                                                                     world_size=64),
           dict(titan, model=three, ac="full"), dict(titan, model=one, ac="full", use_cache=True)]
+    # Added in the second device session (appended: earlier indices keep their configurations). Tokens
+    # per step varied at a fixed model and method: a step's per-launch host/eager cost (PEFT adapters,
+    # bitsandbytes dequantisation, HF modules) separates from its per-token cost only when the tokens
+    # per step vary; six steps so that five are past the first.
+    tps = dict(single, model=one, steps=6)
+    g += [dict(tps, method=m, ac="kbit" if m == "qlora" else "hf", micro_batch=b, seq_len=n)
+          for m in ("lora", "qlora", "full") for b, n in ((1, s // 4), (1, s // 2), (4, 2 * s))]
+    g += [dict(single, model=three, method="qlora", ac="kbit")]
     return g
 
 
