@@ -264,7 +264,7 @@ def elementwise_bytes_per_token(c):
     ASSUMPTION: eager mode, no fused RMSNorm/RoPE/cross-entropy kernels (torch.compile or Liger
     kernels cut these to ~1 read + 1 write per tensor).
     """
-    a = compute_dtype_bytes(c.precision)
+    a = stream_dtype_bytes(c)
     h = c.hidden_size
     scale = a / 2.0
     mlp = np.where(c.gated_mlp, 5, 2) * a * c.mlp_width
@@ -274,8 +274,40 @@ def elementwise_bytes_per_token(c):
         + gqa + 2 * a * c.q_width + 6 * a * h + mlp
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
     layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
-    head = CROSS_ENTROPY_BYTES_PER_VOCAB * scale * c.vocab_size
-    return layers + head + lora_adapter_bytes_per_token(c)
+    head = CROSS_ENTROPY_BYTES_PER_VOCAB * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
+    return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c)
+
+
+def stream_dtype_bytes(c):
+    """Bytes per element of the residual stream the blocks' element-wise kernels move: the
+    configuration's compute dtype, except a QLoRA model prepared by PEFT's
+    ``prepare_model_for_kbit_training`` (``kbit_prep``), which casts every non-4-bit parameter
+    (norms, embeddings, lm_head) to fp32 (peft ``utils/other.py``): HF's RMSNorm returns
+    ``weight * hidden_states.to(input_dtype)``, an fp32 product, and bitsandbytes' ``Linear4bit``
+    returns its output in its input's dtype, so norms, residual adds, RoPE and the MLP product run
+    in fp32 (4 B). ASSUMPTION: the head's cross-entropy keeps the compute dtype's count."""
+    a = compute_dtype_bytes(c.precision)
+    return np.where((c.method == st.QLORA) & np.asarray(c.kbit_prep, dtype=bool), np.maximum(a, 4), a)
+
+
+def qlora_stream_cast_bytes_per_token(c):
+    """HBM bytes per token of bitsandbytes' dtype casts around each 4-bit Linear when the stream is
+    wider than the 16-bit compute dtype (``stream_dtype_bytes`` 4 against bf16's 2): ``Linear4bit.forward``
+    (bitsandbytes ``nn/modules.py`` @0.43.3) casts its input ``x.to(self.compute_dtype)`` (read s,
+    write 2 per input element) and its output back ``out.to(inp_dtype)`` (read 2, write s per output
+    element); backward casts both gradients the other way (the same bytes); recomputed blocks repeat
+    the forward. Per block, each Linear casts its own input: q, k, v (one fused qkv: one), o, gate
+    and up, down. ASSUMPTION: a dense MLP (an MoE token's k experts each cast its input: (k − 1)·h
+    per projection left out)."""
+    s = stream_dtype_bytes(c)
+    half = np.where(matmul_precision(c) == st.FP32, 4, 2)
+    h = np.asarray(c.hidden_size, dtype=np.float64)
+    up = np.where(c.gated_mlp, 2.0, 1.0)
+    ins = np.where(c.fused_qkv, 1.0, 3.0) * h + c.q_width + up * h + c.mlp_width
+    outs = c.q_width + 2.0 * c.kv_width + h + up * c.mlp_width + h
+    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    per_layer = (s + half) * (ins + outs) * (2 + frac)
+    return np.where((c.method == st.QLORA) & (s > half), c.num_layers * per_layer, 0.0)
 
 
 def lora_adapter_bytes_per_token(c):
@@ -287,9 +319,9 @@ def lora_adapter_bytes_per_token(c):
     copy and a 1-byte mask (2a·in + in). Backward: ``* scaling``'s gradient (2a·out), lora_B's input-
     and weight-gradient GEMMs read the incoming gradient (2a·out), lora_A's input gradient is
     written and accumulated into x's (4a·in), dropout's backward (2a·in + in). Recomputed blocks
-    repeat the forward. The rank-r GEMMs' FLOPs are in ``flops_per_token``; out widths summed per
+    repeat the forward; a is the stream's bytes (``stream_dtype_bytes``). The rank-r GEMMs' FLOPs are in ``flops_per_token``; out widths summed per
     block are lora_params / (layers · r) − the adapted input widths."""
-    a = compute_dtype_bytes(c.precision)
+    a = stream_dtype_bytes(c)
     rank = np.maximum(c.lora_rank_out / np.maximum(c.lora_adapted_linears, 1), 1)
     layers = np.maximum(np.asarray(c.num_layers, dtype=np.float64), 1)
     ins = np.asarray(c.lora_adapted_in, dtype=np.float64)

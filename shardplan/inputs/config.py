@@ -64,6 +64,9 @@ class TrainingConfig(BaseModel):
     use_cache: bool | None = Field(None, description="the model config's use_cache during training: a KV cache "
                                    "built in every forward, kept alive under non-reentrant checkpointing by a wrapper "
                                    "(memory.kv_cache_leftover_bytes); Trainer/TRL set it False")
+    kbit_prep: bool | None = Field(None, description="QLoRA prepared by PEFT's prepare_model_for_kbit_training: every "
+                                   "non-4-bit parameter in fp32, so the residual stream around the 16-bit base "
+                                   "matmuls is fp32 (throughput.stream_dtype_bytes; the memory model does not read it yet)")
     quant_state_sharded: bool | None = Field(None, description="bnb quant_state sharded with the weights")
     quant_format: str | None = Field(None, description="4-bit base format: nf4, gptq, awq")
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
@@ -102,7 +105,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     get = knobs.get if isinstance(knobs, dict) else vars(knobs).get  # a model's (or namespace's) fields
     out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload",
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
-                               "quant_state_sharded", "checkpoint_wrapper", "use_cache")}
+                               "quant_state_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:

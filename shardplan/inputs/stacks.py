@@ -42,7 +42,7 @@ from shardplan.support.errors import ShardplanError
 ENGINE_DEFAULTS: dict[str, Any] = dict(
     logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False, fp32_master=None,
     paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False, quant_state_sharded=True,
-    quant_format="nf4", load_mode="rank0_broadcast", checkpoint_wrapper=False, use_cache=False,
+    quant_format="nf4", load_mode="rank0_broadcast", checkpoint_wrapper=False, use_cache=False, kbit_prep=False,
     optimizer_impl="foreach",  # torch.optim.AdamW with neither flag: _default_to_fused_or_foreach picks foreach on CUDA
 )
 STACK_KNOBS = tuple(ENGINE_DEFAULTS)

@@ -354,6 +354,13 @@ STRATEGY_PATTERNS = (
     (r"\bddp\b", ("ddp", None)), (r"hybrid_shard", ("hybrid_shard", "fsdp")), (r"shard_grad_op", ("shard_grad_op", "fsdp")),
     (r"no_shard", ("no_shard", "fsdp")), (r"full_shard", ("full_shard", "fsdp")),
 )
+# fms-acceleration's ``baseline-peft-bnb`` QLoRA rows ("HF/PEFT baseline loading") go through TRL's
+# SFTTrainer, which runs PEFT's ``prepare_model_for_kbit_training`` on a 4-bit model (``kbit_prep``:
+# norms, embeddings and lm_head cast to fp32, an fp32 stream). The harness's own plugin says so
+# (fms-acceleration ``plugins/accelerated-peft/src/fms_acceleration_peft/framework_plugin_bnb.py``
+# @876e2ed: SFTTrainer's preparation "will cause a slowdown in training speed due to extraneous dtype
+# casting"); its ``accelerated-peft-bnb`` rows freeze the base without the cast (``_prepare_model_for_kbit_training``).
+KBIT_PREP_PATTERN = r"HF/PEFT baseline loading"
 PRECISION_PATTERNS = (
     (r"fp8|float8|mxfp8", "fp8"), (r"compute not stated", "stack"),
     (r"bf16-true|no fp32 master|full bf16|bfloat16 params, grads|params, grads(, optimizer states)? bf16|"
@@ -472,6 +479,9 @@ def _precision_and_method(row: dict[str, str], assumed: list[str]) -> dict[str, 
         out["precision"] = precision
     if method != "full":
         out.update(_lora(text))
+    if method == "qlora" and re.search(KBIT_PREP_PATTERN, text, re.I):
+        out["kbit_prep"] = True
+        assumed.append("kbit_prep: TRL's SFTTrainer prepares a 4-bit model with prepare_model_for_kbit_training")
     return out
 
 
