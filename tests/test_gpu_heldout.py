@@ -130,13 +130,19 @@ def test_a_later_session_adds_runs_and_never_erases_a_measurement(tmp_path, monk
     for path in (TRAIN, HELDOUT):
         shutil.copy(path, tmp_path / path.name)
     monkeypatch.setattr(gpu_split, "FOLDER", tmp_path)
-    before = gpu_split.read(tmp_path / TRAIN.name) + gpu_split.read(tmp_path / HELDOUT.name)
     grid = us.user_grid(False)
+    # every configuration of the grid may be measured already: one record is taken out of the copy,
+    # so that its configuration is one a later session has still to measure
+    train = gpu_split.read(tmp_path / TRAIN.name)
+    gone = next(r for r in train if r["status"] == "ok")
+    (tmp_path / TRAIN.name).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in train if r is not gone))
+    before = gpu_split.read(tmp_path / TRAIN.name) + gpu_split.read(tmp_path / HELDOUT.name)
     todo = us.unmeasured(grid)
     assert len(todo) == len(grid) - len({gpu_split.config_digest(r["config"]) for r in before if r["status"] == "ok"})
     measured = next(r for r in before if r["status"] == "ok")
     seen = {gpu_split.config_digest(r["config"]) for r in before}
     new = next(i for i in todo if gpu_split.config_digest(grid[i]) not in seen)  # no record at all yet
+    assert gpu_split.config_digest(grid[new]) == gpu_split.config_digest(gone["config"])
     raw = tmp_path / "raw.jsonl"
     raw.write_text(json.dumps({"config": grid[new], "status": "ok", "max_allocated_bytes": 1}) + "\n"
                    + json.dumps({"config": measured["config"], "status": "timeout"}) + "\n")

@@ -88,11 +88,14 @@ def test_cli_option_and_query_word():
 
 
 def test_train_split_optimizer_phase_is_closer_with_the_stacks_fused_default(monkeypatch):
-    """Trainer's runs (train split only; optim = adamw_torch_fused in every record): the optimizer
-    phase's median |error| with the hf stack's fused default is below the foreach prediction's."""
+    """Trainer's full fine-tunes (train split only; optim = adamw_torch_fused in every record): the
+    optimizer phase's median |error| with the hf stack's fused default is below the foreach
+    prediction's."""
     import shardplan.calibrate.gpu_heldout as gh
 
-    records = [r for r in gpu_split.read(gpu_split.FOLDER / "train.jsonl") if r.get("status") == "ok"]
+    records = [r for r in gpu_split.read(gpu_split.FOLDER / "train.jsonl")
+               if r.get("status") == "ok" and r["config"]["script"] != "titan"  # torchtitan's loop: fused=True itself
+               and r["config"]["method"] == "full"]  # LoRA's states are MiBs: the knob moves its phase by < 2 %
     assert records and all("FUSED" in str(r.get("optim", "")).upper() for r in records)
     original = gh.user_training_config
 

@@ -50,6 +50,7 @@ def user_training_config(cfg: dict) -> TrainingConfig:
         reduce_dtype=("fp32" if titan else "bf16") if sharded else None,
         load_mode="meta_init" if titan else None,
         checkpoint_wrapper=cfg["ac"] in ("fsdp", "full") and bool(cfg["use_cache"]) and titan,
+        kbit_prep=qlora or None,
     )
 
 
