@@ -104,6 +104,11 @@ TRITON_OVER_FLASH2 = (1 + 2.5) / (1.4 + 2.5 * 2.0)
 # high end the longest, log-linear in between, the same on every GPU and for the Triton kernel.
 FLASH_SHORT_SEQ_FACTOR = 0.50 / ((1 + 2.5) / (1 / 0.73 + 2.5 / 0.63))
 FLASH_SEQ_SHORT, FLASH_SEQ_LONG = 512, 16384
+# bitsandbytes 4-bit quantization blocks: ``quantize_4bit(..., blocksize=64)`` and ``Params4bit``'s
+# default (``nn/modules.py``; Transformers' BitsAndBytesConfig does not change it), and the nested
+# (double-quant) absmax blocks, ``quantize_blockwise(absmax, blocksize=256)`` (``functional.py``).
+QLORA_BLOCKSIZE = 64
+QLORA_NESTED_BLOCKSIZE = 256
 
 
 @dataclass(frozen=True)
@@ -461,11 +466,29 @@ def matmul_precision(c):
     return np.where(c.method == st.QLORA, st.BF16_MIXED, np.asarray(c.precision))
 
 
+def qlora_dequant_bytes_per_weight(blocksize=QLORA_BLOCKSIZE, nested=True, out_bytes=2.0):
+    """HBM bytes one ``dequantize_4bit`` moves per 4-bit weight (bitsandbytes ``functional.py``
+    @0.43.3): the kernel reads the packed weight (0.5 B) and one fp32 absmax per block of
+    ``blocksize`` weights and writes the 16-bit weight (``out_bytes``). With double quantization
+    (``quant_state.nested``) the absmax is first dequantized: ``dequantize_blockwise`` reads its
+    uint8 code (1 B per block) and one fp32 absmax per ``QLORA_NESTED_BLOCKSIZE`` blocks and writes
+    the fp32 absmax (4 B), ``absmax += quant_state.offset`` reads and writes it again (8 B), and the
+    4-bit kernel reads it (4 B): 17 B per block. Without it the kernel reads the stored fp32 absmax (4 B)."""
+    per_block = np.where(nested, 1.0 + 4.0 + 8.0 + 4.0 + 4.0 / QLORA_NESTED_BLOCKSIZE, 4.0)
+    return 0.5 + out_bytes + per_block / np.asarray(blocksize, dtype=np.float64)
+
+
 def qlora_dequant_s(c, rates: ComputeRates):
-    """QLoRA dequantizes every 4-bit Linear to 16-bit at each use (forward, backward, recompute):
-    read ~0.5 + write 2 bytes per weight per use (bitsandbytes ``dequantize_4bit``). Per micro-batch."""
+    """QLoRA dequantizes every 4-bit Linear to 16-bit at each use: bitsandbytes ``MatMul4Bit``
+    (``autograd/_functions.py`` @0.43.3) calls ``dequantize_4bit`` in its forward (and so again in a
+    checkpointed block's recompute) and in its backward for the input gradient
+    (``grad_output @ dequantize_4bit(B).t()``): 2 uses, + 1 per recomputed block, each moving
+    ``qlora_dequant_bytes_per_weight`` per weight. Per micro-batch. ASSUMPTION: double quantization
+    (the QLoRA recipe, ``bnb_4bit_use_double_quant=True``) and the dequantized dtype is the 16-bit
+    compute dtype (no ``.to(A.dtype)`` copy)."""
     uses = 2 + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
-    return np.where(c.method == st.QLORA, c.quantizable_params * 2.5 * uses / rates.hbm_bytes_per_s, 0.0)
+    per_weight = qlora_dequant_bytes_per_weight()
+    return np.where(c.method == st.QLORA, c.quantizable_params * per_weight * uses / rates.hbm_bytes_per_s, 0.0)
 
 
 def optimizer_step_s(c, rates: ComputeRates):

@@ -1,6 +1,8 @@
-"""QLoRA after PEFT's ``prepare_model_for_kbit_training`` (the ``kbit_prep`` knob): an fp32 residual
-stream around the 16-bit base matmuls (``throughput.stream_dtype_bytes``) and bitsandbytes' casts of
-each 4-bit Linear's input and output (``throughput.qlora_stream_cast_bytes_per_token``).
+"""What QLoRA adds to a step: bitsandbytes' dequantization of every 4-bit weight at each use
+(``throughput.qlora_dequant_s``, ``qlora_dequant_bytes_per_weight``), and after PEFT's
+``prepare_model_for_kbit_training`` (the ``kbit_prep`` knob) an fp32 residual stream around the
+16-bit base matmuls (``throughput.stream_dtype_bytes``) with bitsandbytes' casts of each 4-bit
+Linear's input and output (``throughput.qlora_stream_cast_bytes_per_token``).
 
 Each term is checked against its own arithmetic while its scaling parameter varies (layers, widths,
 recompute), and against the development set: fms-acceleration's ``baseline-peft-bnb`` rows, whose
@@ -29,6 +31,28 @@ def _widths(spec):
     """Σ input and Σ output widths of one block's 4-bit Linears: q, k, v, o, gate, up, down."""
     h, q, kv, i = spec.hidden_size, spec.q_width, spec.kv_width, spec.intermediate_size
     return 3 * h + q + 2 * h + i, q + 2 * kv + h + 2 * i + h
+
+
+@pytest.mark.parametrize("blocksize", [64, 128, 256, 4096])
+def test_dequant_bytes_per_weight_follow_the_quant_block_size(blocksize):
+    """0.5 B packed + 2 B out + per block: nested 1 + 4 + 8 + 4 B (+ 4 B per 256 blocks), plain 4 B."""
+    nested = float(tp.qlora_dequant_bytes_per_weight(blocksize))
+    plain = float(tp.qlora_dequant_bytes_per_weight(blocksize, nested=False))
+    assert nested == pytest.approx(2.5 + (17 + 4 / 256) / blocksize)
+    assert plain == pytest.approx(2.5 + 4 / blocksize)
+    assert 2.5 < plain < nested < float(tp.qlora_dequant_bytes_per_weight(blocksize // 2))
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "llama-3.1-8b", "llama-2-70b"])
+@pytest.mark.parametrize("ac, uses", [("none", 2.0), ("full", 3.0)])
+def test_dequant_time_per_weight_and_use(model, ac, uses):
+    """Forward and input-gradient dequantizations (+ the recompute's) of every quantized weight."""
+    rates = tp.compute_rates(parse_gpus("1xa100-80gb"))
+    c = _cols(model, ac=ac)
+    per_weight = tp.qlora_dequant_bytes_per_weight(tp.QLORA_BLOCKSIZE)
+    expected = float(c.quantizable_params) * float(per_weight) * uses / float(rates.hbm_bytes_per_s)
+    assert float(tp.qlora_dequant_s(c, rates)) == pytest.approx(expected)
+    assert float(tp.qlora_dequant_s(_cols(model, ac=ac, method="lora"), rates)) == 0.0
 
 
 def test_stream_is_fp32_only_for_a_prepared_qlora():
