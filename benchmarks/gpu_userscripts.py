@@ -248,6 +248,56 @@ def phase_callback(phases: Phases, step_times: list):
     return PhaseCallback()
 
 
+LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def profile_callback(rec: dict, step: int = 2):
+    """``config.profile``: torch's profiler around one step (the third: past warm-up and the first
+    optimizer step's state allocation), counting what the host launched and what the GPU ran. The
+    per-step launch count and the GPU's busy time are what a host-bound floor is made of."""
+    import torch
+    from transformers import TrainerCallback
+
+    class ProfileCallback(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step == step:
+                acts = [torch.profiler.ProfilerActivity.CPU] + (
+                    [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                self.prof = torch.profiler.profile(activities=acts)
+                self.prof.__enter__()
+                self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if getattr(self, "prof", None) is not None and state.global_step == step + 1:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                wall = time.perf_counter() - self.t
+                self.prof.__exit__(None, None, None)
+                try:  # a profiler API that differs on the device must not cost the run's other numbers
+                    rec["profile"] = profile_counts(self.prof, wall)
+                except Exception as exc:  # noqa: BLE001
+                    rec["profile_error"] = repr(exc)[-500:]
+                self.prof = None
+
+    return ProfileCallback()
+
+
+def profile_counts(prof, wall_s: float) -> dict:
+    """Launches, kernels and their summed GPU time, aten ops, in the profiled step."""
+    import torch
+
+    ev = prof.events()
+    gpu = [e for e in ev if e.device_type == torch.autograd.DeviceType.CUDA]
+    launch_names: dict[str, int] = {}
+    for e in ev:
+        if e.device_type != torch.autograd.DeviceType.CUDA and "Launch" in e.name:
+            launch_names[e.name] = launch_names.get(e.name, 0) + 1
+    return {"wall_s": wall_s, "launches": sum(e.name in LAUNCH_NAMES for e in ev), "launch_names": launch_names,
+            "kernels": len(gpu), "gpu_busy_s": sum(e.time_range.elapsed_us() for e in gpu) * 1e-6,
+            "memcpy_memset": sum(("Memcpy" in e.name or "Memset" in e.name) for e in gpu),
+            "aten_ops": sum(e.name.startswith("aten::") for e in ev)}
+
+
 def forward_hook(phases: Phases):
     """The root module's forward ends the forward phase (the loss is computed inside it: labels)."""
 
@@ -274,6 +324,7 @@ def run_trainer(cfg: dict, dev: str, rec: dict) -> dict:
     step_times: list[float] = []
     sft = cfg["script"] == "sft"
     rows = random_rows(cfg, gc.model_config(cfg["model"])["kwargs"]["vocab_size"])
+    callbacks = [phase_callback(phases, step_times)] + ([profile_callback(rec)] if cfg.get("profile") else [])
     with tempfile.TemporaryDirectory() as out_dir:
         args = training_args(cfg, dev, out_dir, sft)
         if dev == "cpu" and cfg.get("fsdp"):
@@ -282,11 +333,11 @@ def run_trainer(cfg: dict, dev: str, rec: dict) -> dict:
             from trl import SFTTrainer
 
             trainer = SFTTrainer(model=model, args=args, train_dataset=sft_dataset(rows), processing_class=tiny_tokenizer(),
-                                 callbacks=[phase_callback(phases, step_times)])
+                                 callbacks=callbacks)
         else:
             from transformers import Trainer
 
-            trainer = Trainer(model=model, args=args, train_dataset=rows, callbacks=[phase_callback(phases, step_times)])
+            trainer = Trainer(model=model, args=args, train_dataset=rows, callbacks=callbacks)
         rec["optim"] = str(args.optim)
         rec["use_cache_at_train"] = bool(getattr(trainer.model.config, "use_cache", None))
         trainer.train()
@@ -380,6 +431,13 @@ def user_grid(smoke: bool) -> list[dict]:
     g += [dict(tps, method=m, ac="kbit" if m == "qlora" else "hf", micro_batch=b, seq_len=n)
           for m in ("lora", "qlora", "full") for b, n in ((1, s // 4), (1, s // 2), (4, 2 * s))]
     g += [dict(single, model=three, method="qlora", ac="kbit")]
+    # Third device call: one step under torch's profiler (launches, kernels, GPU busy time) at 512
+    # tokens, where the step is host-bound; 1B and 3B (16 and 28 layers) to vary what the launches
+    # scale with.
+    prof = dict(single, profile=True, micro_batch=1, seq_len=s // 4)
+    g += [dict(prof, model=one, method=m, ac=ac) for m, ac in (("full", "hf"), ("full", "none"), ("lora", "hf"),
+                                                               ("lora", "none"), ("qlora", "kbit"))]
+    g += [dict(prof, model=three, method="lora", ac="hf")]
     return g
 
 
