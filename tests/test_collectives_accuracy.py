@@ -1,12 +1,13 @@
-"""The α-β collective model (NCCL's protocol choice, ``comm.nccl_ring_time_s``) against published
-nccl-tests lines (``tests/data/published_runs/collectives.csv``; ``shardplan.validation.collectives``).
+"""The α-β collective model (NCCL 2.26's algorithm and protocol choice, ``comm.nccl_time_s``) against
+published nccl-tests lines (``tests/data/published_runs/collectives.csv``; ``shardplan.validation.collectives``).
 
 Tolerances: the bandwidth-bound regime must stay within the issue's target, 10 % median |error|
-out of source (6.6 % when committed); the latency-bound regime is guarded at its committed
-out-of-source median (22.9 %) rounded up to 30 %: the torch harness's per-call floor and the
-GPUDirect-TCPXO plugin's latency do not transfer between sources, so 10 % is not reached there
+out of source (6.2 % when committed); the latency-bound regime is guarded at its committed
+out-of-source median (24.2 %) rounded up to 30 %: the torch harness's per-call floor and the
+GPUDirect-TCPXO / EFA plugins' latency do not transfer between sources, so 10 % is not reached there
 (docs/accuracy.md). The nccl-tests ``-g 8`` lines, whose floor is the host issue cost (sourced, not
-fitted on the table), are held to the 10 % target.
+fitted on the table), and the 2-node TCPXO lines at ≥ 2 GiB, whose bus bandwidth is the Tree's,
+are held to the 10 % target.
 """
 
 from dataclasses import replace
@@ -67,18 +68,21 @@ def test_ring_latency_mis_set_twofold_fails(monkeypatch, factor):
     where latency and transfer are of one order) leave the 10 % band."""
     monkeypatch.setattr(comm, "NCCL_RING_BASE_S", {k: v * factor for k, v in comm.NCCL_RING_BASE_S.items()})
     monkeypatch.setattr(comm, "NCCL_RING_HOPS_S", {k: tuple(h * factor for h in v) for k, v in comm.NCCL_RING_HOPS_S.items()})
+    monkeypatch.setattr(comm, "NCCL_TREE_BASE_S", {k: v * factor for k, v in comm.NCCL_TREE_BASE_S.items()})
+    monkeypatch.setattr(comm, "NCCL_TREE_HOPS_S", {k: tuple(h * factor for h in v) for k, v in comm.NCCL_TREE_HOPS_S.items()})
     rows = [r for r in ROWS if r.fabric[0] == "nvlink4" and r.nodes == 1 and (1 << 20) <= r.size_bytes <= (64 << 20)]
     e = vc.errors(rows, loso=False)
     assert float(np.median([abs(v) for v in e.values()])) > BANDWIDTH_TARGET
 
 
 def test_protocol_choice_is_nccls():
-    """Small messages run LL (low latency, a third of the bandwidth), large ones Simple."""
+    """Small messages run LL (low latency; bus bandwidth min(llMaxBw, B/2), Hopper's llMaxBw 141 GB/s
+    binds on NVLink4), large ones Simple."""
     rates = vc.fabric_rates(("nvlink4", None, 0))
     bus = comm.ring_bus_bytes_per_s(8, 8, rates)
-    small = float(comm.nccl_ring_time_s("all_gather", 1024, 1, 8, 1, bus, rates))
-    assert small == pytest.approx(6.6e-6 + 7 * 0.6e-6 + 3 * 0.875 * 1024 / float(bus), rel=1e-6)
-    big = float(comm.nccl_ring_time_s("all_gather", 1 << 30, 1, 8, 1, bus, rates))
+    small = float(comm.nccl_time_s("all_gather", 1024, 1, 8, 1, bus, rates))
+    assert small == pytest.approx(6.6e-6 + 7 * 0.6e-6 + 0.875 * 1024 / 141e9, rel=1e-6)
+    big = float(comm.nccl_time_s("all_gather", 1 << 30, 1, 8, 1, bus, rates))
     assert big == pytest.approx(8.4e-6 + 7 * 3.4e-6 + 0.875 * (1 << 30) / float(bus), rel=1e-6)
 
 
@@ -92,7 +96,7 @@ def test_report_names_every_regime():
 def test_small_message_time_grows_with_ring_length(n):
     """LL's latency is base + steps · hop: a longer ring (world size) takes longer for a tiny message."""
     rates = vc.fabric_rates(("nvlink4", None, 0))
-    t = lambda ranks: float(comm.nccl_ring_time_s("all_gather", 4096, 1, ranks, 1, comm.ring_bus_bytes_per_s(ranks, 8, rates), rates))
+    t = lambda ranks: float(comm.nccl_time_s("all_gather", 4096, 1, ranks, 1, comm.ring_bus_bytes_per_s(ranks, 8, rates), rates))
     assert t(n) < t(2 * n)
 
 
@@ -162,3 +166,71 @@ def test_torch_event_timed_call_includes_its_issue():
     row = next(r for r in ROWS if r.harness == "torch" and r.nodes == 1)
     floor = {"intra_node": 7e-6}
     assert vc.harness_time_s(row, floor) == pytest.approx(vc.model_time_s(row) + 7e-6 + vc.issue_s_per_gpu())
+
+
+@pytest.mark.parametrize(("link", "cap"), [("nvlink4", 141e9), ("nvlink5", 282e9)])
+def test_ll_bus_bandwidth_is_the_generations_cap(link, cap):
+    """tuning.cc 2.26: a one-node ring's LL runs at min(llMaxBw, B/2); the cap is the GPU
+    generation's (Hopper 141, Blackwell 282 GB/s), both below half the NVLink bus bandwidth."""
+    rates = vc.fabric_rates((link, None, 0))
+    bus = float(comm.ring_bus_bytes_per_s(8, 8, rates))
+    assert cap < bus / 2
+    ll, _, _ = comm.nccl_ring_protocol_times_s("all_gather", 1 << 20, 8.0, 1.0, bus, rates)
+    assert float(ll) == pytest.approx(6.6e-6 + 7 * 0.6e-6 + 0.875 * (1 << 20) / cap, rel=1e-6)
+
+
+def _tcpxo_rates():
+    return vc.fabric_rates(next(r.fabric for r in ROWS if r.source.startswith("lessizzmore")))
+
+
+@pytest.mark.parametrize(("nodes", "levels"), [(2, 1), (4, 2), (16, 4)])
+def test_multi_node_small_all_reduce_runs_tree(nodes, levels):
+    """Across nodes NCCL's Tree LL all-reduce beats the ring: 6.8 µs + 2·((ppn − 1)·0.6 +
+    log2(nodes)·5.0) µs, which grows with log2 of the node count, not with the ring's length."""
+    rates = _tcpxo_rates()
+    n = 8 * nodes
+    bus = comm.ring_bus_bytes_per_s(n, 8, rates)
+    t = float(comm.nccl_time_s("all_reduce", 8, 1, n, nodes, bus, rates))
+    assert t == pytest.approx(6.8e-6 + 2 * (7 * 0.6e-6 + levels * 5.0e-6), rel=1e-3)
+    ring = float(comm.nccl_time_s("all_reduce", 8, 1, n, nodes, bus, rates, tree=False))
+    assert ring > t
+
+
+@pytest.mark.parametrize(("nodes", "nic_factor"), [(2, 2.0), (4, 1.0), (8, 1.0)])
+def test_tree_bus_bandwidth_over_nodes(nodes, nic_factor):
+    """A double binary tree moves S each way per node at 2 nodes and 2S beyond: its bus bandwidth is
+    min(B_intra, 2·NICs) at 2 nodes and min(B_intra, NICs) beyond; in one node the chain's B_intra."""
+    rates = _tcpxo_rates()
+    nic = float(rates.nics_per_node * rates.inter_nic_bytes_per_s)
+    t = float(comm.tree_bus_bytes_per_s(8.0 * nodes, float(nodes), nic, rates))
+    assert t == pytest.approx(min(float(rates.intra_bus_bytes_per_s), nic_factor * nic))
+    assert float(comm.tree_bus_bytes_per_s(8.0, 1.0, nic, rates)) == pytest.approx(float(rates.intra_bus_bytes_per_s))
+
+
+def test_two_node_large_all_reduce_beats_the_ring_bound():
+    """The A3 Mega 2-node lines reach 318-339 GB/s bus bandwidth at 2-8 GiB, above the ring's NIC
+    bound (8 x 200 Gb/s): only the Tree's halved inter-node traffic explains them. With Tree they
+    are within 10 %, with the ring alone 35 % off or more."""
+    rows = [r for r in ROWS if r.source.startswith("lessizzmore") and r.size_bytes >= 2 << 30]
+    assert len(rows) >= 3
+    e = vc.errors(rows, loso=False)
+    assert max(abs(v) for v in e.values()) <= BANDWIDTH_TARGET
+    ring = vc.errors([replace(r, forced_ring=True) for r in rows], loso=False)
+    assert min(abs(v) for v in ring.values()) > 0.35
+
+
+def test_forced_ring_read_from_algo_text():
+    assert vc._forced_ring("Ring (per-algorithm job; report column)")
+    assert vc._forced_ring("ring (NCCL_NVLS_ENABLE=0)")
+    assert not vc._forced_ring("ring (file name; NCCL default selection)")
+    assert not vc._forced_ring("NCCL default")
+
+
+def test_ll128_only_over_nvlink_inside_a_node():
+    """tuning.cc enables LL128 where the ranks talk over NVLink; across nodes it also needs the NIC
+    within PXB of the GPU, which no input states (ASSUMPTION: off there); never over PCIe."""
+    nv, pcie = vc.fabric_rates(("nvlink4", "ib-ndr", 8)), vc.fabric_rates(("pcie4", None, 0))
+    one = comm.nccl_ring_protocol_times_s("all_gather", 1 << 24, 8.0, 1.0, 300e9, nv)[1]
+    two = comm.nccl_ring_protocol_times_s("all_gather", 1 << 24, 16.0, 2.0, 300e9, nv)[1]
+    over_pcie = comm.nccl_ring_protocol_times_s("all_gather", 1 << 24, 4.0, 1.0, 20e9, pcie)[1]
+    assert np.isfinite(one) and np.isinf(two) and np.isinf(over_pcie)

@@ -48,21 +48,52 @@ COLLECTIVES = ("ag_fwd", "ag_bwd", "rs_grad", "ar_grad", "ar_replica", "ag_post_
 # with the ring length here.
 NCCL_BASE_LATENCY_S = 6.6e-6
 PROFILE_RING_STEPS = 7
-# What NCCL picks per call (tuning.cc, 2.2x, ``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime``): for
-# each protocol, latency = baseLat + intra steps · hwLat(intra) + inter-node steps · hwLat(NET),
-# time = latency + S / algbw, and the fastest protocol runs. Ring baseLat (µs): LL 6.6, LL128 14.0,
-# Simple 8.4; hwLat per ring step (µs, LL / LL128 / Simple): NVLink .6 / 1.9 / 3.4, PCI 1.0 / 2.5 /
-# 5.7, NET 2.7 / 4.0 / 14.0. Bandwidth: LL ×1/3 (all-gather / reduce-scatter in one node) or ×1/4
-# (all-reduce, or more than one node); LL128 ×0.92, only on NVLink inside a node (LL128 is enabled
-# by default only where the path is NVLink); Simple ×1. LL's intra-node hop is ×1.8 when the ring
-# spans nodes. The LL hop is the profile's (α − 6.6 µs)/7; LL128 and Simple hops come from the
-# link's kind (``NCCL_RING_HOPS_S``; ASSUMPTION: AMD xGMI priced as NVLink, RCCL's own table not used).
+# What NCCL picks per call: NVIDIA/nccl src/graph/tuning.cc, tag v2.26.2-1 (the version of the
+# committed H100 nccl-tests lines; the tables are unchanged in v2.27.7-1), ``ncclTopoTuneModel`` and
+# ``ncclTopoGetAlgoTime``. For every algorithm (Ring; Tree for all-reduce) and protocol (LL, LL128,
+# Simple): time = latency + S / algbw, and the fastest runs.
+#   Ring latency = baseLat + intra steps · max(hwLat(intra), netOverhead) + inter-node steps · hwLat(NET)
+#   (a ring with one GPU per node takes the Tree's NET latency). baseLat Ring (µs): LL 6.6, LL128 14.0,
+#   Simple 8.4; hwLat Ring (LL / LL128 / Simple): NVLink .6 / 1.9 / 3.4, PCI 1.0 / 2.5 / 5.7, NET 2.7 /
+#   4.0 / 14.0. netOverhead (rings spanning nodes only) = 1 µs per step on an Intel x86 host, ×3 for
+#   Simple (ASSUMPTION: Intel hosts; AMD hosts have 2 µs). A multi-node Simple all-reduce ring's latency
+#   is ×1.4 ("plateau effect of ring"; ASSUMPTION: the message is over 64 B per channel and rank,
+#   true wherever Simple wins). The LL hop of each tier is the profile's (α − 6.6 µs)/7 (its α is
+#   NCCL's 8-rank ring); the LL128 and Simple hops come from the link's kind (``NCCL_RING_HOPS_S``;
+#   ASSUMPTION: AMD xGMI priced as NVLink, RCCL's own table not used).
+#   Ring bus bandwidth per protocol: LL min(llMaxBw, 0.5·B) with llMaxBw the intra link's
+#   ``nccl_ll_max_bytes_per_s`` in one node (by GPU generation) and 39.0 / 20.4 GB/s across 2 / more
+#   nodes (Intel host row of llMaxBws); LL128 0.92·B; Simple B. LL128 runs inside a node where the
+#   ranks talk over NVLink (tuning.cc: typeIntra ≤ NVB). Across nodes tuning.cc also needs the NIC
+#   within PXB of the GPU (PXN from Hopper on), a PCIe placement no input states; ASSUMPTION: off
+#   across nodes (on, the development set's tokens/s median goes 7.4 → 7.7 %, 22 of 33 multi-node
+#   runs worse; docs/accuracy.md "Collectives").
+#   Tree (all-reduce): latency = baseLat + 2·((ppn − 1)·hwLat(intra) + log2(nodes)·hwLat(NET)), baseLat
+#   Tree 6.8 / 14.0 / 8.4, hwLat Tree NVLink .6 / 1.25 / 4.0, PCI 1.0 / 1.9 / 4.0, NET 5.0 / 8.5 / 14;
+#   bus bandwidth 0.92·B, LL min(that/3.8, llMaxBw), LL128 that·7/9 (one node) or ·120/128, Simple
+#   that; algbw = bus/2, times ``treeCorrectionFactor`` by protocol and log2(S/64). The per-channel
+#   caps (nChannels · 36.7-38.7 GB/s on Hopper) never bind at the profiles' channel counts and are
+#   left out; ASSUMPTION: the balanced tree (no ×0.85 of the plain-tree pattern); B is the ring's
+#   achievable bus bandwidth (``ring_bus_bytes_per_s``).
 NCCL_RING_BASE_S = {"ll": 6.6e-6, "ll128": 14.0e-6, "simple": 8.4e-6}
 NCCL_RING_HOPS_S = {"nvlink": (0.6e-6, 1.9e-6, 3.4e-6), "pcie": (1.0e-6, 2.5e-6, 5.7e-6),
                     "net": (2.7e-6, 4.0e-6, 14.0e-6)}
+NCCL_TREE_BASE_S = {"ll": 6.8e-6, "ll128": 14.0e-6, "simple": 8.4e-6}
+NCCL_TREE_HOPS_S = {"nvlink": (0.6e-6, 1.25e-6, 4.0e-6), "pcie": (1.0e-6, 1.9e-6, 4.0e-6),
+                    "net": (5.0e-6, 8.5e-6, 14.0e-6)}
 NCCL_HW_OF_KIND = {"nvlink": "nvlink", "infinity_fabric": "nvlink", "pcie": "pcie",
                    "infiniband": "net", "ethernet": "net", "roce": "net"}
 NCCL_LL128_BW = 0.92
+NCCL_NET_OVERHEAD_S = 1.0e-6
+NCCL_LL_MAX_MULTI_NODE = (39.0e9, 20.4e9)  # llMaxBws, Intel host: 2 nodes, more than 2
+NCCL_SIMPLE_PLATEAU = 1.4
+NCCL_TREE_BW = 0.92
+NCCL_TREE_LL_DIV = 3.8
+# treeCorrectionFactor[protocol][log2(S/64)], 64 B … 256 MiB; 1 outside that range
+NCCL_TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9))
 
 
 # --- nccl-tests conventions -----------------------------------------------------------------
@@ -165,6 +196,9 @@ class LinkRates:
     intra_ll128_hop_s: np.ndarray = np.inf
     intra_simple_hop_s: np.ndarray = NCCL_RING_HOPS_S["nvlink"][2]
     inter_simple_hop_s: np.ndarray = NCCL_RING_HOPS_S["net"][2]
+    # NCCL's Tree per-step latencies inside a node (LL, LL128, Simple) and the one-node LL cap
+    intra_tree_hops_s: tuple = NCCL_TREE_HOPS_S["nvlink"]
+    ll_max_bus_bytes_per_s: np.ndarray = np.inf
     calibrated: bool = False
     tables: dict = field(default_factory=dict)
     intra_alpha_measured: bool = False
@@ -220,18 +254,22 @@ def link_rates(cluster, calibration=None) -> LinkRates:
             values["intra_bus_bytes_per_s" if prefix == "intra" else "inter_nic_bytes_per_s"] = (
                 bw if prefix == "intra" else bw / cluster.nics_per_node)
             measured[prefix] = True
-    values.update(nccl_hops(intra.kind, inter.kind))
+    values.update(nccl_hops(intra, inter))
     return LinkRates(**{k: np.asarray(v, dtype=np.float64) for k, v in values.items()},
                      nics_per_node=np.asarray(cluster.nics_per_node), calibrated=bool(tables), tables=tables,
                      intra_alpha_measured=measured["intra"], inter_alpha_measured=measured["inter"])
 
 
-def nccl_hops(intra_kind: str, inter_kind: str) -> dict:
-    """LinkRates' LL128 / Simple per-step latencies for two link kinds (``NCCL_RING_HOPS_S``)."""
-    intra = NCCL_RING_HOPS_S[NCCL_HW_OF_KIND[intra_kind]]
-    inter = NCCL_RING_HOPS_S[NCCL_HW_OF_KIND[inter_kind]]
-    ll128 = intra[1] if NCCL_HW_OF_KIND[intra_kind] == "nvlink" else np.inf
-    return {"intra_ll128_hop_s": ll128, "intra_simple_hop_s": intra[2], "inter_simple_hop_s": inter[2]}
+def nccl_hops(intra, inter) -> dict:
+    """LinkRates' NCCL terms of an intra-node and an inter-node link profile: LL128 / Simple ring
+    steps and Tree steps by link kind (``NCCL_RING_HOPS_S``, ``NCCL_TREE_HOPS_S``; LL128 inf where
+    the ranks do not talk over NVLink) and the one-node LL cap (``nccl_ll_max_bytes_per_s``)."""
+    hw = NCCL_HW_OF_KIND[intra.kind]
+    ring, net = NCCL_RING_HOPS_S[hw], NCCL_RING_HOPS_S[NCCL_HW_OF_KIND[inter.kind]]
+    cap = intra.nccl_ll_max_bytes_per_s
+    return {"intra_ll128_hop_s": ring[1] if hw == "nvlink" else np.inf, "intra_simple_hop_s": ring[2],
+            "inter_simple_hop_s": net[2], "intra_tree_hops_s": NCCL_TREE_HOPS_S[hw],
+            "ll_max_bus_bytes_per_s": np.inf if cap is None else cap}
 
 
 def _ll_hop_s(profile_alpha_s):
@@ -239,32 +277,104 @@ def _ll_hop_s(profile_alpha_s):
     return np.maximum(np.asarray(profile_alpha_s, dtype=np.float64) - NCCL_BASE_LATENCY_S, 0) / PROFILE_RING_STEPS
 
 
-def nccl_ring_time_s(op: str, message_bytes, calls, n, nodes, bus_bytes_per_s, rates: LinkRates):
-    """``calls`` ring collectives of S/calls bytes each on ``n`` ranks over ``nodes`` nodes, each at
-    the fastest of NCCL's three protocols (``NCCL_RING_BASE_S``, tuning.cc's latency and bandwidth
-    model); ``bus_bytes_per_s`` is the ring's achievable bus bandwidth. Zero for one rank."""
-    n = np.asarray(n, dtype=np.float64)
-    nodes = np.asarray(nodes, dtype=np.float64)
-    calls = np.maximum(np.asarray(calls, dtype=np.float64), 1)
-    moved = ring_factor(op, n) * np.asarray(message_bytes, dtype=np.float64) / calls / bus_bytes_per_s
+def _ll_cap(nodes, rates: LinkRates):
+    """LL's bus bandwidth cap, llMaxBw: the intra link's in one node, the host row's across nodes."""
+    multi = np.where(nodes <= 2, NCCL_LL_MAX_MULTI_NODE[0], NCCL_LL_MAX_MULTI_NODE[1])
+    return np.where(nodes <= 1, rates.ll_max_bus_bytes_per_s, multi)
+
+
+def _ll128_on(rates: LinkRates, nodes):
+    """Where NCCL runs LL128: NVLink ranks (a finite LL128 hop) inside one node (see above)."""
+    return np.isfinite(rates.intra_ll128_hop_s) & (nodes <= 1)
+
+
+def nccl_ring_protocol_times_s(op: str, per_call_bytes, n, nodes, bus_bytes_per_s, rates: LinkRates):
+    """(LL, LL128, Simple) time of one ring collective of S bytes on ``n`` ranks over ``nodes``
+    nodes (tuning.cc's Ring model, see the constants above; LL128 inf where NCCL disables it)."""
+    moved = ring_factor(op, n) * per_call_bytes / bus_bytes_per_s
     inter = ring_steps(op, nodes)
     intra = ring_steps(op, n) - inter
     spans = nodes > 1
-    ll = (NCCL_RING_BASE_S["ll"] + intra * _ll_hop_s(rates.intra_alpha_s) * np.where(spans, 1.8, 1.0)
-          + inter * _ll_hop_s(rates.inter_alpha_s) + moved * np.where(spans | (op == "all_reduce"), 4.0, 3.0))
-    # LL128 off (inf hop) or across nodes: priced out (a finite stand-in keeps 0 steps × hop defined)
-    ll128_hop = np.where(np.isfinite(rates.intra_ll128_hop_s), rates.intra_ll128_hop_s, 1.0)
-    ll128 = np.where(spans | np.logical_not(np.isfinite(rates.intra_ll128_hop_s)), np.inf,
-                     NCCL_RING_BASE_S["ll128"] + intra * ll128_hop + moved / NCCL_LL128_BW)
-    simple = NCCL_RING_BASE_S["simple"] + intra * rates.intra_simple_hop_s + inter * rates.inter_simple_hop_s + moved
-    return np.where(n > 1, calls * np.minimum(np.minimum(ll, ll128), simple), 0.0)
+    over = np.where(spans, NCCL_NET_OVERHEAD_S, 0.0)
+    one_per_node = n <= nodes  # ppn = 1: the Tree's NET latency (tuning.cc)
+    net = {k: np.where(one_per_node, NCCL_TREE_HOPS_S["net"][i], NCCL_RING_HOPS_S["net"][i])
+           for i, k in enumerate(("ll", "ll128", "simple"))}
+    ll_net = np.where(one_per_node, net["ll"], _ll_hop_s(rates.inter_alpha_s))
+    ll_bus = np.minimum(_ll_cap(nodes, rates), 0.5 * bus_bytes_per_s)
+    ll = (NCCL_RING_BASE_S["ll"] + intra * np.maximum(_ll_hop_s(rates.intra_alpha_s), over) + inter * ll_net
+          + ring_factor(op, n) * per_call_bytes / ll_bus)
+    ll128_hop = np.where(_ll128_on(rates, nodes), rates.intra_ll128_hop_s, 1.0)  # finite stand-in where off
+    ll128 = np.where(_ll128_on(rates, nodes), NCCL_RING_BASE_S["ll128"] + intra * np.maximum(ll128_hop, over)
+                     + inter * net["ll128"] + moved / NCCL_LL128_BW, np.inf)
+    plateau = np.where(spans & (op == "all_reduce"), NCCL_SIMPLE_PLATEAU, 1.0)
+    simple_net = np.where(one_per_node, net["simple"], rates.inter_simple_hop_s)
+    simple = plateau * (NCCL_RING_BASE_S["simple"] + intra * np.maximum(rates.intra_simple_hop_s, 3 * over)
+                        + inter * simple_net) + moved
+    return ll, ll128, simple
 
 
-def ring_collective_time_s(op: str, message_bytes, calls, group_size, gpus_per_node, rates: LinkRates):
+def _tree_correction(per_call_bytes):
+    """treeCorrectionFactor per protocol at log2(S/64) (1 outside 64 B … 256 MiB)."""
+    table = np.asarray(NCCL_TREE_CORRECTION)
+    with np.errstate(divide="ignore"):
+        log = np.floor(np.log2(np.maximum(np.asarray(per_call_bytes, dtype=np.float64), 1) / 64))
+    inside = (log >= 0) & (log < table.shape[1])
+    i = np.clip(log, 0, table.shape[1] - 1).astype(np.int64)
+    return tuple(np.where(inside, table[p][i], 1.0) for p in range(3))
+
+
+def tree_bus_bytes_per_s(n, nodes, nic_bytes_per_s, rates: LinkRates):
+    """T, the Tree's bus bandwidth (algbw = 0.5·0.92·T): the node's chain at the intra link, and
+    across nodes the NICs, which move S each way per node at 2 nodes and 2S beyond (double binary
+    tree), so T = min(B_intra, 2·NICs) at 2 nodes, min(B_intra, NICs) beyond — tuning.cc prices
+    ≤ 2 nodes at the graph's bwIntra and more at its bwInter. One GPU per node: no chain."""
+    chain = np.where(n > nodes, rates.intra_bus_bytes_per_s, np.inf)
+    nic = np.where(nodes <= 2, 2.0, 1.0) * nic_bytes_per_s
+    return np.where(nodes <= 1, rates.intra_bus_bytes_per_s, np.minimum(chain, nic))
+
+
+def nccl_tree_allreduce_times_s(per_call_bytes, n, nodes, tree_bus_bytes_per_s, rates: LinkRates):
+    """(LL, LL128, Simple) time of one Tree all-reduce (tuning.cc's Tree model, constants above)."""
+    ppn = n / np.maximum(nodes, 1)
+    levels = np.floor(np.log2(np.maximum(nodes, 1)))
+    bus = NCCL_TREE_BW * tree_bus_bytes_per_s
+    buses = (np.minimum(bus / NCCL_TREE_LL_DIV, _ll_cap(nodes, rates)),
+             bus * np.where(nodes <= 1, 7.0 / 9.0, 120.0 / 128.0), bus)
+    out = []
+    for i, (k, corr) in enumerate(zip(("ll", "ll128", "simple"), _tree_correction(per_call_bytes))):
+        lat = NCCL_TREE_BASE_S[k] + 2 * ((ppn - 1) * rates.intra_tree_hops_s[i] + levels * NCCL_TREE_HOPS_S["net"][i])
+        out.append(lat + per_call_bytes / (0.5 * buses[i] * corr))
+    out[1] = np.where(_ll128_on(rates, nodes), out[1], np.inf)
+    return tuple(out)
+
+
+def nccl_time_s(op: str, message_bytes, calls, n, nodes, bus_bytes_per_s, rates: LinkRates, tree=True,
+                nic_bytes_per_s=None):
+    """``calls`` collectives of S/calls bytes each on ``n`` ranks over ``nodes`` nodes, each at the
+    fastest of NCCL's algorithms and protocols (tuning.cc's model, see the constants above): Ring,
+    and Tree for an all-reduce unless ``tree`` is False (a line that forced Ring).
+    ``bus_bytes_per_s`` is the ring's achievable bus bandwidth, ``nic_bytes_per_s`` the inter-node
+    bandwidth a node gives this group (None: all its NICs). Zero for one rank."""
+    n = np.asarray(n, dtype=np.float64)
+    nodes = np.asarray(nodes, dtype=np.float64)
+    calls = np.maximum(np.asarray(calls, dtype=np.float64), 1)
+    per_call = np.asarray(message_bytes, dtype=np.float64) / calls
+    best = np.minimum.reduce(np.broadcast_arrays(*nccl_ring_protocol_times_s(op, per_call, n, nodes,
+                                                                               bus_bytes_per_s, rates)))
+    if op == "all_reduce" and tree:
+        nic = rates.nics_per_node * rates.inter_nic_bytes_per_s if nic_bytes_per_s is None else nic_bytes_per_s
+        tree_bus = tree_bus_bytes_per_s(n, nodes, nic, rates)
+        best = np.minimum(best, np.minimum.reduce(np.broadcast_arrays(
+            *nccl_tree_allreduce_times_s(per_call, n, nodes, tree_bus, rates))))
+    return np.where(n > 1, calls * best, 0.0)
+
+
+def ring_collective_time_s(op: str, message_bytes, calls, group_size, gpus_per_node, rates: LinkRates, tree=True):
     """Time of ``calls`` collectives of one flat ring moving ``message_bytes`` (S summed over the
     calls) at the per-call message size S/calls: a calibrated tier with its fitted α and B of that
-    size (``collective_time_s``), otherwise NCCL's protocol choice on the ring's bus bandwidth
-    (``nccl_ring_time_s``; ``ring_bus_bytes_per_s``)."""
+    size (``collective_time_s``), otherwise NCCL's algorithm and protocol choice on the ring's bus
+    bandwidth (``nccl_time_s``, Tree allowed for an all-reduce unless ``tree`` is False;
+    ``ring_bus_bytes_per_s``)."""
     per_call = np.asarray(message_bytes, dtype=np.float64) / np.maximum(calls, 1)
     r = rates.for_message(op, per_call)
     spans = np.asarray(group_size) > np.asarray(gpus_per_node)
@@ -273,7 +383,7 @@ def ring_collective_time_s(op: str, message_bytes, calls, group_size, gpus_per_n
     fitted = collective_time_s(op, message_bytes, group_size, ring_alpha_s(group_size, gpus_per_node, r), bus, calls,
                                measured)
     nodes = np.ceil(np.asarray(group_size, dtype=np.float64) / np.maximum(gpus_per_node, 1))
-    return np.where(measured, fitted, nccl_ring_time_s(op, message_bytes, calls, group_size, nodes, bus, r))
+    return np.where(measured, fitted, nccl_time_s(op, message_bytes, calls, group_size, nodes, bus, r, tree))
 
 
 def ring_bus_bytes_per_s(group_size, gpus_per_node, rates: LinkRates):
@@ -475,7 +585,7 @@ def comm_times(c, rates: LinkRates, volume=None, sync_every_micro_batch=None):
             alpha = np.where(spans, r.inter_alpha_s, r.intra_alpha_s)
             measured = np.where(spans, r.inter_alpha_measured, r.intra_alpha_measured)
             # replicas of one shard sit on different nodes when the replica group spans nodes
-            nccl = nccl_ring_time_s(op, S, calls, group, np.where(spans, group, 1), bus, r)
+            nccl = nccl_time_s(op, S, calls, group, np.where(spans, group, 1), bus, r, nic_bytes_per_s=bus)
             out[f"{name}_s"] = np.where(measured, collective_time_s(op, S, group, alpha, bus, calls, measured), nccl)
         else:
             out[f"{name}_s"] = ring_collective_time_s(op, S, calls, group, c.gpus_per_node, rates)

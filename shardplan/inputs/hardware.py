@@ -129,12 +129,15 @@ class LinkProfile(_Frozen):
     peer_to_peer: bool = True
     nccl_channels: int = Field(DEFAULT_NCCL_CHANNELS, gt=0, le=MAX_GPUS,
                                        description="NCCL channels a communicator rings over this fabric; default 4")
+    nccl_ll_max_bytes_per_s: float | None = Field(
+        None, gt=0, le=MAX_LINK_BYTES_PER_S, description="NCCL's cap on the LL protocol's bus bandwidth inside one "
+        "node (tuning.cc llMaxBws, by GPU generation); None: no cap")
     sources: dict[str, str]
 
     @model_validator(mode="after")
     def _every_number_sourced(self) -> "LinkProfile":
         required = {"bandwidth_bytes_per_s", "latency_s", "efficiency"}
-        required |= {"nccl_channels"} & self.model_fields_set
+        required |= {"nccl_channels", "nccl_ll_max_bytes_per_s"} & self.model_fields_set
         missing = sorted(required - set(self.sources))
         if missing:
             raise ValueError(f"sources lacks {', '.join(missing)}")

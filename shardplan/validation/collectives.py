@@ -23,7 +23,9 @@ rank skew are inside the time) get a per-tier host floor fitted leave-one-source
 every harness's lines leave unexplained; nccl-tests lines get none.
 
 Rows NCCL runs with in-network reduction (NVLS, CollNet/SHARP) are reported apart: the model
-prices a ring. Rows whose fabric has no profile are listed with the reason (``skipped``).
+prices a ring or a tree. A line that states Ring ran (a per-algorithm job, ``NCCL_NVLS_ENABLE=0``)
+is priced as a ring; the others at NCCL's own choice, Tree included for an all-reduce. Rows whose
+fabric has no profile are listed with the reason (``skipped``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ FABRICS = {
     "AMD Infinity Fabric (xGMI) full mesh, 64 GB/s per peer per direction": ("infinity-fabric", None, 0),
 }
 IN_NETWORK = ("nvls", "collnet")
+NCCL_TESTS_ONLY = "all, nccl-tests harness"
 LATENCY_BOUND_SHARE = 0.5
 
 # Host issue time of one NCCL call per GPU a thread drives: NVIDIA/nccl-tests issue #123
@@ -90,6 +93,7 @@ class CollectiveRow:
     in_network: bool
     harness: str = "other"  # "nccl-tests", "nccl-tests-blocking" (-z 1), "torch", "other"
     gpus_per_thread: int = 1  # nccl-tests -g
+    forced_ring: bool = False  # the line states Ring ran (not NCCL's free choice): no Tree
 
 
 def _harness(tool: str) -> tuple[str, int]:
@@ -100,6 +104,13 @@ def _harness(tool: str) -> tuple[str, int]:
         return "other", 1
     g = re.search(r"-g (\d+)", tool)
     return ("nccl-tests-blocking" if "-z 1" in tool else "nccl-tests"), int(g.group(1)) if g else 1
+
+
+def _forced_ring(algo: str) -> bool:
+    """The line states that Ring ran (forced, or reported by NCCL); 'ring (file name; NCCL default
+    selection)' only names the output file, so NCCL chose freely."""
+    text = algo.lower()
+    return text.startswith("ring") and "default selection" not in text
 
 
 def _usable(row: dict) -> str:
@@ -137,7 +148,7 @@ def load_rows(path: Path = DATA) -> tuple[list[CollectiveRow], dict[str, str]]:
             rows.append(CollectiveRow(
                 r["row_id"], r["source"], r["op"], int(r["n_gpus"]), int(r["n_nodes"]), int(r["gpus_per_node"]),
                 float(r["bytes"]), _measured_busbw(r), FABRICS[r["interconnect"]],
-                any(k in r["algo"].lower() for k in IN_NETWORK), *_harness(r["tool"])))
+                any(k in r["algo"].lower() for k in IN_NETWORK), *_harness(r["tool"]), _forced_ring(r["algo"])))
     return rows, skipped
 
 
@@ -148,7 +159,7 @@ def fabric_rates(fabric: tuple, launch_s: float = 0.0) -> LinkRates:
     inter = get_link(inter_name) if inter_name else get_link("ib-ndr")  # unused inside one node
     return LinkRates(intra_alpha_s=np.asarray(intra.latency_s), intra_bus_bytes_per_s=np.asarray(intra.achievable_bytes_per_s),
                      inter_alpha_s=np.asarray(inter.latency_s), inter_nic_bytes_per_s=np.asarray(inter.achievable_bytes_per_s),
-                     nics_per_node=np.asarray(max(nics, 1)), **nccl_hops(intra.kind, inter.kind))
+                     nics_per_node=np.asarray(max(nics, 1)), **nccl_hops(intra, inter))
 
 
 def link_label(row: CollectiveRow) -> str:
@@ -160,7 +171,8 @@ def link_label(row: CollectiveRow) -> str:
 def predicted_busbw(row: CollectiveRow, launch_s: float = 0.0) -> float:
     """f(n)·S / t of the model's one call on the row's ring."""
     rates = fabric_rates(row.fabric)
-    t = float(ring_collective_time_s(row.op, row.size_bytes, 1, row.n, row.per_node, rates)) + launch_s
+    t = float(ring_collective_time_s(row.op, row.size_bytes, 1, row.n, row.per_node, rates,
+                                     not row.forced_ring)) + launch_s
     return float(ring_factor(row.op, row.n)) * row.size_bytes / t
 
 
@@ -177,7 +189,8 @@ def tier(row: CollectiveRow) -> str:
 
 def model_time_s(row: CollectiveRow) -> float:
     """NCCL's time for the row's one call (``comm.ring_collective_time_s``)."""
-    return float(ring_collective_time_s(row.op, row.size_bytes, 1, row.n, row.per_node, fabric_rates(row.fabric)))
+    return float(ring_collective_time_s(row.op, row.size_bytes, 1, row.n, row.per_node, fabric_rates(row.fabric),
+                                        not row.forced_ring))
 
 
 def measured_time_s(row: CollectiveRow) -> float:
@@ -229,14 +242,16 @@ def _stats(values) -> str:
 
 def summary(rows: list[CollectiveRow] | None = None) -> dict[tuple, dict[str, list[float]]]:
     """{(class, link): {"model": errors, "loso": errors}} with class latency / bandwidth / in-network,
-    and (class, "all") over every link."""
+    (class, "all") over every link and (class, ``NCCL_TESTS_ONLY``) over the lines an nccl-tests
+    binary measured (the issue's criterion; torch's benchmark lines are the rest)."""
     if rows is None:
         rows = load_rows()[0]
     plain, loso = errors(rows, loso=False), errors(rows, loso=True)
     out: dict[tuple, dict[str, list[float]]] = {}
     for r in rows:
         cls = "in-network (NVLS/SHARP)" if r.in_network else f"{regime(r)}-bound"
-        for key in ((cls, "all"), (cls, link_label(r))):
+        keys = [(cls, "all"), (cls, link_label(r))] + ([(cls, NCCL_TESTS_ONLY)] if r.harness.startswith("nccl-tests") else [])
+        for key in keys:
             slot = out.setdefault(key, {"model": [], "loso": []})
             slot["model"].append(plain[r.row_id])
             slot["loso"].append(loso[r.row_id])
