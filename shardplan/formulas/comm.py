@@ -199,6 +199,8 @@ class LinkRates:
     # NCCL's Tree per-step latencies inside a node (LL, LL128, Simple) and the one-node LL cap
     intra_tree_hops_s: tuple = NCCL_TREE_HOPS_S["nvlink"]
     ll_max_bus_bytes_per_s: np.ndarray = np.inf
+    # a full-mesh intra link's peer links per GPU (``intra_bus_bytes_per_s`` is all of them); inf: a switch
+    intra_mesh_peer_links: np.ndarray = np.inf
     calibrated: bool = False
     tables: dict = field(default_factory=dict)
     intra_alpha_measured: bool = False
@@ -255,6 +257,8 @@ def link_rates(cluster, calibration=None) -> LinkRates:
                 bw if prefix == "intra" else bw / cluster.nics_per_node)
             measured[prefix] = True
     values.update(nccl_hops(intra, inter))
+    if measured["intra"]:  # measured on the node's GPUs: ASSUMPTION, smaller groups run at that rate too
+        values["intra_mesh_peer_links"] = np.inf
     return LinkRates(**{k: np.asarray(v, dtype=np.float64) for k, v in values.items()},
                      nics_per_node=np.asarray(cluster.nics_per_node), calibrated=bool(tables), tables=tables,
                      intra_alpha_measured=measured["intra"], inter_alpha_measured=measured["inter"])
@@ -263,13 +267,15 @@ def link_rates(cluster, calibration=None) -> LinkRates:
 def nccl_hops(intra, inter) -> dict:
     """LinkRates' NCCL terms of an intra-node and an inter-node link profile: LL128 / Simple ring
     steps and Tree steps by link kind (``NCCL_RING_HOPS_S``, ``NCCL_TREE_HOPS_S``; LL128 inf where
-    the ranks do not talk over NVLink) and the one-node LL cap (``nccl_ll_max_bytes_per_s``)."""
+    the ranks do not talk over NVLink), the one-node LL cap (``nccl_ll_max_bytes_per_s``) and a
+    mesh's peer links (``mesh_peer_links``)."""
     hw = NCCL_HW_OF_KIND[intra.kind]
     ring, net = NCCL_RING_HOPS_S[hw], NCCL_RING_HOPS_S[NCCL_HW_OF_KIND[inter.kind]]
     cap = intra.nccl_ll_max_bytes_per_s
     return {"intra_ll128_hop_s": ring[1] if hw == "nvlink" else np.inf, "intra_simple_hop_s": ring[2],
             "inter_simple_hop_s": net[2], "intra_tree_hops_s": NCCL_TREE_HOPS_S[hw],
-            "ll_max_bus_bytes_per_s": np.inf if cap is None else cap}
+            "ll_max_bus_bytes_per_s": np.inf if cap is None else cap,
+            "intra_mesh_peer_links": np.inf if intra.mesh_peer_links is None else intra.mesh_peer_links}
 
 
 def _ll_hop_s(profile_alpha_s):
@@ -328,9 +334,10 @@ def tree_bus_bytes_per_s(n, nodes, nic_bytes_per_s, rates: LinkRates):
     across nodes the NICs, which move S each way per node at 2 nodes and 2S beyond (double binary
     tree), so T = min(B_intra, 2·NICs) at 2 nodes, min(B_intra, NICs) beyond — tuning.cc prices
     ≤ 2 nodes at the graph's bwIntra and more at its bwInter. One GPU per node: no chain."""
-    chain = np.where(n > nodes, rates.intra_bus_bytes_per_s, np.inf)
+    in_node = intra_bus_for_group(n / np.maximum(nodes, 1), rates)
+    chain = np.where(n > nodes, in_node, np.inf)
     nic = np.where(nodes <= 2, 2.0, 1.0) * nic_bytes_per_s
-    return np.where(nodes <= 1, rates.intra_bus_bytes_per_s, np.minimum(chain, nic))
+    return np.where(nodes <= 1, in_node, np.minimum(chain, nic))
 
 
 def nccl_tree_allreduce_times_s(per_call_bytes, n, nodes, tree_bus_bytes_per_s, rates: LinkRates):
@@ -386,16 +393,29 @@ def ring_collective_time_s(op: str, message_bytes, calls, group_size, gpus_per_n
     return np.where(measured, fitted, nccl_time_s(op, message_bytes, calls, group_size, nodes, bus, r, tree))
 
 
+def intra_bus_for_group(ranks_in_node, rates: LinkRates):
+    """The intra link's bus bandwidth for a ring over ``ranks_in_node`` GPUs of a node: all of it on a
+    switch; on a full mesh of P peer links per GPU (``mesh_peer_links``) the group reaches
+    min(g − 1, P) of them, so B·min(g − 1, P)/P (AMD xGMI: 2 MI300X get one 64 GB/s link of 7)."""
+    peers = rates.intra_mesh_peer_links
+    mesh = np.isfinite(peers)
+    p = np.where(mesh, peers, 1.0)
+    share = np.where(mesh, np.minimum(np.maximum(np.asarray(ranks_in_node, dtype=np.float64) - 1, 1), p) / p, 1.0)
+    return rates.intra_bus_bytes_per_s * share
+
+
 def ring_bus_bytes_per_s(group_size, gpus_per_node, rates: LinkRates):
     """Bus bandwidth of one flat ring over ``group_size`` consecutive ranks.
 
     Inside a node: the intra-node link. Spanning nodes: NCCL runs one channel per NIC, each
     crossing the node boundary once, so the ring's slowest hop gives min(B_intra, NICs·B_NIC)
     (e.g. 8 A100 + 4 HDR NICs: 4 × 24 = 96 GB/s busbw, S. Jeaugey in NVIDIA/nccl-tests #119).
+    The intra link as the group's in-node ranks reach it (``intra_bus_for_group``).
     """
     spans = np.asarray(group_size) > np.asarray(gpus_per_node)
     inter = rates.nics_per_node * rates.inter_nic_bytes_per_s
-    return np.where(spans, np.minimum(rates.intra_bus_bytes_per_s, inter), rates.intra_bus_bytes_per_s)
+    intra = intra_bus_for_group(np.minimum(group_size, gpus_per_node), rates)
+    return np.where(spans, np.minimum(intra, inter), intra)
 
 
 def ring_alpha_s(group_size, gpus_per_node, rates: LinkRates):
@@ -410,7 +430,7 @@ def replica_bus_bytes_per_s(replicas, shard_group, gpus_per_node, rates: LinkRat
     the intra-node link); replicas that all sit in one node (g·r ≤ GPUs per node) use NVLink/PCIe."""
     inside = np.asarray(shard_group) * np.asarray(replicas) <= np.asarray(gpus_per_node)
     share = rates.nics_per_node * rates.inter_nic_bytes_per_s / np.maximum(gpus_per_node, 1)
-    return np.where(inside, rates.intra_bus_bytes_per_s, np.minimum(share, rates.intra_bus_bytes_per_s))
+    return np.where(inside, intra_bus_for_group(replicas, rates), np.minimum(share, rates.intra_bus_bytes_per_s))
 
 
 # --- volumes ----------------------------------------------------------------------------------

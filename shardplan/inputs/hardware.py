@@ -132,12 +132,15 @@ class LinkProfile(_Frozen):
     nccl_ll_max_bytes_per_s: float | None = Field(
         None, gt=0, le=MAX_LINK_BYTES_PER_S, description="NCCL's cap on the LL protocol's bus bandwidth inside one "
         "node (tuning.cc llMaxBws, by GPU generation); None: no cap")
+    mesh_peer_links: int | None = Field(
+        None, gt=0, le=MAX_GPUS, description="a full mesh: the bandwidth is this many peer links per GPU, "
+        "of which a g-GPU ring uses g - 1 (AMD xGMI); None: a switch, the same for any group")
     sources: dict[str, str]
 
     @model_validator(mode="after")
     def _every_number_sourced(self) -> "LinkProfile":
         required = {"bandwidth_bytes_per_s", "latency_s", "efficiency"}
-        required |= {"nccl_channels", "nccl_ll_max_bytes_per_s"} & self.model_fields_set
+        required |= {"nccl_channels", "nccl_ll_max_bytes_per_s", "mesh_peer_links"} & self.model_fields_set
         missing = sorted(required - set(self.sources))
         if missing:
             raise ValueError(f"sources lacks {', '.join(missing)}")

@@ -8,9 +8,10 @@ bandwidth) is mapped to the link profiles of its fabric (``FABRICS``, keyed by t
 the step time uses — as one call of S bytes on a ring of ``n_gpus`` ranks. The predicted bus
 bandwidth is f(n)·S / t (nccl-tests ``doc/PERFORMANCE.md``).
 
-Size regime, from the measurement alone (so that a model change cannot move a row between
-regimes): *latency-bound* where the measured bus bandwidth is under half the fabric's achievable
-ring bandwidth (the start-up cost is more than the transfer), *bandwidth-bound* otherwise.
+Size regime, from the measured bus bandwidth against what the group's ring can reach (so that no
+change to the latency or protocol model moves a row between regimes; only what a ring of that
+group can carry does): *latency-bound* where it is under half the ring's achievable bus bandwidth
+(``ring_bus_bytes_per_s``: the start-up cost is more than the transfer), *bandwidth-bound* otherwise.
 
 What the harness adds (``harness_time_s``). nccl-tests (``src/common.cu`` ``BenchTime``, tag
 v2.17.9 = 2535da8) launches its ``iters`` iterations back to back and stops the clock after one
