@@ -204,7 +204,23 @@ def frozen_layer_bytes_per_token(c, a):
     norms = (2 + c.extra_norms) * frozen_norm_bytes_per_token(c, a) + attention_norm_bytes_per_token(c, a, frozen=True)
     return (norms + attention_saved_bytes_per_token(c, a)
             + attention_quadratic_bytes_per_token(c, a) + mlp + dropout_mask_bytes_per_token(c)
-            + lora_saved_bytes_per_token(c, a))
+            + lora_saved_bytes_per_token(c, a) + quant_saved_input_bytes_per_token(c, a))
+
+
+def quant_saved_input_bytes_per_token(c, a):
+    """The inputs bitsandbytes <= 0.43.1 keeps for a 4-bit base (``quant_saves_input``): its
+    ``MatMul4Bit.forward`` stores ``ctx.tensors = (A, B)`` whenever A or the weight needs a gradient
+    (0.42.0 ``autograd/_functions.py``), although its backward reads only B; 0.43.2 (PR #1270,
+    2024-07-23, "delete useless buffered activation") stores ``(None, B)``. A frozen 16-bit Linear
+    keeps nothing (``lora_saved_bytes_per_token``), so a QLoRA block then also keeps the inputs of
+    its Linears that nothing else saves: the attention norm's and the MLP norm's outputs and the
+    MLP's down-projection input (the activation output, or the gated product): a·(2h + i). The
+    attention output is not among them: the block reshapes SDPA's output, which SDPA saves and
+    returns in (b, s, heads, d) layout, as a view (measured on CPU: tests/test_quant_saved_input.py).
+    ASSUMPTION: two norms feed the block's Linears (a shared-norm parallel block, Falcon, keeps a·h
+    less); block 0's attention input, which needs no gradient, is counted like the others."""
+    on = (c.method == st.QLORA) & (np.asarray(c.quant_format) == st.NF4) & np.asarray(c.quant_saves_input, dtype=bool)
+    return np.where(on, a * (2 * c.hidden_size + c.mlp_width), 0)
 
 
 def first_block_untracked_bytes_per_token(c, a):
@@ -331,8 +347,9 @@ def loss_dtype_bytes(c):
     loss runs in fp32 — an upcast of the logits (``logits_fp32``: HF ``ForCausalLMLoss``
     ``logits.float()``, torchtitan ``pred.float()``, torchtune's chunks, and a loss computed under
     ``torch.autocast``, which casts ``cross_entropy``'s input to fp32) or fp32 training; otherwise
-    the 16-bit compute dtype (LitGPT ``bf16-true``, the torch FSDP2 tutorial's loop:
-    ``F.cross_entropy`` on the 16-bit logits, whose ``log_softmax`` returns 16-bit). shardplan's
+    the 16-bit compute dtype (the torch FSDP2 tutorial's loop: ``F.cross_entropy`` on the 16-bit
+    logits, whose ``log_softmax`` returns 16-bit; LitGPT's ``bf16-true`` loss is fp32: Lightning
+    Fabric casts the model's outputs to float32 in ``convert_output``). shardplan's
     bf16-mixed names the weights' precision, not whether the loss runs under autocast, so the
     upcast is the stack's ``logits_fp32``. Measured per stack on CPU: tests/test_loss_memory.py."""
     a = compute_dtype_bytes(c.precision)
@@ -361,7 +378,7 @@ def logits_forward_bytes(c):
     """Logits and loss at the forward peak (inside ``cross_entropy``'s log-softmax), per token and
     vocabulary entry: the a-byte logits, the fp32 copy a loss running in fp32 makes of 16-bit
     logits (``_upcast_bytes``), and the log-softmax output it saves (``loss_dtype_bytes``): HF /
-    torchtitan bf16 2 + 4 + 4 = 10, LitGPT bf16-true 2 + 2 = 4. Plus the labels
+    torchtitan bf16 2 + 4 + 4 = 10, a 16-bit loss 2 + 2 = 4. Plus the labels
     and position ids and, LoRA/QLoRA, the held last hidden state. Measured: 10 B/token/vocab entry
     in bf16 (fsdp2_facts.json).
 
@@ -383,7 +400,7 @@ def logits_forward_bytes(c):
 def logits_backward_bytes(c):
     """Logits and loss at the start of backward: the saved log-softmax output, and while its
     backward runs the incoming gradient from nll_loss and its own result, each in the loss dtype
-    ``l`` (``loss_dtype_bytes``): 3·l·bsV — 12·bsV for an fp32 loss, 6·bsV for LitGPT's bf16 one.
+    ``l`` (``loss_dtype_bytes``): 3·l·bsV — 12·bsV for an fp32 loss, 6·bsV for a 16-bit one.
     The 16-bit logits are gone by then: the model's forward (or the HF Trainer's ``compute_loss``)
     drops them; a loop that keeps ``outputs.logits`` adds a·bsV. Measured (fp32 loss): 7B runs,
     backward peak Temp = 8·bsV, Activation = saved + 4·bsV.

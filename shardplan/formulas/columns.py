@@ -151,6 +151,7 @@ class Columns:
     checkpoint_wrapper: np.ndarray   # AC by torch's checkpoint_wrapper around HF blocks (memory._block_backward)
     use_cache: np.ndarray            # HF use_cache on during training (memory.kv_cache_leftover_bytes)
     kbit_prep: np.ndarray            # QLoRA after prepare_model_for_kbit_training: fp32 stream (throughput.stream_dtype_bytes)
+    quant_saves_input: np.ndarray    # 4-bit Linears keep their input (activations.quant_saved_input_bytes_per_token)
     rope_shared_batch: np.ndarray    # RoPE cos/sin computed for one row and broadcast over the batch (HF; tiny harness: b rows)
     fused_dropout: np.ndarray        # CUDA native_dropout (1-byte mask); False: CPU's composite (mask in the input dtype)
     optimizer_impl: np.ndarray       # OPTIMIZER_IMPLS code: fused, foreach (torch's CUDA default), for_loop (CPU default)
@@ -194,7 +195,7 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     stack=st.HF, logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False,
     fp32_master=True, paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False,
     quant_state_sharded=True, quant_format=st.NF4, load_mode=st.LOAD_RANK0_BROADCAST, checkpoint_wrapper=False,
-    use_cache=False, kbit_prep=False, optimizer_impl=st.OPT_FOREACH,
+    use_cache=False, kbit_prep=False, quant_saves_input=False, optimizer_impl=st.OPT_FOREACH,
     # mechanism columns: what real stacks on CUDA do (RoPE built from one row of position ids:
     # transformers, torchtitan's freqs_cis; CUDA's fused dropout; foreach AdamW)
     rope_shared_batch=True, fused_dropout=True, sdpa_fp32_gqa_math=True,

@@ -68,6 +68,8 @@ class TrainingConfig(BaseModel):
                                    "non-4-bit parameter in fp32, so the residual stream around the 16-bit base "
                                    "matmuls is fp32 (throughput.stream_dtype_bytes; the memory model does not read it yet)")
     quant_state_sharded: bool | None = Field(None, description="bnb quant_state sharded with the weights")
+    quant_saves_input: bool | None = Field(None, description="each 4-bit Linear's autograd keeps its input "
+                                           "(bitsandbytes <= 0.43.1 MatMul4Bit)")
     quant_format: str | None = Field(None, description="4-bit base format: nf4, gptq, awq")
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
     optimizer_impl: str | None = Field(None, description="how the AdamW step runs: fused (one kernel), foreach "
@@ -105,7 +107,8 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     get = knobs.get if isinstance(knobs, dict) else vars(knobs).get  # a model's (or namespace's) fields
     out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload",
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
-                               "quant_state_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep")}
+                               "quant_state_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
+                               "quant_saves_input")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:

@@ -427,6 +427,7 @@ def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -
     """The row's settings as a ``TrainingConfig``; what the row leaves unstated is the stack's."""
     knobs: dict[str, Any] = {"stack": _stack(row, assumed)}
     knobs.update(_compiled_loss(row, knobs["stack"]))
+    knobs.update(_bnb_keeps_input(row, knobs["stack"]))
     for part in (_framework_knobs(row, assumed), _strategy(row, cluster), _precision_and_method(row, assumed),
                  _checkpointing(row, assumed), _offload(row), _optimizer(row, assumed), _workload(row),
                  _attention(row, assumed), _loss(row)):
@@ -558,6 +559,36 @@ COMPILED_LOSS_SINCE = {
     "torchtune": ("2024-09-07", "torchtune c169bcddd (#1512) training.compile_loss: compile: True compiles the "
                                 "loss (CEWithChunkedOutputLoss: compute_cross_entropy per chunk)"),
 }
+
+
+# stack -> (first date it runs a bitsandbytes whose MatMul4Bit no longer keeps its input, source):
+# a 4-bit run dated before it keeps every 4-bit Linear's input (``quant_saves_input``,
+# activations.quant_saved_input_bytes_per_token); torchtune's NF4 is torchao's, not bitsandbytes'
+BNB_KEEPS_INPUT_UNTIL = {
+    "default": ("2024-07-23", "bitsandbytes 0.43.2 (2024-07-23, PR #1270 'delete useless buffered activation'): "
+                              "before it MatMul4Bit stored ctx.tensors = (A, B)"),
+    "lightning": ("2024-12-28", "LitGPT pyproject.toml pins bitsandbytes==0.42.0 from 929f9c79 (2024-03-15) "
+                                "to d2ed13c3 (2024-12-28, 'Bump ... BnB versions')"),
+}
+
+
+def _row_date(row: dict[str, str]) -> str | None:
+    """The date the row's source names for its revision (the source locator's first, else the
+    commit/url column's): the measurement was made on or before it."""
+    for column in ("source_locator", "source_commit_or_url"):
+        found = re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get(column, ""))
+        if found:
+            return found.group(1)
+    return None
+
+
+def _bnb_keeps_input(row: dict[str, str], stack: str) -> dict[str, Any]:
+    """``quant_saves_input`` for a run whose revision date is before its stack's bitsandbytes
+    stopped keeping the 4-bit Linears' inputs (``BNB_KEEPS_INPUT_UNTIL``); nothing without a date."""
+    date = _row_date(row)
+    if stack == "torchtune" or date is None:
+        return {}
+    return {"quant_saves_input": True} if date < BNB_KEEPS_INPUT_UNTIL.get(stack, BNB_KEEPS_INPUT_UNTIL["default"])[0] else {}
 
 
 def _compiled_loss(row: dict[str, str], stack: str) -> dict[str, Any]:
