@@ -253,3 +253,15 @@ def test_package_level_sweep_loads_lazily_and_is_callable():
             "df = shardplan.sweep(models='gpt2', gpus='24GB', gpu_counts=[1, 2], strategies='full_shard', progress=False); "
             "assert len(df) == 2 and callable(shardplan.pareto)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_sweep_carries_every_link_rate_field():
+    """A sweep rebuilds ``comm.LinkRates`` per row from ``RATE_FIELDS``: a field left out runs at its
+    default there and the sweep disagrees with the scalar path (NCCL's LL cap, Tree hops, xGMI mesh)."""
+    from dataclasses import fields
+
+    from shardplan.formulas.comm import LinkRates
+    from shardplan.planning.sweep_plan import RATE_FIELDS
+
+    calibration_only = {"calibrated", "tables", "intra_alpha_measured", "inter_alpha_measured"}
+    assert {f.name for f in fields(LinkRates)} - calibration_only == set(RATE_FIELDS)

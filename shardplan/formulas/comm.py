@@ -84,6 +84,7 @@ NCCL_TREE_HOPS_S = {"nvlink": (0.6e-6, 1.25e-6, 4.0e-6), "pcie": (1.0e-6, 1.9e-6
 NCCL_HW_OF_KIND = {"nvlink": "nvlink", "infinity_fabric": "nvlink", "pcie": "pcie",
                    "infiniband": "net", "ethernet": "net", "roce": "net"}
 NCCL_LL128_BW = 0.92
+TREE_HOP_FIELDS = ("intra_tree_ll_hop_s", "intra_tree_ll128_hop_s", "intra_tree_simple_hop_s")  # LinkRates'
 NCCL_NET_OVERHEAD_S = 1.0e-6
 NCCL_LL_MAX_MULTI_NODE = (39.0e9, 20.4e9)  # llMaxBws, Intel host: 2 nodes, more than 2
 NCCL_SIMPLE_PLATEAU = 1.4
@@ -197,7 +198,9 @@ class LinkRates:
     intra_simple_hop_s: np.ndarray = NCCL_RING_HOPS_S["nvlink"][2]
     inter_simple_hop_s: np.ndarray = NCCL_RING_HOPS_S["net"][2]
     # NCCL's Tree per-step latencies inside a node (LL, LL128, Simple) and the one-node LL cap
-    intra_tree_hops_s: tuple = NCCL_TREE_HOPS_S["nvlink"]
+    intra_tree_ll_hop_s: np.ndarray = NCCL_TREE_HOPS_S["nvlink"][0]
+    intra_tree_ll128_hop_s: np.ndarray = NCCL_TREE_HOPS_S["nvlink"][1]
+    intra_tree_simple_hop_s: np.ndarray = NCCL_TREE_HOPS_S["nvlink"][2]
     ll_max_bus_bytes_per_s: np.ndarray = np.inf
     # a full-mesh intra link's peer links per GPU (``intra_bus_bytes_per_s`` is all of them); inf: a switch
     intra_mesh_peer_links: np.ndarray = np.inf
@@ -273,7 +276,7 @@ def nccl_hops(intra, inter) -> dict:
     ring, net = NCCL_RING_HOPS_S[hw], NCCL_RING_HOPS_S[NCCL_HW_OF_KIND[inter.kind]]
     cap = intra.nccl_ll_max_bytes_per_s
     return {"intra_ll128_hop_s": ring[1] if hw == "nvlink" else np.inf, "intra_simple_hop_s": ring[2],
-            "inter_simple_hop_s": net[2], "intra_tree_hops_s": NCCL_TREE_HOPS_S[hw],
+            "inter_simple_hop_s": net[2], **dict(zip(TREE_HOP_FIELDS, NCCL_TREE_HOPS_S[hw])),
             "ll_max_bus_bytes_per_s": np.inf if cap is None else cap,
             "intra_mesh_peer_links": np.inf if intra.mesh_peer_links is None else intra.mesh_peer_links}
 
@@ -349,7 +352,8 @@ def nccl_tree_allreduce_times_s(per_call_bytes, n, nodes, tree_bus_bytes_per_s, 
              bus * np.where(nodes <= 1, 7.0 / 9.0, 120.0 / 128.0), bus)
     out = []
     for i, (k, corr) in enumerate(zip(("ll", "ll128", "simple"), _tree_correction(per_call_bytes))):
-        lat = NCCL_TREE_BASE_S[k] + 2 * ((ppn - 1) * rates.intra_tree_hops_s[i] + levels * NCCL_TREE_HOPS_S["net"][i])
+        hop = getattr(rates, TREE_HOP_FIELDS[i])
+        lat = NCCL_TREE_BASE_S[k] + 2 * ((ppn - 1) * hop + levels * NCCL_TREE_HOPS_S["net"][i])
         out.append(lat + per_call_bytes / (0.5 * buses[i] * corr))
     out[1] = np.where(_ll128_on(rates, nodes), out[1], np.inf)
     return tuple(out)
