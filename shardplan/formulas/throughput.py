@@ -36,7 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardplan.formulas.activations import checkpointed_layers, compute_dtype_bytes, op_sac_recomputed_params_per_layer
+from shardplan.formulas.activations import (
+    checkpointed_layers,
+    compute_dtype_bytes,
+    op_sac_recomputed_params_per_layer,
+    stream_dtype_bytes,
+)
 from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes, grad_comm_bytes_per_element, sync_count
 from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element, trainable_params
 from shardplan.inputs import engines as eng
@@ -281,18 +286,6 @@ def elementwise_bytes_per_token(c):
     layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
     head = CROSS_ENTROPY_BYTES_PER_VOCAB * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
     return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c)
-
-
-def stream_dtype_bytes(c):
-    """Bytes per element of the residual stream the blocks' element-wise kernels move: the
-    configuration's compute dtype, except a QLoRA model prepared by PEFT's
-    ``prepare_model_for_kbit_training`` (``kbit_prep``), which casts every non-4-bit parameter
-    (norms, embeddings, lm_head) to fp32 (peft ``utils/other.py``): HF's RMSNorm returns
-    ``weight * hidden_states.to(input_dtype)``, an fp32 product, and bitsandbytes' ``Linear4bit``
-    returns its output in its input's dtype, so norms, residual adds, RoPE and the MLP product run
-    in fp32 (4 B). ASSUMPTION: the head's cross-entropy keeps the compute dtype's count."""
-    a = compute_dtype_bytes(c.precision)
-    return np.where((c.method == st.QLORA) & np.asarray(c.kbit_prep, dtype=bool), np.maximum(a, 4), a)
 
 
 def qlora_stream_cast_bytes_per_token(c):

@@ -66,7 +66,7 @@ class TrainingConfig(BaseModel):
                                    "(memory.kv_cache_leftover_bytes); Trainer/TRL set it False")
     kbit_prep: bool | None = Field(None, description="QLoRA prepared by PEFT's prepare_model_for_kbit_training: every "
                                    "non-4-bit parameter in fp32, so the residual stream around the 16-bit base "
-                                   "matmuls is fp32 (throughput.stream_dtype_bytes; the memory model does not read it yet)")
+                                   "matmuls is fp32 (activations.stream_dtype_bytes; memory: an fp32 checkpointed block input on one rank)")
     quant_state_sharded: bool | None = Field(None, description="bnb quant_state sharded with the weights")
     quant_saves_input: bool | None = Field(None, description="each 4-bit Linear's autograd keeps its input "
                                            "(bitsandbytes <= 0.43.1 MatMul4Bit)")
