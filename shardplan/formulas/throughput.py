@@ -308,25 +308,56 @@ def qlora_stream_cast_bytes_per_token(c):
     return np.where((c.method == st.QLORA) & (s > half), c.num_layers * per_layer, 0.0)
 
 
+def peft_adapter_cast(c, a):
+    """(d, cast): the bytes PEFT's adapter path computes in and whether each adapted input is cast
+    (0/1), for the time of that path. PEFT keeps fp32 adapters over a 16-bit base
+    (``activations.lora_adapter_dtype_bytes``, the memory side's rule: unwrapped or DDP runs) and
+    casts the input to them in its own code: peft ``tuners/lora/layer.py`` ``Linear.forward``
+    (``x = self._cast_input_dtype(x, lora_A.weight.dtype)``, v0.14 on; ``x = x.to(lora_A.weight.dtype)``
+    before), with or without autocast. So the cast is counted for LoRA built by PEFT (the ``hf``
+    stack; torchtune and LitGPT build their own adapters in the model dtype, with no cast).
+    QLoRA is left out: PEFT's ``tuners/lora/bnb.py`` ``Linear4bit.forward`` casts only when
+    ``not torch.is_autocast_enabled()``, and the columns do not say whether autocast is on (HF
+    Trainer's bf16=True turns it on). ASSUMPTION: under autocast the adapter path's element-wise
+    ops run at the adapters' dtype (autocast runs the two rank-r GEMMs in 16 bits; their FLOPs are
+    in ``flops_per_token``)."""
+    from shardplan.formulas.activations import lora_adapter_dtype_bytes
+    d, cast = lora_adapter_dtype_bytes(c, a)
+    cast = np.asarray(cast, dtype=bool) & (np.asarray(c.stack) == st.HF) & (np.asarray(c.method) == st.LORA)
+    return np.where(cast, d, a), cast.astype(np.float64)
+
+
 def lora_adapter_bytes_per_token(c):
     """HBM bytes per token of PEFT's adapter path around each adapted Linear (peft
-    ``tuners/lora/layer.py`` ``Linear.forward``: ``result = result + lora_B(lora_A(dropout(x))) *
-    scaling``), a the activation bytes, per adapted Linear of input width in and output width out:
-    forward: lora_A reads x (a·in), lora_B writes its output (a·out), ``* scaling`` reads and
-    writes it (2a·out), the add reads both and writes the sum (3a·out); dropout with p > 0 writes a
-    copy and a 1-byte mask (2a·in + in). Backward: ``* scaling``'s gradient (2a·out), lora_B's input-
-    and weight-gradient GEMMs read the incoming gradient (2a·out), lora_A's input gradient is
-    written and accumulated into x's (4a·in), dropout's backward (2a·in + in). Recomputed blocks
-    repeat the forward; a is the stream's bytes (``stream_dtype_bytes``). The rank-r GEMMs' FLOPs are in ``flops_per_token``; out widths summed per
-    block are lora_params / (layers · r) − the adapted input widths."""
+    ``tuners/lora/layer.py`` ``Linear.forward``, v0.13-v0.17 alike: ``x = x.to(lora_A.weight.dtype)``,
+    ``result = result + lora_B(lora_A(dropout(x))) * scaling``, ``result.to(torch_result_dtype)``),
+    per adapted Linear of input width in and output width out, with a the activation bytes and d
+    the bytes the adapters compute in (``peft_adapter_cast``: d = 4 where PEFT casts each adapted
+    input to its fp32 adapters; otherwise d = a and nothing is cast).
+
+    Forward: the input cast reads a and writes d per input element (cast only); dropout with p > 0
+    reads and writes d plus its mask m (``activations.lora_dropout_mask_bytes``); lora_A reads its
+    input (d·in); lora_B writes its output (d·out); ``* scaling`` reads and writes it (2d·out); the
+    add reads the base output and the adapter output and writes the sum in the promoted dtype
+    (a + d + max(a, d))·out; the cast back reads d and writes a (cast only). Backward: the cast
+    back's and the add's gradients each convert between a and d (2(a + d)·out, cast only);
+    ``* scaling``'s gradient 2d·out; lora_B's input- and weight-gradient GEMMs read the incoming
+    gradient (2d·out); lora_A's input gradient is written (d·in), cast back to a ((a + d)·in, cast
+    only) and accumulated into x's gradient (3a·in); dropout's backward (2d + m)·in. Recomputed
+    blocks repeat the forward. The rank-r tensors (r ≪ in, out) are left out; the rank-r GEMMs'
+    FLOPs are in ``flops_per_token``; out widths summed per block are lora_params / (layers · r) −
+    the adapted input widths."""
+    from shardplan.formulas.activations import lora_dropout_mask_bytes
     a = stream_dtype_bytes(c)
+    d, cast = peft_adapter_cast(c, a)
     rank = np.maximum(c.lora_rank_out / np.maximum(c.lora_adapted_linears, 1), 1)
     layers = np.maximum(np.asarray(c.num_layers, dtype=np.float64), 1)
     ins = np.asarray(c.lora_adapted_in, dtype=np.float64)
     outs = np.maximum(c.lora_params / (layers * rank) - ins, 0)
-    dropout = np.where(np.asarray(c.lora_dropout) > 0, 2 * a * ins + ins, 0.0)
-    fwd = a * ins + 6 * a * outs + dropout
-    bwd = 4 * a * outs + 4 * a * ins + dropout
+    dropout = np.where(np.asarray(c.lora_dropout) > 0, (2 * d + lora_dropout_mask_bytes(c, d)) * ins, 0.0)
+    converts = cast * (a + d)  # one dtype conversion of an element, read + write
+    fwd = converts * ins + d * ins + dropout + (3 * d + a + d + np.maximum(a, d)) * outs + converts * outs
+    bwd = 2 * converts * outs + 4 * d * outs + d * ins + converts * ins + 3 * a * ins + dropout
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
     return np.where(c.method != st.FULL, layers * (fwd * (1 + frac) + bwd), 0.0)
 
