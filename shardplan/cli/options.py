@@ -41,7 +41,7 @@ STACK_KNOBS = {
         help="KV cache in training (stack's)"),
     "kbit_prep": typer.Option(
         None, "--kbit-prep/--no-kbit-prep", rich_help_panel="Stack switches",
-        help="QLoRA: prepare_model_for_kbit_training (fp32 stream)"),
+        help="QLoRA: PEFT kbit prep (fp32 stream)"),
     "expandable_segments": typer.Option(
         None, "--expandable-segments/--no-expandable-segments", rich_help_panel="Stack switches",
         help="expandable_segments allocator"),
