@@ -131,7 +131,8 @@ def fit_checks(held_records: list[dict]) -> list[dict]:
 def refit_rows(held_records: list[dict], train_records: list[dict]) -> tuple[dict, list[dict]]:
     """Reserved on the held-out third, before (allocator.json: k from the earlier campaign) and after
     the allocator's k is refit on the train split alone."""
-    from shardplan.calibrate.gpu_heldout import compare, refit_fragmentation, reserved_with
+    from shardplan.calibrate.fragmentation_loso import refit_fragmentation, reserved_with
+    from shardplan.calibrate.gpu_heldout import compare
 
     k = refit_fragmentation(train_records)
     rows = []
@@ -148,7 +149,7 @@ def refit_rows(held_records: list[dict], train_records: list[dict]) -> tuple[dic
 
 def refit_table(k: dict, rows: list[dict]) -> list[str]:
     ks = ", ".join(f"{name} {v:.2f}" for name, v in sorted(k.items()))
-    lines = [f"k refit on the train split (median per allocator class): {ks}.", "",
+    lines = [f"k refit on the train split (least squares per allocator group, as allocator.json's): {ks}.", "",
              "| held-out run | measured reserved | before (allocator.json) | after (k from the train split) |",
              "| --- | ---: | ---: | ---: |"]
     for r in rows:
@@ -224,9 +225,11 @@ def main() -> int:
     refit = refit_rows(gpu_split.read(gpu_split.FOLDER / gpu_split.HELDOUT_NAME),
                        gpu_split.read(gpu_split.FOLDER / gpu_split.TRAIN_NAME))
     write_text_atomic(gpu_split.FOLDER / "allocator_refit_train.json", json.dumps(
-        {"fragmentation_per_transient_median": refit[0], "fitted_from": f"data/calibration/gpu/userscripts/{gpu_split.TRAIN_NAME}",
-         "how": "shardplan.calibrate.gpu_heldout.refit_fragmentation: median per allocator class of (reserved - allocated - "
-                "side-stream pools) / largest transient over the train split; judged on the held-out third in docs/accuracy.md"},
+        {"fragmentation_per_transient_k": refit[0], "fitted_from": f"data/calibration/gpu/userscripts/{gpu_split.TRAIN_NAME}",
+         "how": "shardplan.calibrate.fragmentation_loso.refit_fragmentation: k per allocator group fitted as allocator.json's "
+                "(shardplan.calibrate.fragmentation_loso.fit: least squares of the relative reserved error, slack = reserved - "
+                "allocated - side-stream pools regressed on the largest transient) over the train split only; judged on the "
+                "held-out third in docs/accuracy.md"},
         indent=1) + "\n")
     new = section(held, train, fits, refit)
     if BEGIN in doc:

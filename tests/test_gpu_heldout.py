@@ -67,9 +67,9 @@ def test_fitted_constants_say_what_they_were_fitted_from(fitted):
 
 
 def test_the_allocator_fit_never_opens_the_heldout_file(monkeypatch):
-    """The allocator's fit (gpu_compare.fragmentation_ratios over load_records) run with every read
-    of the held-out file trapped."""
-    from shardplan.calibrate.gpu_compare import fragmentation_ratios, load_records
+    """The allocator's fit (fragmentation_loso over every source: the campaign files and the train
+    split) run with every read of the held-out file trapped."""
+    from shardplan.calibrate import fragmentation_loso
 
     opened = []
     real_open, real_read = builtins.open, Path.read_text
@@ -82,13 +82,13 @@ def test_the_allocator_fit_never_opens_the_heldout_file(monkeypatch):
     monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (trap(f), real_open(f, *a, **k))[1])
     monkeypatch.setattr(io, "open", builtins.open)
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: (trap(self), real_read(self, *a, **k))[1])
-    ratios = fragmentation_ratios(load_records(ROOT / "data" / "calibration" / "gpu"))
-    assert sum(len(v) for v in ratios.values()) > 0 and opened == []
-    from shardplan.calibrate.gpu_heldout import refit_fragmentation
+    fitted = fragmentation_loso.coefficients(fragmentation_loso.sources())
+    assert sum(c["runs"] for c in fitted.values()) > 0 and opened == []
+    from shardplan.calibrate.fragmentation_loso import refit_fragmentation
 
     refit = refit_fragmentation(gpu_split.read(TRAIN))  # the train-split refit docs/accuracy.md judges
     assert refit == json.loads((gpu_split.FOLDER / "allocator_refit_train.json").read_text())[
-        "fragmentation_per_transient_median"] and opened == []
+        "fragmentation_per_transient_k"] and opened == []
     with pytest.raises(AssertionError):
         gpu_split.read(HELDOUT)  # the trap works
 

@@ -49,30 +49,30 @@ def test_throughput_band_is_the_dev_set_error_quantiles():
     assert inside >= 0.79 * len(rows)
 
 
-def test_allocator_band_covers_every_measured_gpu_run():
-    """The allocator class is the allocator model's own measured spread: on each of the H100
-    campaign's runs, measured reserved - allocated lies within the predicted slack +- that band
-    (given the measured allocated peak; data/calibration/gpu, tests/data/gpu)."""
+def test_allocator_band_is_the_out_of_source_quantile_on_the_gpu_runs():
+    """The allocator class is the allocator model's out-of-source error: estimate_memory's band bytes
+    are band_upper × the largest transient (on every campaign run), and over every GPU source with
+    both counters (campaign + the user scripts' train split, measured allocated peak) at least 90 %
+    of the runs hold no more slack than predicted + that band — the stated quantile, not every run
+    (tests/test_allocator.py recomputes the band leave-one-source-out)."""
+    from shardplan.calibrate import fragmentation_loso
     from shardplan.calibrate.gpu_compare import campaign_columns, load_records
+    from shardplan.formulas.allocator import CLASSES, allocator_class, largest_transient_bytes
     from shardplan.formulas.memory import estimate_memory
+    from shardplan.inputs.allocator_profile import default_allocator
 
-    band = BANDS.cls("allocator")
+    band, model = BANDS.cls("allocator"), default_allocator()
     assert band.status == "measured" and band.of == "allocator_band" and band.relative_error == 1.0
     runs = [r for r in load_records(Path(__file__).parent / "data" / "gpu") if r["status"] == "ok"]
     assert len(runs) == 36
-    outside = []
     for r in runs:
-        m = estimate_memory(campaign_columns(r))
-        slack = int(m["stream_pool_bytes"]) + int(m["fragmentation_bytes"])
-        measured = r["max_reserved_bytes"] - r["max_allocated_bytes"]
-        # never more slack than predicted + band (the side a verdict must not miss)
-        assert measured - slack <= int(m["allocator_band_bytes"]) + 2 * 2**20, r["config"]
-        if abs(measured - slack) > int(m["allocator_band_bytes"]) + 2 * 2**20:
-            outside.append(r["config"])
-    # one run over-predicted beyond the band since its peak moment moved (Llama-3.1-8B LoRA + AC on
-    # 8 GPUs: the KV cache replaced the 12h + 4 leftover; 8.7 GiB predicted vs 3.3 GiB measured): the
-    # coefficients were fitted on these runs with the former leftover and are not refitted here
-    assert len(outside) <= 1, outside
+        c = campaign_columns(r)
+        upper = model.coefficient(CLASSES[int(allocator_class(c, c.expandable_segments))]).band_upper
+        assert int(estimate_memory(c)["allocator_band_bytes"]) == pytest.approx(upper * int(largest_transient_bytes(c)), abs=1)
+    rows = [r for got in fragmentation_loso.sources().values() for r in got]
+    coeff = [model.coefficient(r["cls"]) for r in rows]
+    covered = sum(r["slack"] - k.k * r["transient"] <= k.band_upper * r["transient"] for r, k in zip(rows, coeff))
+    assert covered >= 0.9 * len(rows)
     assert BANDS.cls("non_torch").status == "assumption"
     # the unknown-stack class is fitted on the published runs (tests/test_accuracy_report.py checks the file)
     assert BANDS.classes.unknown_stack.status == "measured"

@@ -120,36 +120,21 @@ def compare_record(rec: dict, gpu: str = "h100-sxm") -> dict | None:
 
 def load_records(folder: Path) -> list[dict]:
     """Every record of the campaign's JSONL files, with ``expandable_segments`` set on the reruns."""
+    return [rec for path in sorted(Path(folder).glob("*.jsonl")) if path.name not in ("probes.jsonl", "load.jsonl")
+            for rec in load_file(path)]
+
+
+def load_file(path: Path) -> list[dict]:
+    """One campaign file's records (``expandable_segments`` set on the reruns' file)."""
     out = []
-    for path in sorted(Path(folder).glob("*.jsonl")):
-        if path.name in ("probes.jsonl", "load.jsonl"):
-            continue
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if path.name == "expandable_segments.jsonl":
-                rec["config"]["expandable_segments"] = True
-            out.append(rec)
+    for line in Path(path).read_text().splitlines():
+        rec = json.loads(line)
+        if Path(path).name == "expandable_segments.jsonl":
+            rec["config"]["expandable_segments"] = True
+        out.append(rec)
     return out
 
 
 def compare_folder(folder: Path) -> list[dict]:
     rows = (compare_record(r) for r in load_records(folder))
     return [r for r in rows if r is not None]
-
-
-def fragmentation_ratios(records: list[dict], gpu: str = "h100-sxm", columns_of=None) -> dict[str, list[float]]:
-    """Per allocator class (``allocator.CLASSES``): measured (reserved − allocated − the predicted
-    side-stream pools) over the largest transient — the data behind ``allocator.json``'s
-    ``fragmentation_per_transient``. ``columns_of``: another mapping of a record's configuration
-    (``gpu_heldout.user_columns`` for the runs of the scripts users launch)."""
-    from shardplan.formulas.allocator import CLASSES, allocator_class, largest_transient_bytes
-
-    out: dict[str, list[float]] = {k: [] for k in CLASSES}
-    for rec in records:
-        if rec.get("status") != "ok":
-            continue
-        c = columns_of(rec["config"]) if columns_of else campaign_columns(rec, gpu)
-        m = estimate_memory(c)
-        slack = rec["max_reserved_bytes"] - rec["max_allocated_bytes"] - int(m["stream_pool_bytes"])
-        out[CLASSES[int(allocator_class(c, c.expandable_segments))]].append(slack / int(largest_transient_bytes(c)))
-    return out

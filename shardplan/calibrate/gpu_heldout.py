@@ -51,6 +51,7 @@ def user_training_config(cfg: dict) -> TrainingConfig:
         load_mode="meta_init" if titan else None,
         checkpoint_wrapper=cfg["ac"] in ("fsdp", "full") and bool(cfg["use_cache"]) and titan,
         kbit_prep=qlora or None,
+        expandable_segments=False,  # the harness runs torchtitan's loop itself, not run_train.sh (which sets it)
     )
 
 
@@ -96,30 +97,6 @@ def compare(rec: dict) -> dict | None:
         row[f"measured_{k}_bytes"], row[f"predicted_{k}_bytes"] = meas[k], pred[k]
         row[f"{k}_error"] = (pred[k] - meas[k]) / meas[k] if meas[k] else None
     return row
-
-
-def refit_fragmentation(train: list[dict]) -> dict[str, float]:
-    """The allocator's k (reserved slack over the largest transient, per allocator class) as the
-    median over the *train* split only (``gpu_compare.fragmentation_ratios``): the fit the held-out
-    third then judges. Not written to allocator.json (issue 21 refits that leave-one-source-out)."""
-    import statistics as stats
-
-    from shardplan.calibrate.gpu_compare import fragmentation_ratios
-
-    return {k: stats.median(v) for k, v in fragmentation_ratios(train, columns_of=user_columns).items() if v}
-
-
-def reserved_with(rec: dict, k_by_class: dict[str, float]) -> int | None:
-    """The reserved prediction with ``k_by_class`` in place of allocator.json's medians (None when
-    the run's class had no train run)."""
-    from shardplan.formulas.allocator import CLASSES, allocator_class, largest_transient_bytes
-
-    c = user_columns(rec["config"])
-    k = k_by_class.get(CLASSES[int(allocator_class(c, c.expandable_segments))])
-    if k is None:
-        return None
-    m = estimate_memory(c)
-    return int(m["peak_allocated_bytes"]) + int(m["stream_pool_bytes"]) + int(k * int(largest_transient_bytes(c)))
 
 
 def compare_file(path: Path) -> list[dict]:

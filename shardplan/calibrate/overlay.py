@@ -10,8 +10,8 @@ File format (JSON, ``schema: "shardplan.calibration/1"``)::
      "compute": [{"dtype", "device", "f_max_flops_per_s", "m_half", "p", "peak_flops_per_s", "eff_max",
                   "max_rel_err", "sm_count", "calibrated": true}],
      "bandwidth": [{"kernel": "copy" | "add", "device", "dtype", "size_bytes", "bytes_per_s", "calibrated": true}],
-     "allocator": {"cuda_context_bytes": int, "fragmentation_per_transient": {CLASS: {median, low, high,
-                   runs}}, "calibrated": true} | null,
+     "allocator": {"cuda_context_bytes": int, "fragmentation_per_transient": {CLASS: {k, band_upper,
+                   band_lower, runs}}, "calibrated": true} | null,
      "accuracy": {"classes": {CLASS: {"relative_error", "derivation", "source"}}, "stacks": {STACK: {...}},
                   "throughput": {...}} | null}     (errors measured on your runs; shardplan.formulas.accuracy_bands)
 

@@ -1,5 +1,5 @@
 """The caching allocator's measured constants as data: ``shardplan/data/allocator.json`` (CUDA
-context bytes, fragmentation per allocator class with its measured spread and sources), read and
+context bytes, fragmentation per allocator class with its out-of-source band and sources), read and
 validated once. ``formulas/allocator.py`` holds the mechanisms that read them; a calibration
 overlay (``calibrate/overlay.py``) replaces them."""
 
@@ -13,12 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class FragmentationCoefficient(BaseModel):
-    """Measured (reserved − allocated − pools) / largest transient, per allocator class."""
+    """(reserved − allocated − pools) per byte of the largest transient, per allocator class
+    (``calibrate.fragmentation_loso``): ``k`` the least-squares fit, ``band_upper`` / ``band_lower``
+    the 0.9 / 0.1 quantiles of the out-of-source residual, as fractions of the transient."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    median: float = Field(ge=0)
-    low: float = Field(ge=0)
-    high: float = Field(ge=0)
+    k: float = Field(ge=0)
+    band_upper: float = Field(ge=0)
+    band_lower: float = Field(ge=0)
     runs: int = Field(ge=0)
 
 
