@@ -65,12 +65,17 @@ def test_compiled_chunked_loss_keeps_every_chunk_and_one_chunk_gradient(chunks, 
     assert int(chunked_logits_backward_bytes(eager)) > int(chunked_logits_backward_bytes(c))
 
 
-def test_torchtune_rows_compile_their_loss_from_the_revision_that_does():
+def test_rows_compile_their_loss_from_the_revision_that_does():
     # compile_loss arrived in torchtune c169bcddd (2024-09-07): the Nov 2024 README tables ran
-    # compiled losses, the May 2024 one compiled the model only; torchtitan rows are not read so
+    # compiled losses, the May 2024 one compiled the model only; torchtitan compiles its loss from
+    # bbb1b616e (2025-04-02), its rows dated by the revision they name (runs.TORCHTITAN_REVISION_DATES)
     rows = {r.row_id: r for r in read_runs("tests/data/published_runs/runs.csv")}
     assert rows["TTN017"].config.fused_ce is True   # rev 9bafd16fc, 2024-11-14, compile yes
     assert rows["TTN027"].config.fused_ce is True   # rev 1814feb17, 2024-11-18, + Compile
     assert rows["TTN026"].config.fused_ce is None   # same table, before + Compile
     assert rows["TTN010"].config.fused_ce is None   # rev 0217d44c2, 2024-05-09, compile yes
-    assert rows["TT002"].config.fused_ce is None    # torchtitan 9dec370: loss compile commented out
+    assert rows["TT002"].config.fused_ce is None    # torchtitan 9dec370 (2024-12-26): loss compile commented out
+    assert rows["AO004"].config.fused_ce is True    # torchtitan 2c8b5947, 2025-08-08, compile yes
+    assert rows["AO008"].config.fused_ce is True    # torchtitan 6fc499f6, 2025-08-14, compile yes
+    assert rows["TTQ001"].config.fused_ce is True   # nvfp4.md, first added 2026-08-05, compile yes
+    assert rows["AO001"].config.fused_ce is None    # "torchtitan 0.0.2": 2024-04-16 .. 2025-06-17, undated

@@ -558,7 +558,31 @@ LOSS_PATTERNS = ((r"\bloss: standard ce\b", 0), (r"\bloss: (chunked ce|cewithchu
 COMPILED_LOSS_SINCE = {
     "torchtune": ("2024-09-07", "torchtune c169bcddd (#1512) training.compile_loss: compile: True compiles the "
                                 "loss (CEWithChunkedOutputLoss: compute_cross_entropy per chunk)"),
+    "torchtitan": ("2025-04-02", "torchtitan bbb1b616e (#1033) components/loss.py build_loss_fn: "
+                                 "torch.compile(loss_fn) when training.compile (9dec370 train.py: '# loss_fn = "
+                                 "torch.compile(loss_fn)', commented out)"),
 }
+
+# torchtitan revisions the rows name only by hash (or by the doc that carries the run) -> the date
+# of that commit in torchtitan's git history (github:pytorch/torchtitan): the run used that revision
+TORCHTITAN_REVISION_DATES = (
+    (r"torchtitan 9dec370", "2024-12-26"),
+    (r"torchtitan 2c8b5947", "2025-08-08"),
+    (r"torchtitan 6fc499f6", "2025-08-14"),
+    # the NVFP4 converter's doc (its BF16 row is that experiment's baseline): first added in
+    # bcc09297a (#3914), so the runs used a revision with the converter
+    (r"components/quantization/nvfp4\.md", "2026-08-05"),
+)
+
+
+def _revision_date(row: dict[str, str], stack: str) -> str | None:
+    """The date of the revision a run used: for torchtitan the named commit's date
+    (``TORCHTITAN_REVISION_DATES``); otherwise the date the source locator names."""
+    if stack == "torchtitan":
+        text = " ".join(row.get(k, "") for k in ("source", "source_commit_or_url"))
+        return next((date for pattern, date in TORCHTITAN_REVISION_DATES if re.search(pattern, text)), None)
+    found = re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get("source_locator", ""))
+    return found.group(1) if found else None
 
 
 # stack -> (first date it runs a bitsandbytes whose MatMul4Bit no longer keeps its input, source):
@@ -592,13 +616,13 @@ def _bnb_keeps_input(row: dict[str, str], stack: str) -> dict[str, Any]:
 
 
 def _compiled_loss(row: dict[str, str], stack: str) -> dict[str, Any]:
-    """``fused_ce`` for a compiled run of a stack whose revision (the date the source locator
-    names) compiles its loss; nothing when the row states no compile or no date."""
+    """``fused_ce`` for a compiled run of a stack whose revision (``_revision_date``) compiles its
+    loss; nothing when the row states no compile or no date."""
     since = COMPILED_LOSS_SINCE.get(stack)
-    date = re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get("source_locator", ""))
+    date = _revision_date(row, stack)
     if since is None or date is None or not re.match(r"yes", row.get("compile", ""), re.I):
         return {}
-    return {"fused_ce": True} if date.group(1) >= since[0] else {}
+    return {"fused_ce": True} if date >= since[0] else {}
 
 
 def _loss(row: dict[str, str]) -> dict[str, Any]:
