@@ -1,13 +1,14 @@
 """Tokens/s against the development set's published runs (``shardplan.validation.tokens``): the
 time half of docs/accuracy.md. Fails when the numbers get worse than committed.
 
-Committed (this tree): 297 runs, median |error| 7.4 %, p90 23.4 %; compute-bound 7.0 % / 23.0 %,
+Committed (this tree): 297 runs, median |error| 7.4 %, p90 22.7 %; compute-bound 7.0 % / 22.5 %,
 communication-bound 13.4 % / 22.5 % (17 runs: an llm-foundry row whose Triton attention made its
 compute longer left the regime; the per-stack AdamW kernel, ``optimizer_impl``, lowered the last two;
 QLoRA's fp32 stream after ``prepare_model_for_kbit_training``, ``kbit_prep``, lowered the first two;
 NCCL 2.26's LL cap across nodes, 39 GB/s at 2 nodes, ``comm.nccl_time_s``, slowed MF016's
 collectives into the regime and lowered both, raising compute-bound's p90 22.9 → 23.0 % by its
-leaving). The
+leaving; Transformers' eager MoE expert loop, ``moe_dispatch_bytes_per_token``, lowered the
+Mixtral rows: p90 23.4 → 22.7 %, compute-bound 23.0 → 22.5 %). The
 guard is those values plus 0.2 percentage points (float noise across numpy builds, not a
 tolerance on the model): any change that makes a regime or the whole set worse fails here, and a
 change that improves it should lower the constants. The issue's median (≤ 8 %) and p90 (≤ 25 %)
@@ -22,7 +23,7 @@ from shardplan.validation import tokens
 
 ROWS = tokens.dev_set_rows()
 SLACK = 0.002
-COMMITTED = {"all": (0.074, 0.234), "compute-bound": (0.070, 0.230), "communication-bound": (0.134, 0.225)}
+COMMITTED = {"all": (0.074, 0.227), "compute-bound": (0.070, 0.225), "communication-bound": (0.134, 0.225)}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
 
 

@@ -32,7 +32,8 @@ from shardplan.inputs.model import (
 
 MODEL_FIELDS = (
     "total_params", "root_params", "unit_params", "largest_module_params", "num_layers", "hidden_size",
-    "vocab_size", "q_width", "kv_width", "attn_out_width", "num_heads", "mlp_width", "matmul_params", "gated_mlp",
+    "vocab_size", "q_width", "kv_width", "attn_out_width", "num_heads", "mlp_width", "moe_blocks", "moe_experts",
+    "moe_top_k", "matmul_params", "gated_mlp",
     "layernorm", "tied_embeddings", "lora_params", "quantizable_params", "param_tensors", "rope_dim",
     "quantized_tensors", "quant_state_bytes", "quantized_bias_params", "lora_adapted_in", "lora_unique_in", "lora_adapted_linears",
     "lora_rank_out", "lora_qkv_adapted", "lora_mlp_adapted", "extra_norms", "norm_fp32", "attn_norm_width",
@@ -64,6 +65,9 @@ class Columns:
     attn_out_width: np.ndarray
     num_heads: np.ndarray
     mlp_width: np.ndarray            # MLP width one token passes through (MoE: k experts + shared)
+    moe_blocks: np.ndarray           # blocks holding routed experts (0: dense)
+    moe_experts: np.ndarray          # routed experts per MoE block (0: dense)
+    moe_top_k: np.ndarray            # routed experts per token (0: dense)
     matmul_params: np.ndarray        # N_matmul per token (inputs.model.matmul_params_per_token)
     gated_mlp: np.ndarray
     layernorm: np.ndarray
@@ -223,7 +227,8 @@ def _counted_shapes(values: dict[str, Any]) -> dict[str, Any]:
                                                        7 * np.asarray(values.get("num_layers", 1))),
                matmul_params=matmul_params_per_token(np.asarray(values["total_params"]) - np.asarray(values.get("root_params", 0)),
                                                      np.asarray(values.get("vocab_size", 0)), np.asarray(values.get("hidden_size", 0))),
-               quantized_bias_params=0, extra_norms=0, norm_fp32=False, attn_norm_width=0, attn_norm_rows=0, fused_qkv=False,
+               quantized_bias_params=0, moe_blocks=0, moe_experts=0, moe_top_k=0,
+               extra_norms=0, norm_fp32=False, attn_norm_width=0, attn_norm_rows=0, fused_qkv=False,
                lora_adapted_in=0, lora_unique_in=0, lora_adapted_linears=0, lora_rank_out=0, lora_qkv_adapted=0, lora_mlp_adapted=0,
                rope_dim=np.asarray(values.get("q_width", 0)) // np.maximum(np.asarray(values.get("num_heads", 1)), 1)).items()})
     if "pad_dim0_0" in values:
@@ -286,6 +291,8 @@ def model_values(spec: ModelSpec, lora_rank: int = 16, lora_targets: str = "all-
         hidden_size=spec.hidden_size, vocab_size=spec.vocab_size, q_width=spec.q_width,
         kv_width=spec.kv_width if not spec.mla else spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim,
         attn_out_width=spec.attn_out_width, num_heads=spec.num_heads, mlp_width=mlp_width,
+        moe_blocks=spec.num_moe_blocks, moe_experts=spec.moe.num_experts if spec.moe else 0,
+        moe_top_k=spec.moe.experts_per_token if spec.moe else 0,
         matmul_params=spec.matmul_params_per_token,
         gated_mlp=spec.gated_mlp, layernorm=spec.norm == "layernorm", tied_embeddings=spec.tie_word_embeddings,
         lora_params=(lora_blocks_params(spec, lora_rank, lora_targets)

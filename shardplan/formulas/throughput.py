@@ -285,7 +285,32 @@ def elementwise_bytes_per_token(c):
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
     layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
     head = CROSS_ENTROPY_BYTES_PER_VOCAB * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
-    return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c)
+    return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c) \
+        + moe_dispatch_bytes_per_token(c)
+
+
+def moe_dispatch_bytes_per_token(c):
+    """HBM bytes per token of Transformers' eager expert loop around the experts' GEMMs
+    (``models/mixtral/modeling_mixtral.py`` ``MixtralSparseMoeBlock.forward``, v4.36-v4.47 and the
+    blocks copied from it: ``final_hidden_states = torch.zeros(...)``; per expert
+    ``idx, top_x = torch.where(expert_mask[expert_idx])``, ``current_state = hidden_states[None, top_x]``,
+    ``expert_layer(current_state) * routing_weights[top_x, idx, None]``,
+    ``final_hidden_states.index_add_(0, top_x, ...)``), per MoE block, with E experts, k per token,
+    a the stream bytes, h the width. Forward: the zeros a·h; over the experts each token's k rows
+    are gathered (2a·h·k), scaled (2a·h·k) and index-added (read the rows, read and write the
+    destination: 3a·h·k): a·h·(1 + 7k). Backward: index_add_'s source gradient is an index_select
+    (2a·h·k); the scaling's two gradients (2a·h·k, and the product 3a·h·k reduced 1a·h·k); each
+    expert's gather backward writes a full-size zero gradient and accumulates its rows into it
+    (a·h per expert + 3a·h·k in all), and autograd sums the E full-size gradients into the block
+    input's (3a·h each): a·h·(4E + 11k). Recomputed blocks repeat the forward. ASSUMPTION: only
+    the ``hf`` stack runs this loop (the dev set's other stacks train dense models); the router's
+    fp32 softmax over E logits (E ≪ h) and the per-expert ``torch.where`` host syncs are left out."""
+    a = stream_dtype_bytes(c)
+    h = np.asarray(c.hidden_size, dtype=np.float64)
+    e, k = np.asarray(c.moe_experts, dtype=np.float64), np.asarray(c.moe_top_k, dtype=np.float64)
+    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    per_block = a * h * ((1 + 7 * k) * (1 + frac) + 4 * e + 11 * k)
+    return np.where((np.asarray(c.stack) == st.HF) & (e > 0), c.moe_blocks * per_block, 0.0)
 
 
 def qlora_stream_cast_bytes_per_token(c):
