@@ -43,6 +43,7 @@ from shardplan.formulas.activations import (
     stream_dtype_bytes,
 )
 from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes, grad_comm_bytes_per_element, sync_count
+from shardplan.formulas.eager_host import host_phase_s
 from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element, trainable_params
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
@@ -610,8 +611,9 @@ def per_unit_collective_s(c, t, v, syncs):
 
 def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
     """Seconds of a step's micro-batches with the per-unit overlap (module docstring): ``syncs`` of
-    them reduce gradients, the rest (no_sync) do not. Also returns the compute seconds of the step
-    and of one micro-batch's forward + backward (FSDP's own copies included in the former)."""
+    them reduce gradients, the rest (no_sync) do not; each forward and backward at least its eager
+    host time (``eager_host.host_phase_s``). Also returns the compute seconds of the step (FSDP's own
+    copies included) and the seconds the host adds beyond them when nothing is communicated."""
     k = np.asarray(c.grad_accum, dtype=np.float64)
     L = np.asarray(c.num_layers, dtype=np.float64)
     units = L + 1
@@ -634,11 +636,25 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
         return head_b + ag_b + (L - 1) * interval + cb_u + 2 * (rs_ + ar_ + rep_)
 
     zero = np.zeros_like(rs)
-    bwd_sync = backward((rs, ar, rep), cb + cp_b_gather + cp_rs)
-    bwd_nosync = backward((zero, zero, zero), cb + cp_b_gather)
+    # each phase takes max(host, GPU): eager launches run ahead of the GPU (eager_host module docstring)
+    host_f, host_b, _ = host_phase_s(c)
+    fwd = np.maximum(fwd, host_f)
+    bwd_sync = np.maximum(backward((rs, ar, rep), cb + cp_b_gather + cp_rs), host_b)
+    bwd_nosync = np.maximum(backward((zero, zero, zero), cb + cp_b_gather), host_b)
     micro = syncs * (fwd + bwd_sync) + (k - syncs) * (fwd + bwd_nosync)
     compute = k * (cf_total + cb_total + units * (cp_f + cp_b_gather)) + syncs * units * cp_rs
-    return micro, compute
+    # the host's share beyond the compute alone (no communication): what a compute-only run waits
+    f_only, b_only = compute_only_phases_s(c, rates)
+    host_wait = k * (np.maximum(host_f - f_only, 0.0) + np.maximum(host_b - b_only, 0.0))
+    return micro, compute, host_wait
+
+
+def compute_only_phases_s(c, rates: ComputeRates):
+    """(forward, backward) GPU seconds of one micro-batch without communication: compute and FSDP's
+    copy-out after each all-gather (gradient packing left out, as for a no_sync micro-batch)."""
+    cf_total, cb_total, _ = micro_batch_compute_s(c, rates)
+    cp_f, cp_b_gather, _ = fsdp_copy_bytes(c)
+    return cf_total + cp_f / rates.hbm_bytes_per_s, cb_total + cp_b_gather / rates.hbm_bytes_per_s
 
 
 def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=None, volume=None):
@@ -649,15 +665,17 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=N
     t = comm_times(c, links, v)
     reduces = v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0
     syncs = np.asarray(np.where(reduces, sync_count(c, sync_every_micro_batch), 0), dtype=np.float64)
-    micro, compute = micro_batches_s(c, rates, t, v, syncs)
+    micro, compute, host_wait = micro_batches_s(c, rates, t, v, syncs)
     opt = optimizer_step_s(c, rates)
+    host_opt = host_phase_s(c)[2]
+    host_wait = host_wait + np.maximum(host_opt - opt, 0.0)
     cpu_opt = cpu_optimizer_step_s(c, rates)
     offload = offload_transfer_s(c, rates, syncs)
-    step = micro + opt + cpu_opt + offload + t["ag_post_step_s"]
+    step = micro + np.maximum(opt, host_opt) + cpu_opt + offload + t["ag_post_step_s"]
     out = {f"{n}_s": t[f"{n}_s"] for n in COLLECTIVE_OP}
-    out.update(compute_s=compute, optimizer_s=opt + cpu_opt, offload_transfer_s=offload,
+    out.update(compute_s=compute, optimizer_s=opt + cpu_opt, offload_transfer_s=offload, host_wait_s=host_wait,
                comm_s=sum(t[f"{n}_s"] for n in COLLECTIVE_OP), step_time_s=step,
-               exposed_comm_s=np.maximum(step - compute - opt - cpu_opt - offload, 0.0))
+               exposed_comm_s=np.maximum(step - compute - opt - cpu_opt - offload - host_wait, 0.0))
     out.update(rates_per_step(c, rates, step))
     return out
 

@@ -232,7 +232,7 @@ def limiting_resource(r: FitResult) -> str:
 
 
 TIME_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "hfu", "compute_s", "comm_s",
-               "exposed_comm_s", "optimizer_s", "offload_transfer_s", "gemm_efficiency")
+               "exposed_comm_s", "optimizer_s", "offload_transfer_s", "host_wait_s", "gemm_efficiency")
 TIME_BAND_FIELDS = tuple(f"{name}_{end}" for name in ("tokens_per_s", "tokens_per_s_per_gpu") for end in ("low", "high"))
 
 

@@ -428,6 +428,7 @@ def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -
     knobs: dict[str, Any] = {"stack": _stack(row, assumed)}
     knobs.update(_compiled_loss(row, knobs["stack"]))
     knobs.update(_bnb_keeps_input(row, knobs["stack"]))
+    knobs.update(_hf_reentrant(row, knobs["stack"]))
     for part in (_framework_knobs(row, assumed), _strategy(row, cluster), _precision_and_method(row, assumed),
                  _checkpointing(row, assumed), _offload(row), _optimizer(row, assumed), _workload(row),
                  _attention(row, assumed), _loss(row)):
@@ -594,6 +595,20 @@ BNB_KEEPS_INPUT_UNTIL = {
     "lightning": ("2024-12-28", "LitGPT pyproject.toml pins bitsandbytes==0.42.0 from 929f9c79 (2024-03-15) "
                                 "to d2ed13c3 (2024-12-28, 'Bump ... BnB versions')"),
 }
+
+
+# Hugging Face's gradient checkpointing ran torch's reentrant variant until transformers #43203
+# (opened 2026-01-09, "Switch gradient checkpointing default to use_reentrant=False"): #28538
+# (2024-01) pinned {"use_reentrant": True} when no kwargs are given, torch's own default before it
+HF_REENTRANT_UNTIL = ("2026-01-09", "transformers #43203 (2026-01-09): gradient_checkpointing_enable without kwargs "
+                                    "was use_reentrant=True (#28538) before it")
+
+
+def _hf_reentrant(row: dict[str, str], stack: str) -> dict[str, Any]:
+    """``reentrant_checkpointing`` for a Hugging Face row dated before ``HF_REENTRANT_UNTIL`` (it only
+    matters where the row checkpoints); nothing without a date or on another stack."""
+    date = _row_date(row)
+    return {"reentrant_checkpointing": True} if stack == "hf" and date and date < HF_REENTRANT_UNTIL[0] else {}
 
 
 def _row_date(row: dict[str, str]) -> str | None:
