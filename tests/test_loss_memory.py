@@ -179,6 +179,21 @@ def test_litgpt_loss_on_fabric_is_fp32_and_its_chunking_is_bounded(b, s):
     assert measured[1] == pytest.approx(8 + 8 / chunks, abs=12 / s) and measured[1] <= counted[1]
 
 
+@pytest.mark.parametrize("b,s", [(1, 512), (2, 512), (4, 256), (2, 1024)])
+def test_litgpt_chunked_head_formula_is_what_the_loop_holds(b, s):
+    # ``chunked_head``: inside the loss 8 per logit (the shifted token and the last chunk's reshape
+    # copy aside), at the start of backward 8 + 8/C, C = ceil(s/128)
+    from shardplan.formulas.activations import chunked_head_backward_bytes, chunked_head_forward_bytes
+
+    measured = _per_entry(lambda v: _measure(litgpt_loss, b, s, v, torch.bfloat16), b, s)
+    counted = _formula_per_entry(chunked_head_forward_bytes, chunked_head_backward_bytes, b, s,
+                                 precision=st.BF16_PURE, logits_fp32=True, chunked_head=True)
+    assert counted == pytest.approx((8, 8 + 8 / (s // 128)))
+    copy = 4 * (1 / (s // 128) - 1 / s) if b > 1 else 0
+    assert measured[0] == pytest.approx(counted[0] - 4 / s + copy, abs=1e-3)
+    assert measured[1] == pytest.approx(counted[1], abs=12 / s)
+
+
 def test_lightning_stack_runs_its_loss_in_fp32():
     # the stack profile says what Fabric's convert_output does: the loss of a lightning run is fp32
     from shardplan.inputs.config import TrainingConfig

@@ -443,6 +443,51 @@ def logits_and_loss_bytes(c):
     """Logits and loss at their larger moment (forward or start of backward)."""
     return np.maximum(logits_forward_bytes(c), logits_backward_bytes(c))
 
+HEAD_CHUNK_TOKENS = 128  # LitGPT finetune/lora.py (and adapter, full): model(input_ids, lm_head_chunk_size=128)
+
+
+def head_chunks(c):
+    """LitGPT's lm_head chunks: ``x.split(128, dim=1)``, ceil(s / 128) of them."""
+    return np.maximum(np.ceil(np.asarray(c.seq_len) / HEAD_CHUNK_TOKENS), 1)
+
+
+def chunked_head_forward_bytes(c):
+    """Logits and loss at the forward peak of LitGPT's fine-tuning loop (``chunked_head``;
+    litgpt/lora.py ``GPT.forward(lm_head_chunk_size=128)``, litgpt/utils.py ``chunked_cross_entropy``)
+    on Lightning Fabric: the model returns C 16-bit chunks, which ``_FabricModule.forward`` casts to
+    fp32 (``precision.convert_output``: ``torch.get_default_dtype()``) and drops; the loss runs
+    ``cross_entropy`` per chunk, each saving its fp32 log-softmax. Inside the last chunk's loss: the
+    fp32 logits (4·bsV, the loop's ``logits``) + every chunk's log-softmax (4·bsV) = 8·bsV (the cast
+    itself holds 2 + 4). Plus labels and the held hidden state as ``logits_forward_bytes``.
+    ASSUMPTION: the previous step's fp32 logits, which the loop still holds while the next forward
+    runs (+4·bsV at that cast when consecutive batches are as long), are not counted."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    return np.asarray(tokens * c.vocab_size * 8 + _logits_labels_bytes(c) + _held_hidden_bytes(c, a), dtype=np.int64)
+
+
+def chunked_head_backward_bytes(c):
+    """The start of backward in LitGPT's loop (``chunked_head``): the fp32 logits the loop keeps
+    referenced (4·bsV), the C saved fp32 log-softmax outputs (4·bsV) and one chunk's nll and
+    log-softmax gradients (8·bsV/C): (8 + 8/C)·bsV. Measured on CPU with the loop and Fabric's cast
+    (tests/test_loss_memory.py): 9.8 at C = 4, 11.9 at C = 2."""
+    tokens = c.micro_batch * c.seq_len
+    return np.asarray(np.ceil(tokens * c.vocab_size * (8 + 8 / head_chunks(c))), dtype=np.int64)
+
+
+def chunked_head_dequant_moment_bytes(c):
+    """(logits and loss, dequantized head) while a 4-bit lm_head (``quant_head``) computes its first
+    chunk's input gradient (bitsandbytes 0.42 ``MatMul4Bit.backward``: ``dequantize_4bit(B)`` in the
+    quant_state's fp16, ``.to(grad_output.dtype)``: 2 + 2 bytes per weight): the fp32 logits, the
+    log-softmax of the other C - 1 chunks and this chunk's 16-bit gradient, (8 - 2/C)·bsV (the
+    chunk's own log-softmax and fp32 gradients are freed by then); the head 4·V·h. Zeros unless
+    ``quant_head`` and ``chunked_head`` on a QLoRA run."""
+    on = (c.method == st.QLORA) & np.asarray(c.quant_head, dtype=bool) & np.asarray(c.chunked_head, dtype=bool)
+    tokens = c.micro_batch * c.seq_len
+    logits = np.ceil(tokens * c.vocab_size * (8 - 2 / head_chunks(c)))
+    return (np.asarray(np.where(on, logits, 0), dtype=np.int64),
+            np.asarray(np.where(on, 4 * c.vocab_size * c.hidden_size, 0), dtype=np.int64))
+
 
 def block_forward_working_bytes_per_token(c, a, full=None, n_ckpt=None):
     """Bytes per token alive inside the forward of the block being run (beyond the saved tensors of

@@ -199,7 +199,10 @@ def engine_buffers(c):
     bucket_elements = bucket_bytes(c.engine, 1)
     ds_bucket = np.where(per_strategy("reduce_bucket_buffer", c.engine, c.strategy),
                          2 * np.minimum(bucket_elements, c.total_params * trainable), 0)
-    qlora_dequant = np.where(c.method == st.QLORA, 2 * c.hidden_size * c.mlp_width, 0)
+    # the largest block Linear dequantized to 16-bit; Lightning's plugin quantizes from an fp16
+    # copy, so bitsandbytes dequantizes to fp16 and casts to the compute dtype (``quant_head``: 2 + 2)
+    qlora_dequant = np.where(c.method == st.QLORA,
+                             np.where(np.asarray(c.quant_head, dtype=bool), 4, 2) * c.hidden_size * c.mlp_width, 0)
 
     terms = {
         "autocast_weight_copies": autocast_copies,

@@ -156,6 +156,9 @@ class Columns:
     use_cache: np.ndarray            # HF use_cache on during training (memory.kv_cache_leftover_bytes)
     kbit_prep: np.ndarray            # QLoRA after prepare_model_for_kbit_training: fp32 stream (throughput.stream_dtype_bytes)
     quant_saves_input: np.ndarray    # 4-bit Linears keep their input (activations.quant_saved_input_bytes_per_token)
+    quant_head: np.ndarray           # the lm_head is 4-bit too, quantized from fp16 (model_states.frozen_base)
+    untied_head: np.ndarray          # a separate lm_head even where the model ties it (completed_values)
+    chunked_head: np.ndarray         # LitGPT's 128-token lm_head chunks, fp32 logits kept (activations.chunked_head_*)
     rope_shared_batch: np.ndarray    # RoPE cos/sin computed for one row and broadcast over the batch (HF; tiny harness: b rows)
     fused_dropout: np.ndarray        # CUDA native_dropout (1-byte mask); False: CPU's composite (mask in the input dtype)
     optimizer_impl: np.ndarray       # OPTIMIZER_IMPLS code: fused, foreach (torch's CUDA default), for_loop (CPU default)
@@ -190,16 +193,45 @@ def completed_values(values: dict[str, Any]) -> dict[str, Any]:
                                        st.BF16_PURE, values["precision"])
     if "precision" in values and "engine" in values:
         values["reduce_dtype"] = st.resolve_reduce_dtype(values.get("reduce_dtype"), values["precision"], values["engine"])
+    if "vocab_size" in values:
+        values.update(untied_head_values(values))
     if not values.keys() >= _COLUMN_SET:
         raise TypeError(f"Columns.build missing {sorted(_COLUMN_SET - values.keys())}")
     return values
+
+def untied_head_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A stack that builds a separate lm_head (``untied_head``: LitGPT's ``GPT`` has its own
+    ``nn.Linear`` lm_head beside the ``nn.Embedding``, and ``scripts/convert_hf_checkpoint.py``
+    copies ``transformer.wte.weight`` into ``lm_head.weight`` when the checkpoint has none) holds
+    the V·h head of a tied model twice: one more root tensor, in the padding group of its dim0 V.
+    Idempotent: the columns it returns are untied."""
+    on = np.asarray(values["untied_head"], dtype=bool) & np.asarray(values["tied_embeddings"], dtype=bool)
+    v, h = np.asarray(values["vocab_size"]), np.asarray(values["hidden_size"])
+    extra = np.where(on, v * h, 0)
+    out = {"total_params": np.asarray(values["total_params"]) + extra,
+           "root_params": np.asarray(values["root_params"]) + extra,
+           "param_tensors": np.asarray(values["param_tensors"]) + on,
+           "tied_embeddings": np.asarray(values["tied_embeddings"], dtype=bool) & np.logical_not(on)}
+    placed = np.zeros(np.shape(on), dtype=bool)
+    for k in range(PAD_GROUPS - 1):
+        match = on & (np.asarray(values[f"pad_dim0_{k}"]) == v) & np.logical_not(placed)
+        placed = placed | match
+        for what in ("model", "root"):
+            out[f"pad_{what}_{k}"] = np.asarray(values[f"pad_{what}_{k}"]) + np.where(match, h, 0)
+    rest = on & np.logical_not(placed)  # no group of dim0 V: the unpadded remainder, counted whole
+    for what in ("model", "root"):
+        last = f"pad_{what}_{PAD_GROUPS - 1}"
+        out[last] = np.asarray(values[last]) + np.where(rest, v * h, 0)
+    return out
+
 
 # Stack-knob columns when a caller gives none: hf, the knobs off, fp32 loss upcast, NF4, rank-0 load.
 STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     stack=st.HF, logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False,
     fp32_master=True, paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False,
     quant_state_sharded=True, quant_format=st.NF4, load_mode=st.LOAD_RANK0_BROADCAST, checkpoint_wrapper=False,
-    use_cache=False, kbit_prep=False, quant_saves_input=False, optimizer_impl=st.OPT_FOREACH,
+    use_cache=False, kbit_prep=False, quant_saves_input=False, quant_head=False, untied_head=False, chunked_head=False,
+    optimizer_impl=st.OPT_FOREACH,
     # mechanism columns: what real stacks on CUDA do (RoPE built from one row of position ids:
     # transformers, torchtitan's freqs_cis; CUDA's fused dropout; foreach AdamW)
     rope_shared_batch=True, fused_dropout=True, sdpa_fp32_gqa_math=True,

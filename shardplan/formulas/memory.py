@@ -42,6 +42,9 @@ from shardplan.formulas.activations import (
     block_activation_bytes,
     block_forward_working_bytes_per_token,
     checkpointed_layers,
+    chunked_head_backward_bytes,
+    chunked_head_dequant_moment_bytes,
+    chunked_head_forward_bytes,
     chunked_logits_backward_bytes,
     chunked_logits_forward_bytes,
     compute_dtype_bytes,
@@ -368,10 +371,14 @@ def _fsdp1_gradient_moments(engine_terms, c, k, ctx, units, one, grads_held):
 
 
 def _logits_bytes(c):
-    """(forward, backward) bytes of the logits and the loss: whole, or chunked cross-entropy's."""
+    """(forward, backward) bytes of the logits and the loss: whole, chunked cross-entropy's, or
+    LitGPT's chunked lm_head on Fabric's fp32 logits (``chunked_head``)."""
     chunked = c.ce_chunks > 0
-    return (np.where(chunked, chunked_logits_forward_bytes(c), logits_forward_bytes(c)),
-            np.where(chunked, chunked_logits_backward_bytes(c), logits_backward_bytes(c)))
+    head = np.asarray(c.chunked_head, dtype=bool)
+    return (np.where(head, chunked_head_forward_bytes(c),
+                     np.where(chunked, chunked_logits_forward_bytes(c), logits_forward_bytes(c))),
+            np.where(head, chunked_head_backward_bytes(c),
+                     np.where(chunked, chunked_logits_backward_bytes(c), logits_backward_bytes(c))))
 
 
 def _engine_terms(c):
@@ -428,9 +435,12 @@ def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, 
     start = dict(common, grads=grads_held, activations=acts["saved"], logits_and_loss=acts["logits"][1],
                  unsharded_params=blocks_held + fsdp1_prefetch,
                  all_gather_buffers=np.where(keep, 0, units["all_gather_block"]), root_unsharded=units["root_unsharded"])
+    # a 4-bit lm_head dequantized for its first chunk's input gradient (``quant_head``, LitGPT on Fabric)
+    head_logits, head_weight = chunked_head_dequant_moment_bytes(c)
+    head = {**start, "logits_and_loss": head_logits, "qlora_dequant": head_weight, ROWS: head_weight > 0}
     applies = fsdp | (c.strategy == st.SINGLE)
-    return [start] + _only_for(applies, _block_backward_moments(c, states, units, n_p, n_g, grads_held, common,
-                                                                in_block, acts))
+    return [start, head] + _only_for(applies, _block_backward_moments(c, states, units, n_p, n_g, grads_held, common,
+                                                                      in_block, acts))
 
 
 def _block_backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, acts):

@@ -305,17 +305,21 @@ def frozen_base(c):
     ``bnb_4bit_compute_dtype`` bf16; measured: Qwen2 q/k/v biases, hf_stack_cpu). The NF4
     quant_state (absmax, codes) is an attribute of each Params4bit, not a parameter (bitsandbytes
     ``nn/modules.py`` ``fix_4bit_weight_quant_state_from_module``); GPTQ/AWQ scales are inside
-    ``quant_bytes_per_param``."""
+    ``quant_bytes_per_param``. ``quant_head`` (Lightning Fabric's ``BitsandbytesPrecision``
+    replaces every ``torch.nn.Linear``, LitGPT's lm_head included: ``_convert_layers`` /
+    ``module_init_context``): the V·h head is 4-bit too, with its own quant_state."""
     peft = c.method != st.FULL
     frozen = np.where(peft, c.total_params, 0)
     qlora = c.method == st.QLORA
     w_frozen = compute_dtype_bytes(c.precision)
-    quant_part = quantized_base_bytes(c)
-    unquantized = c.total_params - c.quantizable_params - c.quantized_bias_params
+    head = np.where(qlora & np.asarray(c.quant_head, dtype=bool), c.vocab_size * c.hidden_size, 0)
+    nf4 = np.asarray(c.quant_format) == st.NF4
+    quant_part = quantized_base_bytes(c) + np.asarray(np.ceil(head * quant_bytes_per_param(c.quant_format)), dtype=np.int64)
+    unquantized = c.total_params - c.quantizable_params - c.quantized_bias_params - head
     frozen_bytes = np.asarray(np.where(
         qlora, quant_part + w_frozen * unquantized + 2 * c.quantized_bias_params, w_frozen * frozen,
     ), dtype=np.int64)
-    quant_state = np.where(qlora & (np.asarray(c.quant_format) == st.NF4), c.quant_state_bytes, 0)
+    quant_state = np.where(qlora & nf4, c.quant_state_bytes + np.where(head > 0, nf4_quant_state_bytes(head, 1), 0), 0)
     return frozen_bytes, quant_part, quant_state
 
 

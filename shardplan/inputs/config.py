@@ -70,6 +70,12 @@ class TrainingConfig(BaseModel):
     quant_state_sharded: bool | None = Field(None, description="bnb quant_state sharded with the weights")
     quant_saves_input: bool | None = Field(None, description="each 4-bit Linear's autograd keeps its input "
                                            "(bitsandbytes <= 0.43.1 MatMul4Bit)")
+    quant_head: bool | None = Field(None, description="the 4-bit plugin quantizes the lm_head too, from an fp16 copy "
+                                    "(Lightning Fabric BitsandbytesPrecision)")
+    untied_head: bool | None = Field(None, description="the stack builds a separate lm_head even for a model that "
+                                     "ties it to the embedding (LitGPT)")
+    chunked_head: bool | None = Field(None, description="the lm_head runs on 128-token chunks whose logits reach the "
+                                      "loss as fp32 copies the loop keeps (LitGPT fine-tuning on Fabric)")
     quant_format: str | None = Field(None, description="4-bit base format: nf4, gptq, awq")
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
     optimizer_impl: str | None = Field(None, description="how the AdamW step runs: fused (one kernel), foreach "
@@ -108,7 +114,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload",
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
-                               "quant_saves_input")}
+                               "quant_saves_input", "quant_head", "untied_head", "chunked_head")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:

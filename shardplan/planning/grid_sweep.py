@@ -57,6 +57,7 @@ def sweep(models: Any = "llama-3.1-8b", gpus: Any = "h100-sxm", gpu_counts: Any 
           lora_dropout: Any = None, reentrant_checkpointing: Any = None, quant_state_sharded: Any = None,
           quant_format: Any = None, load_mode: Any = None, checkpoint_wrapper: Any = None,
           use_cache: Any = None, kbit_prep: Any = None, optimizer_impl: Any = None, quant_saves_input: Any = None,
+          quant_head: Any = None, untied_head: Any = None, chunked_head: Any = None,
           sync_every_micro_batch: Any = None,
           intra_link: str | None = None, inter_link: str | None = None, host_ram: str | int | None = None,
           columns: Any = None, valid_only: bool = False, bands: AccuracyBands | None = None,

@@ -13,7 +13,7 @@ import numpy as np
 
 from shardplan.formulas import comm, throughput
 from shardplan.formulas.accuracy_bands import AccuracyBands
-from shardplan.formulas.columns import MODEL_FIELDS, STACK_COLUMN_DEFAULTS, Columns
+from shardplan.formulas.columns import MODEL_FIELDS, STACK_COLUMN_DEFAULTS, Columns, untied_head_values
 from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
 from shardplan.formulas.overflow import bad_results, quiet_numpy
 from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, bounded_verdict, judge, throughput_band
@@ -128,6 +128,7 @@ def chunk_columns(plan: SweepPlan, ix: dict[str, Any]) -> tuple[Columns, dict[st
     extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + COMPUTE_FIELDS + ("nodes", "cluster_ok", "has_bf16")}
     extra[PEAK_FIELD] = _PeakByPrecision(plan.cluster_table[PEAK_FIELD], cl)
     values = {**STACK_COLUMN_DEFAULTS, **values}  # knob columns the sweep does not vary
+    values.update(untied_head_values(values))  # as Columns.build does (columns.completed_values)
     return Columns(**{f.name: values[f.name] for f in fields(Columns)}), extra
 
 
