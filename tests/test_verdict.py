@@ -16,6 +16,7 @@ from shardplan.cli.app import main
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, BASES, AccuracyOverlay, load_bands
 from shardplan.formulas.memory import ACTIVATION_TERMS, BREAKDOWN_TERMS, STATE_TERMS
 from shardplan.formulas.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge, throughput_band
+from shardplan.inputs import hardware, models
 from shardplan.inputs import strategy as st
 from shardplan.support.errors import ShardplanError
 
@@ -223,10 +224,10 @@ def _recomputed_band(df: pd.DataFrame) -> np.ndarray:
 
 def test_no_fits_verdict_exceeds_capacity_with_its_band_over_1e5_sweep():
     rng = np.random.default_rng(9)
-    models = [m.name for m in shardplan.inputs.models.model_profiles()]
-    gpus = [g.name for g in shardplan.inputs.hardware.gpu_profiles()]
+    model_names = [m.name for m in models.model_profiles()]
+    gpus = [g.name for g in hardware.gpu_profiles()]
     df = shardplan.sweep(
-        models=list(rng.choice(models, 6, replace=False)), gpus=list(rng.choice(gpus, 4, replace=False)) + ["24GB"],
+        models=list(rng.choice(model_names, 6, replace=False)), gpus=list(rng.choice(gpus, 4, replace=False)) + ["24GB"],
         gpu_counts=[1, 2, 8, 16], strategies=None, engines=["fsdp2", "fsdp1", "deepspeed"],
         method=["full", "lora", "qlora"], ac=["none", "full"], micro_batch=[1, 4],
         seq_len=[int(x) for x in rng.choice([512, 1024, 2048, 4096, 8192], 2, replace=False)],
