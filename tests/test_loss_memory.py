@@ -44,7 +44,10 @@ class LiveBytes(TorchDispatchMode):
         for t in tensors:
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
-                self.live.setdefault(storage._cdata, weakref.ref(storage))
+                ref = self.live.get(storage._cdata)
+                # a new storage at a freed one's address (same _cdata) replaces its dead entry
+                if ref is None or ref() is None:
+                    self.live[storage._cdata] = weakref.ref(storage)
 
     def now(self):
         alive = {k: r() for k, r in self.live.items()}

@@ -52,6 +52,7 @@ def user_training_config(cfg: dict) -> TrainingConfig:
         checkpoint_wrapper=cfg["ac"] in ("fsdp", "full") and bool(cfg["use_cache"]) and titan,
         kbit_prep=qlora or None,
         expandable_segments=False,  # the harness runs torchtitan's loop itself, not run_train.sh (which sets it)
+        fused_lm_head=cfg["script"] == "sft" or None,  # TRL 1.16 SFTTrainer (record env): add_fused_lm_head
     )
 
 

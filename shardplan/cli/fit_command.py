@@ -16,7 +16,7 @@ from shardplan.support.errors import ShardplanError
 FIT_KNOBS = ("engine", "method", "lora_rank", "lora_targets", "precision", "optimizer", "ac", "ac_every_k", "offload",
              "seq_len", "micro_batch", "grad_accum", "shard_group_size", "attention", "reduce_dtype", "stack",
              "ce_chunks", "optimizer_in_backward", "activation_offload", "paged_optimizer", "fp32_master",
-             "quant_format", "expandable_segments", "checkpoint_wrapper", "use_cache", "kbit_prep", "load_mode",
+             "quant_format", "expandable_segments", "checkpoint_wrapper", "use_cache", "kbit_prep", "fused_lm_head", "load_mode",
              "optimizer_impl")
 
 

@@ -20,7 +20,7 @@ FORCE_HELP = "apply a foreign --calibration; replace a read-only --export file"
 # Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)
 STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chunks": int,
                     "optimizer_in_backward": bool, "activation_offload": bool, "paged_optimizer": bool,
-                    "checkpoint_wrapper": bool, "use_cache": bool, "kbit_prep": bool, "expandable_segments": bool, "fp32_master": bool,
+                    "checkpoint_wrapper": bool, "use_cache": bool, "kbit_prep": bool, "fused_lm_head": bool, "expandable_segments": bool, "fp32_master": bool,
                     "quant_format": str, "load_mode": str, "optimizer_impl": str}
 STACK_KNOBS = {
     "attention": typer.Option(None, rich_help_panel="Stack", help=vocab_help("attention", "sdpa")),
@@ -39,9 +39,12 @@ STACK_KNOBS = {
     "use_cache": typer.Option(
         None, "--use-cache/--no-use-cache", rich_help_panel="Stack switches",
         help="KV cache in training (stack's)"),
+    "fused_lm_head": typer.Option(
+        None, "--fused-lm-head/--no-fused-lm-head", rich_help_panel="Stack switches",
+        help="TRL SFT chunked LM head"),
     "kbit_prep": typer.Option(
         None, "--kbit-prep/--no-kbit-prep", rich_help_panel="Stack switches",
-        help="QLoRA: PEFT kbit prep (fp32 stream)"),
+        help="QLoRA PEFT kbit prep (fp32)"),
     "expandable_segments": typer.Option(
         None, "--expandable-segments/--no-expandable-segments", rich_help_panel="Stack switches",
         help="expandable_segments allocator"),

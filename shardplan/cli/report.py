@@ -178,6 +178,8 @@ def _stack_knobs(cfg: dict) -> str:
             on.append(words)
     if cfg.get("fp32_master") is False:
         on.append("no fp32 master")
+    if cfg.get("fused_lm_head"):
+        on.append("TRL chunked LM head (no logits)")
     if cfg.get("logits_fp32") is False:
         on.append("loss on 16-bit logits")
     if cfg.get("method") == "qlora":

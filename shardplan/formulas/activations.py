@@ -620,6 +620,78 @@ def chunked_logits_backward_bytes(c):
     return np.asarray(np.where(c.fused_ce, fused, np.ceil(tokens * c.vocab_size * per_entry)), dtype=np.int64)
 
 
+
+# TRL's chunked LM head (``fused_lm_head``): TRL 1.16 ``SFTTrainer.__init__`` calls
+# ``add_fused_lm_head`` (trl/trainer/sft_trainer.py; trl/trainer/utils.py), whose forward runs the
+# backbone and feeds the last hidden state, never the logits, to ``ChunkedLogProbFunction``
+# (trl/kernels/chunked_logprob.py): the projection runs on [TOKEN_CHUNK_SIZE, chunk_size] tiles of
+# one reused buffer and only per-token statistics leave the kernel. Not in TRL 1.10.0.dev0
+# (huggingface/trl f2cd57710, 2026-07-24, has no add_fused_lm_head); older SFTTrainers use the
+# model's own loss (``logits_forward_bytes``).
+FUSED_HEAD_TOKEN_TILE = 4096    # chunked_logprob.py TOKEN_CHUNK_SIZE
+FUSED_HEAD_VOCAB_TILE = 32768   # trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE, the tile's vocabulary width
+# per token at the end of the kernel's forward: seven fp32 running statistics (running_max, sum_exp,
+# x_sum_exp, sq_sum_exp, z_sum, max_before_target, target_logit) and two more vectors while
+# log_z = running_max + log(sum_exp) and the log-probabilities are formed (measured:
+# tests/test_fused_lm_head.py, 36 B/token)
+FUSED_HEAD_KERNEL_ROW_BYTES = 9 * 4
+# the wrapper's per-token copies: labels[mask] (int64) and the bool mask itself
+FUSED_HEAD_ROW_BYTES = FUSED_HEAD_KERNEL_ROW_BYTES + 8 + 1
+
+
+def fused_lm_head_tile_bytes(c):
+    """The projection buffer ``mm_buf`` (forward and backward each allocate one): min(N, 4096) ×
+    min(V, 32768) in the compute dtype (the autocast dtype, else the hidden state's)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    return np.minimum(tokens, FUSED_HEAD_TOKEN_TILE) * np.minimum(c.vocab_size, FUSED_HEAD_VOCAB_TILE) * a
+
+
+def _fp32_head_weight(c, a):
+    """The LM head's weight is fp32 where the model is: fp32 training, and mixed precision without a
+    wrapper that casts it (one GPU, torch DDP); FSDP's unsharded parameter and DeepSpeed's module are 16-bit."""
+    unwrapped = eng.wrapper_is(eng.W_NONE, c.engine, c.strategy) | eng.wrapper_is(eng.W_DDP, c.engine, c.strategy)
+    return (a >= 4) | (unwrapped & (c.precision != st.BF16_PURE))
+
+
+def fused_lm_head_forward_bytes(c):
+    """Logits and loss at the forward peak with TRL's chunked LM head: no logits. The kernel's
+    forward holds its tile buffer, the per-token statistics (``FUSED_HEAD_ROW_BYTES``) and
+    ``hidden_states[mask]``, a copy of the last hidden state that it saves for backward (a·h per
+    token) while the wrapper's ``backbone_outputs`` still holds the original (a·h more). A full
+    fine-tune's head already counts one a·h (``head_activation_bytes``: what the lm_head saves),
+    so the copy is added for LoRA/QLoRA only, as ``_held_hidden_bytes``. ASSUMPTION: every label
+    is valid (N = b·s; TRL scores only labels != -100)."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    hidden = tokens * a * c.hidden_size + _held_hidden_bytes(c, a)
+    return np.asarray(fused_lm_head_tile_bytes(c) + tokens * FUSED_HEAD_ROW_BYTES + hidden + _logits_labels_bytes(c),
+                      dtype=np.int64)
+
+
+def fused_lm_head_backward_bytes(c):
+    """The chunked LM head's backward (``ChunkedLogProbFunction.backward``), at its end: the saved
+    hidden copy (LoRA/QLoRA; a full fine-tune's is in ``head_activation_bytes``), the fp32
+    ``grad_hidden`` accumulator and its cast to a 16-bit hidden dtype (4·h + a·h per token; fp32:
+    ``.to`` returns the accumulator itself), the tile buffer, the saved log-sum-exp and the fp32
+    incoming gradient (8 B/token), and for a trainable head the fp32 ``grad_weight`` accumulator
+    (4·V·h) and its cast to a 16-bit weight's dtype."""
+    a = compute_dtype_bytes(c.precision)
+    tokens = c.micro_batch * c.seq_len
+    full = c.method == st.FULL
+    head = c.vocab_size * c.hidden_size
+    weight_grad = np.where(full, head * (4 + np.where(_fp32_head_weight(c, a), 0, a)), 0)
+    per_token = np.where(full, 0, a * c.hidden_size) + (4 + np.where(a < 4, a, 0)) * c.hidden_size + 8
+    return np.asarray(tokens * per_token + fused_lm_head_tile_bytes(c) + weight_grad, dtype=np.int64)
+
+
+def fused_lm_head_largest_transient_bytes(c):
+    """The chunked LM head's largest short-lived block (``allocator.largest_transient_bytes``): the
+    tile buffer, the fp32 ``grad_hidden``, or a trainable head's fp32 ``grad_weight``."""
+    tokens = c.micro_batch * c.seq_len
+    weight_grad = np.where(c.method == st.FULL, 4 * c.vocab_size * c.hidden_size, 0)
+    return np.maximum(np.maximum(fused_lm_head_tile_bytes(c), 4 * tokens * c.hidden_size), weight_grad)
+
 # Activation offloading (torchtune ``training/_activation_offloading.py`` ``OffloadActivations``,
 # ported to TRL as ``trl.models.activation_offloading``): every saved tensor of at least 1 KiB
 # is copied to pinned host memory on a side stream during forward; the GPU copy is released once

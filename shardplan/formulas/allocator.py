@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardplan.formulas.activations import compute_dtype_bytes, loss_dtype_bytes
+from shardplan.formulas.activations import compute_dtype_bytes, fused_lm_head_largest_transient_bytes, loss_dtype_bytes
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 from shardplan.inputs.allocator_profile import AllocatorModel, default_allocator
@@ -86,11 +86,14 @@ def largest_transient_bytes(c):
     """The step's largest short-lived block (mechanism 3): the loss's copy of the logits in its
     dtype (``activations.loss_dtype_bytes``: the fp32 copy of HF ``ForCausalLMLoss``
     ``logits.float()``), per chunk when the loss is chunked (``ce_chunks``); with a fused
-    cross-entropy kernel (``fused_ce``) the logits' 16-bit gradient it writes."""
+    cross-entropy kernel (``fused_ce``) the logits' 16-bit gradient it writes; with TRL's chunked LM
+    head (``fused_lm_head``) its tile or gradient accumulator (no logits exist)."""
     chunks = np.maximum(np.asarray(getattr(c, "ce_chunks", 0)), 1)
     width = np.where(np.asarray(getattr(c, "fused_ce", False), dtype=bool), compute_dtype_bytes(c.precision),
                      loss_dtype_bytes(c))
-    return np.asarray(np.ceil(width * c.micro_batch * c.seq_len * c.vocab_size / chunks), dtype=np.int64)
+    logits = np.ceil(width * c.micro_batch * c.seq_len * c.vocab_size / chunks)
+    head = np.asarray(getattr(c, "fused_lm_head", False), dtype=bool)
+    return np.asarray(np.where(head, fused_lm_head_largest_transient_bytes(c), logits), dtype=np.int64)
 
 
 def fragmentation_bytes(c, model: AllocatorModel, expandable_segments=False):

@@ -154,6 +154,7 @@ class Columns:
     expandable_segments: np.ndarray  # caching allocator with expandable segments (allocator.py)
     checkpoint_wrapper: np.ndarray   # AC by torch's checkpoint_wrapper around HF blocks (memory._block_backward)
     use_cache: np.ndarray            # HF use_cache on during training (memory.kv_cache_leftover_bytes)
+    fused_lm_head: np.ndarray        # TRL's chunked LM head, no full logits (activations.fused_lm_head_forward_bytes)
     kbit_prep: np.ndarray            # QLoRA after prepare_model_for_kbit_training: fp32 stream (throughput.stream_dtype_bytes)
     quant_saves_input: np.ndarray    # 4-bit Linears keep their input (activations.quant_saved_input_bytes_per_token)
     quant_head: np.ndarray           # the lm_head is 4-bit too, quantized from fp16 (model_states.frozen_base)
@@ -230,8 +231,8 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     stack=st.HF, logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False,
     fp32_master=True, paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False,
     quant_state_sharded=True, quant_format=st.NF4, load_mode=st.LOAD_RANK0_BROADCAST, checkpoint_wrapper=False,
-    use_cache=False, kbit_prep=False, quant_saves_input=False, quant_head=False, untied_head=False, chunked_head=False,
-    optimizer_impl=st.OPT_FOREACH,
+    use_cache=False, kbit_prep=False, fused_lm_head=False, quant_saves_input=False, quant_head=False, untied_head=False,
+    chunked_head=False, optimizer_impl=st.OPT_FOREACH,
     # mechanism columns: what real stacks on CUDA do (RoPE built from one row of position ids:
     # transformers, torchtitan's freqs_cis; CUDA's fused dropout; foreach AdamW)
     rope_shared_batch=True, fused_dropout=True, sdpa_fp32_gqa_math=True,

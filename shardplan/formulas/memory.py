@@ -48,6 +48,8 @@ from shardplan.formulas.activations import (
     chunked_logits_backward_bytes,
     chunked_logits_forward_bytes,
     compute_dtype_bytes,
+    fused_lm_head_backward_bytes,
+    fused_lm_head_forward_bytes,
     head_activation_bytes,
     kept_layer_bytes_per_token,
     layer_bytes_per_token,
@@ -371,14 +373,16 @@ def _fsdp1_gradient_moments(engine_terms, c, k, ctx, units, one, grads_held):
 
 
 def _logits_bytes(c):
-    """(forward, backward) bytes of the logits and the loss: whole, chunked cross-entropy's, or
-    LitGPT's chunked lm_head on Fabric's fp32 logits (``chunked_head``)."""
+    """(forward, backward) bytes of the logits and the loss: whole, chunked cross-entropy's,
+    LitGPT's chunked lm_head on Fabric's fp32 logits (``chunked_head``), or TRL's chunked LM head's
+    (``fused_lm_head``: no logits at all; it wins over the model's own loss settings)."""
     chunked = c.ce_chunks > 0
     head = np.asarray(c.chunked_head, dtype=bool)
-    return (np.where(head, chunked_head_forward_bytes(c),
-                     np.where(chunked, chunked_logits_forward_bytes(c), logits_forward_bytes(c))),
-            np.where(head, chunked_head_backward_bytes(c),
-                     np.where(chunked, chunked_logits_backward_bytes(c), logits_backward_bytes(c))))
+    trl = np.asarray(c.fused_lm_head, dtype=bool)
+    return (np.where(trl, fused_lm_head_forward_bytes(c), np.where(head, chunked_head_forward_bytes(c),
+                     np.where(chunked, chunked_logits_forward_bytes(c), logits_forward_bytes(c)))),
+            np.where(trl, fused_lm_head_backward_bytes(c), np.where(head, chunked_head_backward_bytes(c),
+                     np.where(chunked, chunked_logits_backward_bytes(c), logits_backward_bytes(c)))))
 
 
 def _engine_terms(c):

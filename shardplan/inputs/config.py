@@ -51,6 +51,9 @@ class TrainingConfig(BaseModel):
     ce_chunks: NonNegativeInt | None = Field(None, description="chunked cross-entropy chunks (0: off)")
     fused_ce: bool | None = Field(None, description="a fused cross-entropy kernel (flash-attn xentropy): keeps the "
                                   "16-bit logits and a per-row log-sum-exp, writes a 16-bit gradient")
+    fused_lm_head: bool | None = Field(None, description="TRL's chunked LM head (SFTTrainer since TRL 1.16, "
+                                       "add_fused_lm_head): per-token log-probabilities from 4,096-token tiles, no "
+                                       "full logits (activations.fused_lm_head_forward_bytes)")
     optimizer_in_backward: bool | None = Field(None, description="optimizer step fused into backward")
     activation_offload: bool | None = Field(None, description="saved activations offloaded to CPU")
     fp32_master: bool | None = Field(None, description="an fp32 master copy exists (None: unless bf16-pure)")
@@ -114,7 +117,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload",
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
-                               "quant_saves_input", "quant_head", "untied_head", "chunked_head")}
+                               "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:

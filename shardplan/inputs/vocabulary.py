@@ -163,6 +163,8 @@ FLAGS: tuple[Flag, ...] = (
          "accelerate FSDP activation_checkpointing (torch checkpoint_wrapper around each block)"),
     Flag(("use-cache",), (("use_cache", True),),
          "the model config's use_cache left on during training (transformers' default outside its own checkpointing)"),
+    Flag(("fused-lm-head", "trl-fused-head"), (("fused_lm_head", True),),
+         "TRL SFTTrainer's chunked LM head (TRL >= 1.16 add_fused_lm_head): 4,096-token tiles, no full logits"),
     Flag(("kbit-prep",), (("kbit_prep", True),),
          "QLoRA prepared by PEFT's prepare_model_for_kbit_training (norms, embeddings, lm_head in fp32: an fp32 stream)"),
     Flag(("expandable-segments",), (("expandable_segments", True),),
