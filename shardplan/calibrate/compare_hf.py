@@ -62,7 +62,7 @@ def record_columns(record: dict, spec: ModelSpec | None = None) -> Columns:
         attention=st.SDPA, dropout=False, reduce_dtype=None, logits_fp32=True, lora_dropout=cfg["lora_dropout"],
         reentrant_checkpointing=bool(cfg["gradient_checkpointing"] and cfg["use_reentrant"]),
         quant_state_sharded=False, rope_shared_batch=True,
-        fused_dropout=on_cuda(record),
+        fused_dropout=on_cuda(record), autocast=False,  # hf_stack runs no torch.autocast
         optimizer_impl=st.OPT_FOREACH if on_cuda(record) else st.OPT_FOR_LOOP, sdpa_fp32_gqa_math=on_cuda(record),
     )
 

@@ -10,8 +10,11 @@ puts the three predictions beside them. torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+
+import numpy as np
 
 from shardplan.formulas.columns import Columns, columns_for
 from shardplan.formulas.memory import estimate_memory
@@ -80,7 +83,9 @@ def training_config(cfg: dict) -> TrainingConfig:
 def campaign_columns(record: dict, gpu: str = "h100-sxm") -> Columns:
     """One campaign record as shardplan's columns (W = the run's world size of ``gpu``)."""
     cfg = record["config"]
-    return columns_for(campaign_spec(cfg["model"]), parse_gpus(f"{cfg.get('world_size', 1)}x{gpu}"), training_config(cfg))
+    c = columns_for(campaign_spec(cfg["model"]), parse_gpus(f"{cfg.get('world_size', 1)}x{gpu}"), training_config(cfg))
+    # the campaign's loop autocasts only HF full fine-tunes (gpu_campaign.run_one: autocast = hf and full)
+    return dataclasses.replace(c, autocast=np.asarray(cfg["kind"] == "hf" and cfg["method"] == "full"))
 
 
 def compare_record(rec: dict, gpu: str = "h100-sxm") -> dict | None:

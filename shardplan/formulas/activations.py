@@ -160,12 +160,30 @@ def lora_adapter_dtype_bytes(c, a):
     ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``; ``tuners/lora/bnb.py``
     ``Linear4bit.forward`` likewise). Under FSDP's mixed precision the adapters are all-gathered in
     the param dtype, so nothing is cast (measured: FSDP2 LoRA runs, hf_stack_cpu.jsonl).
-    ASSUMPTION: unwrapped / torch-DDP runs keep PEFT's fp32 adapters without autocast. DeepSpeed
+    Unwrapped / torch-DDP runs keep PEFT's fp32 adapters; what their matmuls save under autocast is
+    ``lora_saved_dtype_bytes``. DeepSpeed
     (every stage, its "ddp" = stage 0 included) casts the whole module to the 16-bit dtype
     (``engine._configure_distributed_model``: ``module.bfloat16()``/``half()``), adapters too."""
     unwrapped = eng.wrapper_is(eng.W_NONE, c.engine, c.strategy) | eng.wrapper_is(eng.W_DDP, c.engine, c.strategy)
     cast = unwrapped & (a < 4)
     return np.where(cast, 4, a), cast
+
+
+def lora_saved_dtype_bytes(c, a):
+    """Bytes per element of what the LoRA matmuls save: under ``torch.autocast`` (the HF Trainer with
+    bf16/fp16 = True: accelerate runs the forward in autocast) each adapter matmul casts its fp32
+    input to the 16-bit dtype and saves that copy (autocast's ``linear`` is a lower-precision op;
+    torch ``tools/autograd/derivatives.yaml`` ``mm``: self saved for the weight's gradient), so the
+    dropout output, the cast input and ``lora_A``'s output are kept at a bytes, not d; the fp32
+    dropout output itself is freed. Without autocast (the CPU harness, the campaign's LoRA loop,
+    stacks other than hf, bf16-pure) the adapter dtype d. Measured: saved-tensor hooks on a tiny HF Llama + PEFT with and without
+    CPU autocast, hidden and MLP widths varied (tests/test_lora_autocast.py)."""
+    d, cast = lora_adapter_dtype_bytes(c, a)
+    # the hf stack's Trainer autocasts under mixed precision; PEFT's 4-bit Linear (lora/bnb.py) skips
+    # its fp32 cast under autocast, a path not modelled here (QLoRA keeps the adapter dtype)
+    trainer = (c.stack == st.HF) & ((c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED))
+    autocast = np.asarray(c.autocast, dtype=bool) & trainer & (c.method == st.LORA)
+    return np.where(cast & autocast, a, d)
 
 
 def lora_saved_bytes_per_token(c, a):
@@ -178,12 +196,15 @@ def lora_saved_bytes_per_token(c, a):
       gate/up (``lora_unique_in``);
     * every adapted layer: ``lora_A``'s output x·A (rank wide, adapter dtype), saved by ``lora_B``.
     The frozen base Linear saves nothing (its weight needs no gradient; bitsandbytes ``MatMul4Bit``
-    keeps only the packed weight, ``autograd/_functions.py``)."""
+    keeps only the packed weight, ``autograd/_functions.py``). Saved widths s as
+    ``lora_saved_dtype_bytes`` (autocast: the 16-bit copies); the dropout mask in the adapter dtype's
+    terms (it is taken before autocast's cast)."""
     d, cast = lora_adapter_dtype_bytes(c, a)
+    s = lora_saved_dtype_bytes(c, a)
     dropout = np.asarray(c.lora_dropout) > 0
-    inputs = np.where(dropout, (d + lora_dropout_mask_bytes(c, d)) * c.lora_adapted_in,
-                      np.where(cast, d * c.lora_adapted_in, a * c.lora_unique_in))
-    return np.where(c.method != st.FULL, inputs + d * c.lora_rank_out, 0)
+    inputs = np.where(dropout, (s + lora_dropout_mask_bytes(c, d)) * c.lora_adapted_in,
+                      np.where(cast, s * c.lora_adapted_in, a * c.lora_unique_in))
+    return np.where(c.method != st.FULL, inputs + s * c.lora_rank_out, 0)
 
 
 def lora_dropout_mask_bytes(c, d):

@@ -192,8 +192,11 @@ def engine_buffers(c):
     # no wrapper on one GPU: autocast's weight copies exist exactly as under torch DDP
     unwrapped = eng.wrapper_is(eng.W_DDP, c.engine, c.strategy) | eng.wrapper_is(eng.W_NONE, c.engine, c.strategy)
     autocast = (c.precision == st.BF16_MIXED) | (c.precision == st.FP16_MIXED)
-    autocast_copies = np.where(unwrapped & autocast & (c.method == st.FULL),
-                               c.total_params * 2, 0)
+    # LoRA/QLoRA: autocast's 16-bit copies of PEFT's fp32 adapters (its weight cache keeps a cast of
+    # every leaf weight that requires grad until the forward ends; the matmuls save them)
+    adapters = unwrapped & autocast & (c.method == st.LORA) & (c.stack == st.HF) & np.asarray(c.autocast, dtype=bool)
+    autocast_copies = np.where(unwrapped & autocast & (c.method == st.FULL), c.total_params * 2,
+                               np.where(adapters, c.lora_params * 2, 0))
     gathered = np.where(per_strategy("gathers_module_params", c.engine, c.strategy), 4 * c.largest_module_params, 0)
     # DeepSpeed's "ddp" and no_shard are both stage 0: the same engine, the same 16-bit reduce bucket
     bucket_elements = bucket_bytes(c.engine, 1)

@@ -161,6 +161,7 @@ class Columns:
     untied_head: np.ndarray          # a separate lm_head even where the model ties it (completed_values)
     chunked_head: np.ndarray         # LitGPT's 128-token lm_head chunks, fp32 logits kept (activations.chunked_head_*)
     rope_shared_batch: np.ndarray    # RoPE cos/sin computed for one row and broadcast over the batch (HF; tiny harness: b rows)
+    autocast: np.ndarray             # the forward runs under torch.autocast (HF Trainer bf16/fp16); False: a harness loop without it
     fused_dropout: np.ndarray        # CUDA native_dropout (1-byte mask); False: CPU's composite (mask in the input dtype)
     optimizer_impl: np.ndarray       # OPTIMIZER_IMPLS code: fused, foreach (torch's CUDA default), for_loop (CPU default)
     sdpa_fp32_gqa_math: np.ndarray   # fp32 + GQA sends SDPA to its math backend (CUDA); False: CPU's flash kernel
@@ -235,7 +236,7 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     chunked_head=False, optimizer_impl=st.OPT_FOREACH,
     # mechanism columns: what real stacks on CUDA do (RoPE built from one row of position ids:
     # transformers, torchtitan's freqs_cis; CUDA's fused dropout; foreach AdamW)
-    rope_shared_batch=True, fused_dropout=True, sdpa_fp32_gqa_math=True,
+    rope_shared_batch=True, autocast=True, fused_dropout=True, sdpa_fp32_gqa_math=True,
     expandable_segments=False,  # the caching allocator's default (allocator.py)
     sync_every_micro_batch=True,  # FSDP's and DeepSpeed's default: no no_sync / set_requires_gradient_sync(False)
 )
