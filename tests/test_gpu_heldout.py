@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from shardplan.calibrate import gpu_split
-from shardplan.calibrate.gpu_heldout import compare_file, quantile, summary
+from shardplan.calibrate.gpu_heldout import compare_file, summary
+from shardplan.support.quantiles import quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = gpu_split.FOLDER / gpu_split.TRAIN_NAME

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shardplan.support.quantiles import quantile
+
 SIXTEEN_BIT = ("bf16", "fp16")
 LAUNCH_FLOOR_FACTOR = 2.0
 EFF_FLOOR = 0.05
@@ -73,5 +75,5 @@ def fit_table(probes_path: str | Path, gpu: str) -> dict:
             "eff_max": round(max(p[3] for p in points) / peak, 4),
             "shapes": len({p[:3] for p in points}), "probes": len(points),
             "loso_median_abs_error": round(float(np.median(errors)), 4),
-            "loso_p90_abs_error": round(float(np.quantile(errors, 0.9)), 4)}
+            "loso_p90_abs_error": round(quantile(errors, 0.9), 4)}
 

@@ -22,14 +22,13 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-import numpy as np
-
 from shardplan.calibrate import gpu_split
 from shardplan.formulas.columns import Columns, columns_for
 from shardplan.formulas.memory import estimate_memory
 from shardplan.inputs.allocator_profile import default_allocator
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
+from shardplan.support.quantiles import quantile
 
 COUNTERS = ("allocated", "reserved", "device", "forward", "backward", "optimizer")
 
@@ -103,11 +102,6 @@ def compare(rec: dict) -> dict | None:
 def compare_file(path: Path) -> list[dict]:
     rows = (compare(r) for r in gpu_split.read(path))
     return [r for r in rows if r is not None]
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile, numpy's (linear interpolation between order statistics)."""
-    return float(np.quantile(values, q))
 
 
 def summary(rows: list[dict], by: str | None = None) -> list[dict]:

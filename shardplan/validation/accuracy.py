@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from shardplan.support.errors import ShardplanError
-from shardplan.validation.bands import quantile
+from shardplan.support.quantiles import quantile
 from shardplan.validation.runs import COUNTER_CLASSES, Row, RunQuery, Unexpressible
 
 # which predicted number each counter class is compared with (FitResult.per_gpu fields)

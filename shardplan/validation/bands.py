@@ -16,21 +16,16 @@ counter each row measured, so they carry the allocator's and the non-torch bytes
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from shardplan.formulas.accuracy_bands import AccuracyBands, StackBand
+from shardplan.support.quantiles import quantile
 
 # rows are ``accuracy.Outcome``s (error, stack, source); typed Any here so that accuracy, which
 # reports these bands, is the only one of the two modules importing the other
 Outcome = Any
 
-
-def quantile(values: list[float], q: float) -> float:
-    """Nearest-rank quantile (the smallest value with at least q of the values at or below it)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
 
 UPPER_QUANTILE = 0.9
 LOWER_QUANTILE = 0.1

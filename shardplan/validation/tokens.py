@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardplan.support.quantiles import quantile
 from shardplan.validation.runs import RunQuery, read_runs
 
 RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "published_runs" / "runs.csv"
@@ -90,7 +91,7 @@ def dev_set_rows(path: Path = RUNS) -> list[TokensRow]:
 def stats(errors) -> dict[str, float]:
     e = np.asarray(list(errors), dtype=np.float64)
     return {"n": len(e), "median_abs": float(np.median(np.abs(e))), "signed_median": float(np.median(e)),
-            "p90_abs": float(np.quantile(np.abs(e), 0.9))}
+            "p90_abs": quantile(np.abs(e), 0.9)}
 
 
 def grouped(rows: list[TokensRow], key) -> dict[str, dict[str, float]]:
@@ -105,7 +106,7 @@ def band_quantiles(rows: list[TokensRow]) -> tuple[float, float]:
     estimate × (1 + faster)) from the 10th and 90th percentiles of the out-of-source errors
     (error = predicted / published − 1): slower = p90, faster = 1 / (1 + p10) − 1 (a run that
     published more than predicted). The band holds the middle 80 % of the development set."""
-    lo, hi = np.quantile([r.error for r in rows], BAND_QUANTILES)
+    lo, hi = (quantile([r.error for r in rows], q) for q in BAND_QUANTILES)
     return float(max(hi, 0.0)), float(max(1.0 / (1.0 + lo) - 1.0, 0.0))
 
 
