@@ -8,7 +8,11 @@ QLoRA's fp32 stream after ``prepare_model_for_kbit_training``, ``kbit_prep``, lo
 NCCL 2.26's LL cap across nodes, 39 GB/s at 2 nodes, ``comm.nccl_time_s``, slowed MF016's
 collectives into the regime and lowered both, raising compute-bound's p90 22.9 → 23.0 % by its
 leaving; Transformers' eager MoE expert loop, ``moe_dispatch_bytes_per_token``, lowered the
-Mixtral rows: p90 23.4 → 22.7 %, compute-bound 23.0 → 22.5 %). The
+Mixtral rows: p90 23.4 → 22.7 %, compute-bound 23.0 → 22.5 %; the hf stack's eager host time lowered
+them to 7.3 % / 22.2 %, compute-bound 22.0 %). Since every stated quantile is nearest rank
+(``shardplan.support.quantiles``; numpy's linear interpolation before), the p90s are 22.5 % (all),
+22.0 % (compute-bound) and 31.1 % (communication-bound: 17 runs, whose 16th-largest error is the
+nearest-rank p90, where interpolation had stated 22.5 %). The
 guard is those values plus 0.2 percentage points (float noise across numpy builds, not a
 tolerance on the model): any change that makes a regime or the whole set worse fails here, and a
 change that improves it should lower the constants. The issue's median (≤ 8 %) and p90 (≤ 25 %)
@@ -23,7 +27,7 @@ from shardplan.validation import tokens
 
 ROWS = tokens.dev_set_rows()
 SLACK = 0.002
-COMMITTED = {"all": (0.073, 0.222), "compute-bound": (0.070, 0.220), "communication-bound": (0.134, 0.225)}
+COMMITTED = {"all": (0.073, 0.225), "compute-bound": (0.070, 0.220), "communication-bound": (0.134, 0.311)}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
 
 

@@ -38,6 +38,7 @@ from shardplan.calibrate.gpu_compare import campaign_columns, load_file
 from shardplan.calibrate.gpu_heldout import user_columns
 from shardplan.formulas.allocator import CLASSES, allocator_class, largest_transient_bytes
 from shardplan.formulas.memory import estimate_memory
+from shardplan.support.quantiles import quantile
 
 CAMPAIGN = Path(__file__).resolve().parents[2] / "data" / "calibration" / "gpu"
 ALLOCATOR_FILE = Path(__file__).resolve().parents[1] / "data" / "allocator.json"
@@ -126,11 +127,6 @@ def reserved_with(rec: dict, k_by_group: dict[str, float]) -> int | None:
     return int(m["peak_allocated_bytes"]) + int(m["stream_pool_bytes"]) + int(k * int(largest_transient_bytes(c)))
 
 
-def nearest_rank(values: list[float], q: float) -> float:
-    """numpy's nearest-rank (inverted-CDF) quantile: a value that occurred, never interpolated."""
-    return float(np.quantile(values, q, method="inverted_cdf"))
-
-
 def coefficients(src: dict[str, list[dict]]) -> dict[str, dict]:
     """allocator.json's ``fragmentation_per_transient``: per class, k fitted on every source, and
     the band fractions of the transient from the out-of-source residuals of its group."""
@@ -141,8 +137,8 @@ def coefficients(src: dict[str, list[dict]]) -> dict[str, dict]:
     for cls, group in GROUPS.items():
         res = [j["residual"] for j in judged if j["group"] == group]
         out[cls] = {"k": round(k[group], 4),
-                    "band_upper": round(max(nearest_rank(res, UPPER_QUANTILE), 0.0), 4),
-                    "band_lower": round(max(-nearest_rank(res, LOWER_QUANTILE), 0.0), 4),
+                    "band_upper": round(max(quantile(res, UPPER_QUANTILE), 0.0), 4),
+                    "band_lower": round(max(-quantile(res, LOWER_QUANTILE), 0.0), 4),
                     "runs": sum(r["group"] == group for r in every)}
     return out
 
@@ -152,7 +148,7 @@ def summary(judged: list[dict]) -> list[dict]:
     def stats(name, errors):
         a = [abs(e) for e in errors]
         return {"source": name, "runs": len(errors), "signed_median": statistics.median(errors),
-                "median_abs": statistics.median(a), "p90_abs": nearest_rank(a, 0.9)}
+                "median_abs": statistics.median(a), "p90_abs": quantile(a, 0.9)}
     names = list(dict.fromkeys(j["source"] for j in judged))
     return [stats(n, [j["error"] for j in judged if j["source"] == n]) for n in names] + \
         [stats("all", [j["error"] for j in judged])]
