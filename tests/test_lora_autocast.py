@@ -17,7 +17,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from shardplan.formulas.activations import lora_saved_bytes_per_token
+from shardplan.formulas.activations import kbit_head_copy_bytes, logits_dtype_bytes, lora_saved_bytes_per_token
 from shardplan.formulas.columns import Columns, model_values
 from shardplan.inputs import strategy as st
 from shardplan.inputs.hf_config import spec_from_hf_config
@@ -77,3 +77,32 @@ def test_autocast_saves_the_adapter_path_at_16_bits(h, i):
     predicted = _formula_per_token(cfg, False) - _formula_per_token(cfg, True)
     assert predicted == 2 * (6 * h + i + 7 * RANK)  # q, k, v, o, gate, up on h; down on i; 7 rank-wide outputs
     assert measured == pytest.approx(predicted, rel=0.01)
+
+
+@pytest.mark.parametrize("vocab,h", [(512, 64), (1024, 64), (512, 128)])
+def test_kbit_prepared_head_under_autocast_saves_a_16_bit_weight_copy(vocab, h):
+    """prepare_model_for_kbit_training leaves the LM head fp32 and frozen; the Trainer's autocast runs it
+    as a bf16 matmul, which saves a bf16 copy of the weight (for the hidden state's gradient) and
+    writes bf16 logits: 2·V·h saved, at every vocabulary and width (activations.kbit_head_copy_bytes,
+    logits_dtype_bytes)."""
+    head = torch.nn.Linear(h, vocab, bias=False)
+    head.weight.requires_grad_(False)
+    hidden = torch.randn(B, S, h, requires_grad=True)
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() != head.weight.untyped_storage().data_ptr():
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = head(hidden)
+    spec = spec_from_hf_config(transformers.LlamaConfig(hidden_size=h, vocab_size=vocab, num_attention_heads=4).to_dict(),
+                               name="tiny-llama")
+    values = {**model_values(spec, RANK, "all-linear"), **DEFAULT_KNOBS}
+    values.update(strategy=st.code(st.STRATEGIES, "single", "strategy"), precision=st.code(st.PRECISIONS, "fp32", "precision"),
+                  method=st.code(st.METHODS, "qlora", "method"), kbit_prep=True)
+    c = Columns.build(**values)
+    assert sum(saved.values()) == int(kbit_head_copy_bytes(c)) == 2 * vocab * h
+    assert logits.dtype == torch.bfloat16 and int(logits_dtype_bytes(c)) == 2

@@ -409,6 +409,30 @@ def _upcast_bytes(c, a):
     return np.where((a < 4) & (loss_dtype_bytes(c) == 4), 4, 0)
 
 
+def kbit_autocast_head(c):
+    """QLoRA after ``prepare_model_for_kbit_training`` on the hf stack: the LM head's weight is fp32
+    (PEFT ``utils/other.py`` casts every non-4-bit parameter to fp32) while the Trainer's bf16
+    autocast runs ``lm_head`` as a 16-bit matmul (autocast's ``linear``). Outside FSDP (whose mixed
+    precision casts the parameters itself)."""
+    unwrapped = eng.wrapper_is(eng.W_NONE, c.engine, c.strategy) | eng.wrapper_is(eng.W_DDP, c.engine, c.strategy)
+    return ((c.method == st.QLORA) & np.asarray(c.kbit_prep, dtype=bool) & np.asarray(c.autocast, dtype=bool)
+            & (c.stack == st.HF) & unwrapped)
+
+
+def kbit_head_copy_bytes(c):
+    """Autocast's 16-bit copy of that fp32 LM head weight (2·V·h): the matmul saves it for the
+    hidden state's gradient (``mm``: mat2 saved for self's gradient; the weight itself is frozen,
+    so not autocast's weight cache), alive from the head's forward to its backward — the loss's
+    moments. Measured on CPU: tests/test_lora_autocast.py (V and h varied)."""
+    return np.where(kbit_autocast_head(c), 2 * c.vocab_size * c.hidden_size, 0)
+
+
+def logits_dtype_bytes(c):
+    """Bytes per logit as the head's matmul writes them: the compute dtype, or 2 for a kbit-prepared
+    QLoRA under autocast (``kbit_autocast_head``), whose fp32 stream meets a 16-bit head matmul."""
+    return np.where(kbit_autocast_head(c), 2, compute_dtype_bytes(c.precision))
+
+
 def _logits_labels_bytes(c):
     """The int64 labels HF pads and shifts (8·b·(s+1) + 8·b·s) and the int64 position ids (8·s)."""
     return 8 * c.micro_batch * (2 * c.seq_len + 1) + 8 * c.seq_len
@@ -435,13 +459,14 @@ def logits_forward_bytes(c):
     and writes only an fp32 loss and log-sum-exp per row (8·bs), saving the logits themselves.
     ASSUMPTION: no chunked/fused-linear cross-entropy (Liger) unless ``ce_chunks`` / ``fused_ce``."""
     a = compute_dtype_bytes(c.precision)
+    w = logits_dtype_bytes(c)  # the logits' width: a, or 2 under a kbit-prepared head's autocast
     tokens = c.micro_batch * c.seq_len
     loss = loss_dtype_bytes(c)
-    per_entry = a + _upcast_bytes(c, a) + loss
+    per_entry = w + _upcast_bytes(c, w) + loss
     eager = tokens * c.vocab_size * per_entry
-    fused = tokens * c.vocab_size * a + 8 * tokens
-    return np.asarray(np.where(c.fused_ce, fused, eager) + _logits_labels_bytes(c) + _held_hidden_bytes(c, a),
-                      dtype=np.int64)
+    fused = tokens * c.vocab_size * w + 8 * tokens
+    return np.asarray(np.where(c.fused_ce, fused, eager) + _logits_labels_bytes(c) + _held_hidden_bytes(c, a)
+                      + kbit_head_copy_bytes(c), dtype=np.int64)
 
 
 def logits_backward_bytes(c):
@@ -457,7 +482,7 @@ def logits_backward_bytes(c):
     which llm-foundry does not set): 2·a·bsV."""
     a = compute_dtype_bytes(c.precision)
     per_entry = np.where(c.fused_ce, 2 * a, 3 * loss_dtype_bytes(c))
-    return np.asarray(c.micro_batch * c.seq_len * c.vocab_size * per_entry, dtype=np.int64)
+    return np.asarray(c.micro_batch * c.seq_len * c.vocab_size * per_entry + kbit_head_copy_bytes(c), dtype=np.int64)
 
 
 def logits_and_loss_bytes(c):
