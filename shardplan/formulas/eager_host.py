@@ -83,11 +83,18 @@ def layer_operations(c):
 def step_launches(c):
     """(forward, backward, optimizer) kernel launches of one micro-batch's forward and backward and
     of the optimizer step; checkpointed layers recompute their forward in backward."""
+    return _launches_and_hooks(c)[:3]
+
+
+def _launches_and_hooks(c):
+    # the layer counts and the checkpointed share, worked out once for both the launches and the
+    # checkpoint hooks (a sweep evaluates this over every row)
     layers = np.asarray(c.num_layers, dtype=np.float64)
-    fwd, bwd, rec, _ = layer_operations(c)
+    fwd, bwd, rec, saved = layer_operations(c)
     ckpt = checkpointed_share(c)
     forward = STEP_FORWARD + layers * (fwd - ckpt * (LAYER_FORWARD - LAYER_FORWARD_CHECKPOINTED))
-    return forward, STEP_BACKWARD + layers * (bwd + ckpt * rec), optimizer_operations(c)
+    hooks = layers * ckpt * ~np.asarray(c.reentrant_checkpointing, dtype=bool) * saved
+    return forward, STEP_BACKWARD + layers * (bwd + ckpt * rec), optimizer_operations(c), hooks
 
 
 def checkpointed_share(c):
@@ -98,9 +105,7 @@ def step_operations(c):
     """(forward, backward, optimizer) host operations: ``step_launches`` plus, under non-reentrant
     checkpointing, one pack hook per saved tensor in forward and an unpack + a recomputation pack
     in backward (reentrant checkpointing runs the forward under no_grad: nothing saved, no hooks)."""
-    forward, backward, optimizer = step_launches(c)
-    hooked = checkpointed_share(c) * ~np.asarray(c.reentrant_checkpointing, dtype=bool)
-    hooks = np.asarray(c.num_layers, dtype=np.float64) * hooked * layer_operations(c)[3]
+    forward, backward, optimizer, hooks = _launches_and_hooks(c)
     return forward + hooks, backward + 2 * hooks, optimizer
 
 
