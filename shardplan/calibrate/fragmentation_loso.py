@@ -27,7 +27,6 @@ FSDP runs is 3–5.5 loss blocks, whatever their allocated peak; docs/accuracy.m
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from shardplan.calibrate.gpu_compare import campaign_columns, load_file
 from shardplan.calibrate.gpu_heldout import user_columns
 from shardplan.formulas.allocator import CLASSES, allocator_class, largest_transient_bytes
 from shardplan.formulas.memory import estimate_memory
-from shardplan.support.quantiles import quantile
+from shardplan.support.quantiles import error_stats, quantile
 
 CAMPAIGN = Path(__file__).resolve().parents[2] / "data" / "calibration" / "gpu"
 ALLOCATOR_FILE = Path(__file__).resolve().parents[1] / "data" / "allocator.json"
@@ -146,9 +145,8 @@ def coefficients(src: dict[str, list[dict]]) -> dict[str, dict]:
 def summary(judged: list[dict]) -> list[dict]:
     """Per left-out source (then all): runs, signed median, median and p90 |reserved error|."""
     def stats(name, errors):
-        a = [abs(e) for e in errors]
-        return {"source": name, "runs": len(errors), "signed_median": statistics.median(errors),
-                "median_abs": statistics.median(a), "p90_abs": quantile(a, 0.9)}
+        s = error_stats(errors)
+        return {"source": name, "runs": s["n"], **{k: s[k] for k in ("signed_median", "median_abs", "p90_abs")}}
     names = list(dict.fromkeys(j["source"] for j in judged))
     return [stats(n, [j["error"] for j in judged if j["source"] == n]) for n in names] + \
         [stats("all", [j["error"] for j in judged])]

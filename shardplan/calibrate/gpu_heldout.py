@@ -19,7 +19,6 @@ torch-free.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from shardplan.calibrate import gpu_split
@@ -28,7 +27,7 @@ from shardplan.formulas.memory import estimate_memory
 from shardplan.inputs.allocator_profile import default_allocator
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
-from shardplan.support.quantiles import quantile
+from shardplan.support.quantiles import error_stats
 
 COUNTERS = ("allocated", "reserved", "device", "forward", "backward", "optimizer")
 
@@ -114,7 +113,7 @@ def summary(rows: list[dict], by: str | None = None) -> list[dict]:
         for k in COUNTERS:
             e = [r[f"{k}_error"] for r in g if r[f"{k}_error"] is not None]
             if e:
-                out.append({"group": name, "counter": k, "runs": len(e), "signed_median": statistics.median(e),
-                            "median_abs": statistics.median(abs(x) for x in e),
-                            "p90_abs": quantile([abs(x) for x in e], 0.9), "worst": max(e, key=abs)})
+                s = error_stats(e)
+                out.append({"group": name, "counter": k, "runs": s["n"],
+                            **{f: s[f] for f in ("signed_median", "median_abs", "p90_abs", "worst")}})
     return out

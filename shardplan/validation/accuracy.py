@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from shardplan.support.errors import ShardplanError
-from shardplan.support.quantiles import quantile
+from shardplan.support.quantiles import error_stats
 from shardplan.validation.runs import COUNTER_CLASSES, Row, RunQuery, Unexpressible
 
 # which predicted number each counter class is compared with (FitResult.per_gpu fields)
@@ -95,21 +95,6 @@ def judge_out_of_source(rows: list[Row]) -> tuple[list[Outcome | Unexpressible],
 
 
 # --- statistics ----------------------------------------------------------------------------------------
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    if not n:
-        return math.nan
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-
-
-def error_stats(errors: list[float]) -> dict[str, Any]:
-    """n, median |error|, signed median, p90 |error|, largest |error| (fractions)."""
-    absolute = [abs(e) for e in errors]
-    return {"n": len(errors), "median_abs": median(absolute), "signed_median": median(errors),
-            "p90_abs": quantile(absolute, 0.9), "max_abs": max(absolute) if absolute else math.nan}
-
 
 def grouped(outcomes: list[Outcome], key: Callable[[Outcome], str]) -> dict[str, dict[str, Any]]:
     """``error_stats`` of the rows with a measured counter, per ``key``."""

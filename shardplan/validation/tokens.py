@@ -22,9 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from shardplan.support.quantiles import quantile
+from shardplan.support.quantiles import error_stats, quantile
 from shardplan.validation.runs import RunQuery, read_runs
 
 RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "published_runs" / "runs.csv"
@@ -89,9 +87,7 @@ def dev_set_rows(path: Path = RUNS) -> list[TokensRow]:
 
 
 def stats(errors) -> dict[str, float]:
-    e = np.asarray(list(errors), dtype=np.float64)
-    return {"n": len(e), "median_abs": float(np.median(np.abs(e))), "signed_median": float(np.median(e)),
-            "p90_abs": quantile(np.abs(e), 0.9)}
+    return error_stats(errors)
 
 
 def grouped(rows: list[TokensRow], key) -> dict[str, dict[str, float]]:
