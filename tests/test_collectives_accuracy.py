@@ -1,13 +1,14 @@
 """The α-β collective model (NCCL 2.26's algorithm and protocol choice, ``comm.nccl_time_s``) against
 published nccl-tests lines (``tests/data/published_runs/collectives.csv``; ``shardplan.validation.collectives``).
 
-Tolerances: the bandwidth-bound regime must stay within the issue's target, 10 % median |error|
-out of source (6.0 % when committed); the latency-bound regime is guarded at its committed
-out-of-source median (22.9 %) rounded up to 30 %: the torch harness's per-call floor and the
-GPUDirect-TCPXO / EFA plugins' latency do not transfer between sources, so 10 % is not reached there
+Nothing is fitted on the table, so every error is out of source. Tolerances: the bandwidth-bound
+regime must stay within the issue's target, 10 % median |error| (5.8 % when committed); the
+latency-bound regime is guarded at its committed median (13.2 %) rounded up to 15 %: the
+GPUDirect-TCPXO / EFA plugins' latency is in no source, so 10 % is not reached there
 (docs/accuracy.md). The nccl-tests ``-g 8`` lines, whose floor is the host issue cost (sourced, not
-fitted on the table), and the 2-node TCPXO lines at ≥ 2 GiB, whose bus bandwidth is the Tree's,
-are held to the 10 % target.
+fitted on the table), the B200 torch-benchmark lines inside a node (one eager operation's host
+cost, fitted on other runs) and the 2-node TCPXO lines at ≥ 2 GiB, whose bus bandwidth is the
+Tree's, are held to the 10 % target.
 """
 
 from dataclasses import replace
@@ -15,17 +16,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from shardplan.formulas import comm
+from shardplan.formulas import comm, eager_host
 from shardplan.inputs.hardware import LinkProfile
 from shardplan.validation import collectives as vc
 
 ROWS, SKIPPED = vc.load_rows()
 BANDWIDTH_TARGET = 0.10
-LATENCY_GUARD = 0.30
+LATENCY_GUARD = 0.15
 
 
-def _median_abs(rows, cls, loso=True):
-    e = vc.errors(rows, loso)
+def _median_abs(rows, cls):
+    e = vc.errors(rows)
     v = [abs(e[r.row_id]) for r in rows if not r.in_network and vc.regime(r) == cls]
     return float(np.median(v))
 
@@ -47,10 +48,10 @@ def test_latency_bound_does_not_regress():
 
 
 def test_nvlink4_ring_matches_nccl_tests_at_every_size():
-    """The 64-line H100 NVLink4 sweep (together-nccl-tests): NCCL's protocol model with the host
-    floor fitted on the other sources, median |error| over sizes ≥ 16 MiB within 10 %."""
+    """The 64-line H100 NVLink4 sweep (together-nccl-tests): NCCL's protocol model with the
+    harness's host issue, median |error| over sizes ≥ 16 MiB within 10 %."""
     rows = [r for r in ROWS if r.fabric[0] == "nvlink4" and r.nodes == 1 and r.size_bytes >= 16 << 20]
-    e = vc.errors(ROWS, loso=True)
+    e = vc.errors(ROWS)
     assert len(rows) >= 30
     assert float(np.median([abs(e[r.row_id]) for r in rows])) <= BANDWIDTH_TARGET
 
@@ -71,7 +72,7 @@ def test_ring_latency_mis_set_twofold_fails(monkeypatch, factor):
     monkeypatch.setattr(comm, "NCCL_TREE_BASE_S", {k: v * factor for k, v in comm.NCCL_TREE_BASE_S.items()})
     monkeypatch.setattr(comm, "NCCL_TREE_HOPS_S", {k: tuple(h * factor for h in v) for k, v in comm.NCCL_TREE_HOPS_S.items()})
     rows = [r for r in ROWS if r.fabric[0] == "nvlink4" and r.nodes == 1 and (1 << 20) <= r.size_bytes <= (64 << 20)]
-    e = vc.errors(rows, loso=False)
+    e = vc.errors(rows)
     assert float(np.median([abs(v) for v in e.values()])) > BANDWIDTH_TARGET
 
 
@@ -112,7 +113,7 @@ def test_issue_cost_is_issue_123s_slope():
 def test_g8_latency_lines_within_target():
     """together's H100 -g 8 sweep, latency-bound lines (34): max(8·c, NCCL) within 10 % median."""
     rows = _g8_latency_rows()
-    e = vc.errors(ROWS, loso=True)
+    e = vc.errors(ROWS)
     assert len(rows) >= 30
     assert float(np.median([abs(e[r.row_id]) for r in rows])) <= BANDWIDTH_TARGET
 
@@ -122,7 +123,7 @@ def test_issue_cost_mis_set_twofold_fails(monkeypatch, factor):
     c = vc.issue_s_per_gpu()
     monkeypatch.setattr(vc, "issue_s_per_gpu", lambda: c * factor)
     rows = _g8_latency_rows()
-    e = vc.errors(ROWS, loso=True)
+    e = vc.errors(ROWS)
     assert float(np.median([abs(e[r.row_id]) for r in rows])) > BANDWIDTH_TARGET
 
 
@@ -131,7 +132,7 @@ def test_issue_cost_scales_with_gpus_per_thread(g):
     """The same lines as if one thread drove g GPUs instead of 8: the host issue no longer binds
     (g = 1, one process per GPU) or binds at half the time (g = 4): far outside 10 %."""
     rows = [replace(r, gpus_per_thread=g) for r in _g8_latency_rows()]
-    e = vc.errors(rows, loso=False)
+    e = vc.errors(rows)
     assert float(np.median([abs(v) for v in e.values()])) > 3 * BANDWIDTH_TARGET
 
 
@@ -144,11 +145,11 @@ def test_nccl_tests_time_is_max_of_issue_and_gpu_over_size():
     for size in (1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 28):
         r = replace(row, size_bytes=float(size))
         gpu = vc.model_time_s(r)
-        assert vc.harness_time_s(r, {}) == pytest.approx(max(issue, gpu))
-        assert vc.harness_time_s(replace(r, harness="nccl-tests-blocking"), {}) == pytest.approx(issue + gpu)
+        assert vc.harness_time_s(r) == pytest.approx(max(issue, gpu))
+        assert vc.harness_time_s(replace(r, harness="nccl-tests-blocking")) == pytest.approx(issue + gpu)
     small, big = replace(row, size_bytes=1024.0), replace(row, size_bytes=float(1 << 28))
-    assert vc.harness_time_s(small, {}) == pytest.approx(issue) and vc.model_time_s(small) < issue
-    assert vc.harness_time_s(big, {}) == pytest.approx(vc.model_time_s(big))
+    assert vc.harness_time_s(small) == pytest.approx(issue) and vc.model_time_s(small) < issue
+    assert vc.harness_time_s(big) == pytest.approx(vc.model_time_s(big))
     assert vc.model_time_s(big) > issue
 
 
@@ -160,12 +161,63 @@ def test_harness_read_from_tool_text():
     assert vc._harness("nvbandwidth -i 10") == ("other", 1)
 
 
-def test_torch_event_timed_call_includes_its_issue():
-    """torch's all_reduce_bench times one call with CUDA events after a barrier: the GPU idles
-    until that call is issued, so c sits inside the time on top of NCCL's and the floor."""
-    row = next(r for r in ROWS if r.harness == "torch" and r.nodes == 1)
-    floor = {"intra_node": 7e-6}
-    assert vc.harness_time_s(row, floor) == pytest.approx(vc.model_time_s(row) + 7e-6 + vc.issue_s_per_gpu())
+def _torch_one_node_latency_rows():
+    return [r for r in ROWS if r.harness == "torch" and r.nodes == 1 and vc.regime(r) == "latency"]
+
+
+def test_torch_event_timed_call_adds_one_eager_operation():
+    """all_reduce_bench times one call with CUDA events after a barrier that blocks the CPU: the GPU
+    idles until the call has been dispatched, so the time is one eager operation's host cost plus
+    NCCL's GPU time, whatever the size."""
+    row = _torch_one_node_latency_rows()[0]
+    for size in (1 << 15, 1 << 20, 1 << 25):
+        r = replace(row, size_bytes=float(size))
+        assert vc.harness_time_s(r) == pytest.approx(vc.model_time_s(r) + eager_host.HOST_OP_S)
+
+
+def test_torch_one_node_latency_lines_within_target():
+    """ml-engineering's B200 all_reduce_bench sweep inside a node, latency-bound lines (11): NCCL +
+    one eager operation (31.5 µs, fitted on the single-GPU HF step runs) within 10 % median."""
+    rows = _torch_one_node_latency_rows()
+    e = vc.errors(rows)
+    assert len(rows) >= 10
+    assert float(np.median([abs(v) for v in e.values()])) <= BANDWIDTH_TARGET
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_torch_host_cost_mis_set_twofold_fails(monkeypatch, factor):
+    monkeypatch.setattr(vc, "HOST_OP_S", eager_host.HOST_OP_S * factor)
+    e = vc.errors(_torch_one_node_latency_rows())
+    assert float(np.median([abs(v) for v in e.values()])) > 3 * BANDWIDTH_TARGET
+
+
+def test_tcpxo_lines_run_nccl_proto_simple():
+    """The A3 Mega line's environment (Google's TCPXO profile) allows Simple only: its 8 B
+    all-reduce is the Tree/Simple latency, 8.4 + 2·(7·4.0 + 1·14) µs, above NCCL's free choice
+    (Tree/LL, 25 µs)."""
+    row = next(r for r in ROWS if r.fabric[1] == "eth-200g" and r.size_bytes == 8)
+    assert row.protocols == ("simple",)
+    assert vc.model_time_s(row) == pytest.approx((8.4 + 2 * (7 * 4.0 + 14.0)) * 1e-6, rel=1e-3)
+    assert vc.model_time_s(replace(row, protocols=comm.NCCL_PROTOCOLS)) < 0.3 * vc.model_time_s(row)
+    assert all(r.protocols == comm.NCCL_PROTOCOLS for r in ROWS if r.fabric[1] != "eth-200g")
+
+
+@pytest.mark.parametrize("size", [1 << 10, 1 << 20, 1 << 28])
+def test_protocol_restriction_is_the_simple_formula(size):
+    """nccl_time_s over Simple alone is the Simple ring time, never below the free choice."""
+    rates = vc.fabric_rates(("nvlink4", None, 0))
+    bus = comm.ring_bus_bytes_per_s(8, 8, rates)
+    simple = float(comm.nccl_time_s("all_gather", size, 1, 8, 1, bus, rates, protocols=("simple",)))
+    assert simple == pytest.approx(8.4e-6 + 7 * 3.4e-6 + 0.875 * size / float(bus), rel=1e-6)
+    assert simple >= float(comm.nccl_time_s("all_gather", size, 1, 8, 1, bus, rates))
+
+
+def test_coarsely_rounded_lines_are_skipped():
+    """A bus bandwidth quoted as 0.01 GB/s (±50 %) or 0.04 (±12.5 %) with no time cannot be held to
+    10 %; 0.45 (±1.1 %) can."""
+    assert "rounded beyond" in SKIPPED["C108"] and "rounded beyond" in SKIPPED["C110"]
+    assert any(r.row_id == "C112" for r in ROWS)
+    assert vc._rounding_share("0.01") == pytest.approx(0.5) and vc._rounding_share("1.2") == pytest.approx(0.05 / 1.2)
 
 
 @pytest.mark.parametrize(("link", "cap"), [("nvlink4", 141e9), ("nvlink5", 282e9)])
@@ -213,9 +265,9 @@ def test_two_node_large_all_reduce_beats_the_ring_bound():
     are within 10 %, with the ring alone 35 % off or more."""
     rows = [r for r in ROWS if r.source.startswith("lessizzmore") and r.size_bytes >= 2 << 30]
     assert len(rows) >= 3
-    e = vc.errors(rows, loso=False)
+    e = vc.errors(rows)
     assert max(abs(v) for v in e.values()) <= BANDWIDTH_TARGET
-    ring = vc.errors([replace(r, forced_ring=True) for r in rows], loso=False)
+    ring = vc.errors([replace(r, forced_ring=True) for r in rows])
     assert min(abs(v) for v in ring.values()) > 0.35
 
 
@@ -251,7 +303,7 @@ def test_two_mi300x_run_at_one_xgmi_link():
     at the profile's 0.75 efficiency, within 10 %; priced at the 8-GPU mesh it is 7× too fast."""
     row = next(r for r in ROWS if r.fabric[0] == "infinity-fabric" and r.n == 2)
     assert vc.regime(row) == "bandwidth"
-    assert abs(vc.errors([row], loso=False)[row.row_id]) <= BANDWIDTH_TARGET
+    assert abs(vc.errors([row])[row.row_id]) <= BANDWIDTH_TARGET
     flat = replace(vc.fabric_rates(row.fabric), intra_mesh_peer_links=np.inf)
     t = float(comm.ring_collective_time_s(row.op, row.size_bytes, 1, row.n, row.per_node, flat))
     assert vc.measured_time_s(row) / t > 5

@@ -84,6 +84,9 @@ NCCL_TREE_HOPS_S = {"nvlink": (0.6e-6, 1.25e-6, 4.0e-6), "pcie": (1.0e-6, 1.9e-6
 NCCL_HW_OF_KIND = {"nvlink": "nvlink", "infinity_fabric": "nvlink", "pcie": "pcie",
                    "infiniband": "net", "ethernet": "net", "roce": "net"}
 NCCL_LL128_BW = 0.92
+# NCCL_PROTO: the protocols a job lets NCCL pick from (all by default); a line's environment may
+# narrow it (GPUDirect-TCPXO runs Simple only, ``validation.collectives.FABRIC_PROTOCOLS``)
+NCCL_PROTOCOLS = ("ll", "ll128", "simple")
 TREE_HOP_FIELDS = ("intra_tree_ll_hop_s", "intra_tree_ll128_hop_s", "intra_tree_simple_hop_s")  # LinkRates'
 NCCL_NET_OVERHEAD_S = 1.0e-6
 NCCL_LL_MAX_MULTI_NODE = (39.0e9, 20.4e9)  # llMaxBws, Intel host: 2 nodes, more than 2
@@ -359,33 +362,41 @@ def nccl_tree_allreduce_times_s(per_call_bytes, n, nodes, tree_bus_bytes_per_s, 
     return tuple(out)
 
 
+def _fastest(times, protocols):
+    """The fastest of (LL, LL128, Simple) times among the ``protocols`` allowed (NCCL_PROTO)."""
+    allowed = [t for t, p in zip(times, NCCL_PROTOCOLS) if p in protocols]
+    if not allowed:
+        raise ShardplanError("protocols", ",".join(protocols), f"expected some of {', '.join(NCCL_PROTOCOLS)}")
+    return np.minimum.reduce(np.broadcast_arrays(*allowed))
+
+
 def nccl_time_s(op: str, message_bytes, calls, n, nodes, bus_bytes_per_s, rates: LinkRates, tree=True,
-                nic_bytes_per_s=None):
+                nic_bytes_per_s=None, protocols=NCCL_PROTOCOLS):
     """``calls`` collectives of S/calls bytes each on ``n`` ranks over ``nodes`` nodes, each at the
     fastest of NCCL's algorithms and protocols (tuning.cc's model, see the constants above): Ring,
-    and Tree for an all-reduce unless ``tree`` is False (a line that forced Ring).
+    and Tree for an all-reduce unless ``tree`` is False (a line that forced Ring), over the
+    ``protocols`` the job allows (NCCL_PROTO; all by default).
     ``bus_bytes_per_s`` is the ring's achievable bus bandwidth, ``nic_bytes_per_s`` the inter-node
     bandwidth a node gives this group (None: all its NICs). Zero for one rank."""
     n = np.asarray(n, dtype=np.float64)
     nodes = np.asarray(nodes, dtype=np.float64)
     calls = np.maximum(np.asarray(calls, dtype=np.float64), 1)
     per_call = np.asarray(message_bytes, dtype=np.float64) / calls
-    best = np.minimum.reduce(np.broadcast_arrays(*nccl_ring_protocol_times_s(op, per_call, n, nodes,
-                                                                               bus_bytes_per_s, rates)))
+    best = _fastest(nccl_ring_protocol_times_s(op, per_call, n, nodes, bus_bytes_per_s, rates), protocols)
     if op == "all_reduce" and tree:
         nic = rates.nics_per_node * rates.inter_nic_bytes_per_s if nic_bytes_per_s is None else nic_bytes_per_s
         tree_bus = tree_bus_bytes_per_s(n, nodes, nic, rates)
-        best = np.minimum(best, np.minimum.reduce(np.broadcast_arrays(
-            *nccl_tree_allreduce_times_s(per_call, n, nodes, tree_bus, rates))))
+        best = np.minimum(best, _fastest(nccl_tree_allreduce_times_s(per_call, n, nodes, tree_bus, rates), protocols))
     return np.where(n > 1, calls * best, 0.0)
 
 
-def ring_collective_time_s(op: str, message_bytes, calls, group_size, gpus_per_node, rates: LinkRates, tree=True):
+def ring_collective_time_s(op: str, message_bytes, calls, group_size, gpus_per_node, rates: LinkRates, tree=True,
+                           protocols=NCCL_PROTOCOLS):
     """Time of ``calls`` collectives of one flat ring moving ``message_bytes`` (S summed over the
     calls) at the per-call message size S/calls: a calibrated tier with its fitted α and B of that
     size (``collective_time_s``), otherwise NCCL's algorithm and protocol choice on the ring's bus
-    bandwidth (``nccl_time_s``, Tree allowed for an all-reduce unless ``tree`` is False;
-    ``ring_bus_bytes_per_s``)."""
+    bandwidth (``nccl_time_s``, Tree allowed for an all-reduce unless ``tree`` is False, among the
+    ``protocols`` allowed; ``ring_bus_bytes_per_s``)."""
     per_call = np.asarray(message_bytes, dtype=np.float64) / np.maximum(calls, 1)
     r = rates.for_message(op, per_call)
     spans = np.asarray(group_size) > np.asarray(gpus_per_node)
@@ -394,7 +405,8 @@ def ring_collective_time_s(op: str, message_bytes, calls, group_size, gpus_per_n
     fitted = collective_time_s(op, message_bytes, group_size, ring_alpha_s(group_size, gpus_per_node, r), bus, calls,
                                measured)
     nodes = np.ceil(np.asarray(group_size, dtype=np.float64) / np.maximum(gpus_per_node, 1))
-    return np.where(measured, fitted, nccl_time_s(op, message_bytes, calls, group_size, nodes, bus, r, tree))
+    return np.where(measured, fitted, nccl_time_s(op, message_bytes, calls, group_size, nodes, bus, r, tree,
+                                                  protocols=protocols))
 
 
 def intra_bus_for_group(ranks_in_node, rates: LinkRates):
