@@ -194,6 +194,34 @@ def get_link(name: str, field: str = "link") -> LinkProfile:
     return profile_of(LINK_KIND, find_entry(LINK_KIND, name, field))
 
 
+# Tensor-core clock under a power limit below the card's TDP: dynamic power P ≈ C·V²·f with the
+# supply voltage rising about linearly with the clock over the DVFS range, so P ∝ f³ and a
+# power-bound matmul runs at f ∝ P^(1/3) (the cube rule of CMOS DVFS: Mudge, "Power: a first-class
+# architectural design constraint", IEEE Computer 34(4), 2001). Cross-check against NVIDIA's
+# datasheets, not a fit: the same Hopper die at 400 W (H100 NVL, 835 dense bf16 TFLOPS) against
+# 700 W (H100 SXM, 989): (400/700)^(1/3) = 0.830, datasheet ratio 0.845. ASSUMPTION: large GEMMs
+# and attention are power-bound at the TDP too (what the profile's MAMF was measured at), leakage
+# is not separated, and HBM-bound kernels draw less than the limit (their rate is unchanged).
+POWER_CLOCK_EXPONENT = 1.0 / 3.0
+
+
+def power_limit_clock_factor(limit_watts: float, tdp_watts: float | None) -> float:
+    """The tensor-core rate at ``limit_watts`` relative to the TDP (``POWER_CLOCK_EXPONENT``); 1 for
+    a limit at or above the TDP or a profile without one."""
+    if not tdp_watts or limit_watts >= tdp_watts:
+        return 1.0
+    return (limit_watts / tdp_watts) ** POWER_CLOCK_EXPONENT
+
+
+def at_power_limit(gpu: GPUProfile, limit_watts: float) -> GPUProfile:
+    """The GPU run at a power limit below its TDP: every tensor peak scaled by
+    ``power_limit_clock_factor`` (matmuls and attention slow down; HBM bandwidth does not)."""
+    factor = power_limit_clock_factor(limit_watts, gpu.tdp_watts)
+    if factor == 1.0:
+        return gpu
+    return gpu.model_copy(update={"peak_flops": {k: v * factor for k, v in gpu.peak_flops.items()}})
+
+
 def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
     """A GPU named only by its memory ('24GB'): the built-in profile with that nominal capacity.
 

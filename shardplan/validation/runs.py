@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Union
 
 from shardplan.inputs.config import TrainingConfig
-from shardplan.inputs.hardware import Cluster, parse_gpus
+from shardplan.inputs.hardware import Cluster, at_power_limit, parse_gpus, power_limit_clock_factor
 from shardplan.inputs.model import ModelSpec
 from shardplan.inputs.stacks import resolve_stack
 from shardplan.support.errors import ShardplanError
@@ -320,7 +320,7 @@ def cluster_of(row: dict[str, str], assumed: list[str]) -> Cluster:
         cluster = cluster.model_copy(update={"gpu": gpu})
     if not re.search(r"\d+\s*GB", text, re.I) and name != "capacity":
         assumed.append(f"gpu: {text!r} read as {gpu.name}")
-    return _at_stated_bandwidth(cluster, text, assumed)
+    return _at_stated_power_limit(_at_stated_bandwidth(cluster, text, assumed), text, assumed)
 
 
 def _at_stated_bandwidth(cluster: Cluster, text: str, assumed: list[str]) -> Cluster:
@@ -332,6 +332,22 @@ def _at_stated_bandwidth(cluster: Cluster, text: str, assumed: list[str]) -> Clu
         return cluster
     assumed.append(f"gpu: {cluster.gpu.name} at the stated {stated / 1e12:g} TB/s HBM")
     return cluster.model_copy(update={"gpu": cluster.gpu.model_copy(update={"memory_bandwidth_bytes_per_s": stated})})
+
+
+def _at_stated_power_limit(cluster: Cluster, text: str, assumed: list[str]) -> Cluster:
+    """The cluster at the power limit the row states for its card ('500W power limit': torchtitan's
+    Grand Teton H100s, whose benchmark page says their peak lies "between SXM and NVL" and that
+    700 W "can potentially provide further speedups"), below the profile's TDP: matmuls and
+    attention at the capped clock (``hardware.at_power_limit``)."""
+    match = re.search(r"(\d+)\s*W\s+power\s+limit", text, re.I)
+    if not match:
+        return cluster
+    factor = power_limit_clock_factor(float(match.group(1)), cluster.gpu.tdp_watts)
+    if factor == 1.0:
+        return cluster
+    assumed.append(f"gpu: {cluster.gpu.name} at the stated {match.group(1)} W power limit "
+                   f"(tensor peaks x{factor:.3f}, POWER_CLOCK_EXPONENT)")
+    return cluster.model_copy(update={"gpu": at_power_limit(cluster.gpu, float(match.group(1)))})
 
 
 def _stated_gb(text: str) -> float:
