@@ -307,3 +307,22 @@ def test_two_mi300x_run_at_one_xgmi_link():
     flat = replace(vc.fabric_rates(row.fabric), intra_mesh_peer_links=np.inf)
     t = float(comm.ring_collective_time_s(row.op, row.size_bytes, 1, row.n, row.per_node, flat))
     assert vc.measured_time_s(row) / t > 5
+
+
+def test_lines_read_by_nccl_tests_definitions():
+    """Every line that gives a time: algbw = S / t (S in bytes, t in µs) and busbw = algbw · f(n) of
+    its collective (nccl-tests doc/PERFORMANCE.md) to the quoted two decimals, so size, time and
+    the bus-bandwidth factor are read as the harness wrote them (out-of-place column)."""
+    import csv
+
+    checked = 0
+    with open(vc.DATA, newline="") as f:
+        for r in csv.DictReader(f):
+            if not (r["time_us"] and r["algbw_gbps"] and r["busbw_gbps"]) or r["op"] not in comm.OPS:
+                continue
+            algbw = float(r["bytes"]) / (float(r["time_us"]) * 1e-6) / 1e9
+            busbw = algbw * float(comm.ring_factor(r["op"], int(r["n_gpus"])))
+            assert algbw == pytest.approx(float(r["algbw_gbps"]), abs=0.006, rel=0.01), r["row_id"]
+            assert busbw == pytest.approx(float(r["busbw_gbps"]), abs=0.006, rel=0.01), r["row_id"]
+            checked += 1
+    assert checked >= 80
