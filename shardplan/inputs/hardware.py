@@ -23,7 +23,7 @@ Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 # Documented defaults of the optional per-GPU / per-link coefficients (a profile that leaves a
 # field out gets these; a profile that sets one must cite its source like every other number).
 # GEMM: the median of the MAMF table (stas00/ml-engineering ``compute/accelerator/README.md``:
-# A100 SXM 85.9 %, A100 PCIe 82.2 %, H100 SXM 80.1 %, GH200 83.0 %, MI300X 60.1 %).
+# A100 SXM 85.9 %, A100 PCIe 82.2 %, H100 SXM 80.1 %, GH200 83.0 %, MI300X 51.1 %).
 DEFAULT_GEMM_EFFICIENCY = 0.822
 # Attention: FlashAttention-2 reaches 50-73 % of peak on A100 (Dao 2023, arXiv 2307.08691,
 # abstract); the low end, since the backward (2.5x the forward's FLOPs) sits there.
