@@ -161,3 +161,23 @@ def test_the_flop_floor_scales_with_what_each_run_must_compute():
     assert floor(seq_len="8192") - floor(act_ckpt="none", seq_len="8192") > 2 * n
     # attention per token grows linearly with the sequence: doubling it again doubles the step
     assert floor(act_ckpt="none", seq_len="16384") - floor(act_ckpt="none", seq_len="8192") == pytest.approx(2 * attention)
+
+
+def test_llama_factory_rows_read_its_own_defaults_not_trls():
+    """LLaMA-Factory's own entry point (finetuning_args.py / patcher.py of April 2024): LoRA
+    dropout 0.0 and no PEFT kbit preparation, where the hf stack's defaults (TRL's ModelConfig
+    lora_dropout 0.05) would apply to any other Transformers row."""
+    from shardplan.inputs.stacks import resolve_stack
+
+    stated = dict(framework="LLaMA-Factory (HF Transformers + PEFT + bitsandbytes)", strategy="none (1 GPU)",
+                  dp_shard="1", n_gpus="1", gpus_per_node="1", gpu="A100 40GB", micro_batch="1",
+                  precision="QLoRA: 4-bit base, LoRA r8 on all linear modules; bf16/fp16 compute not stated")
+    factory = express(_row(**stated))
+    trainer = express(_row(**{**stated, "framework": "HF Transformers + PEFT + bitsandbytes"}))
+    assert isinstance(factory, RunQuery) and isinstance(trainer, RunQuery)
+    ours = resolve_stack(factory.config, 1)
+    theirs = resolve_stack(trainer.config, 1)
+    assert (ours.lora_dropout, ours.kbit_prep) == (0.0, False)
+    assert theirs.lora_dropout == 0.05  # the hf stack's default, TRL's ModelConfig
+    assert any("LLaMA-Factory" in a for a in factory.assumed)
+    assert not any("LLaMA-Factory" in a for a in trainer.assumed)

@@ -460,6 +460,15 @@ FRAMEWORK_KNOBS = (
      "fms-fsdp main_training.py: the model is built on the CPU (on the meta device with low_cpu_fsdp) and handed "
      "to FSDP1 with device_id and a per-block auto_wrap_policy, which moves, flattens and shards one unit at a "
      "time (torch fsdp/_init_utils.py _move_module_to_device): the shard plus one unit on the GPU"),
+    # LLaMA-Factory is read as the hf stack (Transformers + PEFT + Trainer), but it is its own entry
+    # point: it never calls PEFT's prepare_model_for_kbit_training and does not use TRL's ModelConfig,
+    # whose lora_dropout 0.05 is the hf stack's default.
+    (r"llama-factory", {"lora_dropout": 0.0, "kbit_prep": False},
+     "LLaMA-Factory src/llmtuner/hparams/finetuning_args.py FinetuningArguments.lora_dropout default 0.0 "
+     "(from 6faf9c35a, 2023-12-23, to after the wiki's 2024-04-15 tables; 0.1 before); "
+     "src/llmtuner/model/patcher.py _prepare_model_for_training @efa808069 (2024-04-16): its own preparation "
+     "instead of PEFT's, norms and lm_head left in the compute dtype (upcast_layernorm and upcast_lmhead_output "
+     "default False in hparams/model_args.py), gradient checkpointing with use_reentrant=True and use_cache False"),
 )
 
 
