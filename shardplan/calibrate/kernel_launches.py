@@ -56,15 +56,16 @@ def launch_counter():
     return Counting()
 
 
-def tiny_llama(layers: int, method: str, checkpointing: bool, targets: str = "all-linear"):
-    """Llama-3.2's structure at toy width (GQA 4 heads / 2 kv heads, gated MLP, tied embeddings),
-    PEFT wrapped as ``benchmarks/gpu_userscripts.py`` ``with_adapters`` does."""
+def tiny_llama(layers: int, method: str, checkpointing: bool, targets: str = "all-linear", tied: bool = True):
+    """Llama-3.2's structure at toy width (GQA 4 heads / 2 kv heads, gated MLP, tied embeddings unless
+    ``tied`` is False, as Llama-2 and Mistral), PEFT wrapped as ``benchmarks/gpu_userscripts.py``
+    ``with_adapters`` does."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, tie_word_embeddings=True, attn_implementation="sdpa")
+                      num_key_value_heads=2, vocab_size=128, tie_word_embeddings=tied, attn_implementation="sdpa")
     model = LlamaForCausalLM(cfg)
     if method == "qlora":
         model = quantized(model)

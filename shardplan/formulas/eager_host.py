@@ -39,6 +39,19 @@ ASSUMPTION: only the ``hf`` stack (its module code was counted); torchtitan, tor
 run their own modules, and a compiled model launches fused kernels; their host time is not modelled.
 ASSUMPTION: a dense MLP; an MoE layer's expert loop (routing, index ops per expert) is counted only
 through its Linears.
+
+FSDP1 (``fsdp1_operations``; counted by ``shardplan.calibrate.fsdp1_launches``: the same tiny Llama
+under FSDP1 with ``use_orig_params`` on a fake process group, minus the unwrapped model): per unit
+a pre- and a post-forward hook and, sharded, one all-gather; in backward a pre-backward and a
+post-backward (or reshard-only) hook, the re-gather of a resharded unit, and per trainable unit the
+gradient pre-division + reduce-scatter (all-reduce under NO_SHARD, which FSDP1 runs at world size 1);
+the adapter units inside a checkpointed layer are gathered again, with their two hooks, by the
+recompute. Units: the decoder layers + the root, and under PEFT every ``lora_A`` / ``lora_B`` Linear
+(transformers ``Trainer`` → ``update_fsdp_plugin_peft`` → peft ``fsdp_auto_wrap_policy``; in the
+fms-acceleration rows fms-hf-tuning v2.5.0 ``sft_trainer.py`` sets the same policy). Each hook call
+is one host operation, like a checkpoint hook.
+ASSUMPTION: FSDP1's Python per hook is priced as one operation; timed on the CPU, a hook costs more
+than an aten operator does (docs/throughput.md), so this is a floor. FSDP2 is not counted here.
 """
 
 from __future__ import annotations
@@ -58,6 +71,11 @@ QUANT4_FORWARD, QUANT4_BACKWARD, QUANT4_RECOMPUTE = 22, 32, 16  # per Llama laye
 LLAMA_LINEARS = 7
 SAVED_TRAINABLE, SAVED_FROZEN, SAVED_FROZEN_4BIT, SAVED_PER_ADAPTER = 38, 29, 22, 5
 STEP_FORWARD, STEP_BACKWARD = 31, 32
+# FSDP1 per unit: hooks in forward and in backward, the all-gather of a sharded unit, and the
+# gradient pre-division + reduce-scatter of a trainable one; the root's backward: one hook, and its
+# reduction (2 operations + 2 hooks) when it holds trainable parameters (the full fine-tune)
+FSDP1_HOOKS_FORWARD, FSDP1_HOOKS_BACKWARD, FSDP1_GATHER, FSDP1_REDUCE = 2, 2, 1, 2
+FSDP1_ROOT_BACKWARD, FSDP1_ROOT_REDUCE = 1, 4
 ADAM_TENSORS_PER_LAUNCH = 36  # torch ``MultiTensorApply.cuh`` depth_to_max_tensors[3] (depth 4)
 ADAM_OPS = 9  # _foreach_add_(steps), mul_(decay), lerp_, mul_, addcmul_, sqrt, div_, add_, addcdiv_
 # Host seconds per dispatched operation, fitted on the train split of the GPU runs only
@@ -106,7 +124,26 @@ def step_operations(c):
     checkpointing, one pack hook per saved tensor in forward and an unpack + a recomputation pack
     in backward (reentrant checkpointing runs the forward under no_grad: nothing saved, no hooks)."""
     forward, backward, optimizer, hooks = _launches_and_hooks(c)
-    return forward + hooks, backward + 2 * hooks, optimizer
+    fsdp_f, fsdp_b = fsdp1_operations(c)
+    return forward + hooks + fsdp_f, backward + 2 * hooks + fsdp_b, optimizer
+
+
+def fsdp1_operations(c):
+    """(forward, backward) host operations FSDP1 adds to a micro-batch (module docstring): units =
+    L·(1 + 2·adapted Linears) + 1 under PEFT, L + 1 for a full fine-tune; 0 for other engines."""
+    layers = np.asarray(c.num_layers, dtype=np.float64)
+    full = np.asarray(c.method) == st.FULL
+    leaves = np.where(full, 0.0, 2.0 * np.asarray(c.lora_adapted_linears, dtype=np.float64))
+    layer_units = layers * (1 + leaves)
+    sharded = (np.asarray(c.strategy) != st.NO_SHARD) & (np.asarray(c.world_size) > 1)
+    gather = FSDP1_GATHER * sharded
+    forward = (layer_units + 1) * (FSDP1_HOOKS_FORWARD + gather)
+    trainable = np.where(full, layers, layers * leaves)
+    recompute = checkpointed_share(c) * layers * leaves * (FSDP1_HOOKS_FORWARD + gather)
+    backward = layer_units * (FSDP1_HOOKS_BACKWARD + gather) + FSDP1_REDUCE * trainable + recompute \
+        + FSDP1_ROOT_BACKWARD + FSDP1_ROOT_REDUCE * full
+    on = np.asarray(c.engine) == st.FSDP1
+    return np.where(on, forward, 0.0), np.where(on, backward, 0.0)
 
 
 def optimizer_operations(c):
