@@ -1,14 +1,14 @@
 """The α-β collective model (NCCL 2.26's algorithm and protocol choice, ``comm.nccl_time_s``) against
 published nccl-tests lines (``tests/data/published_runs/collectives.csv``; ``shardplan.validation.collectives``).
 
-Nothing is fitted on the table, so every error is out of source. Tolerances: the bandwidth-bound
-regime must stay within the issue's target, 10 % median |error| (5.8 % when committed); the
-latency-bound regime is guarded at its committed median (13.2 %) rounded up to 15 %: the
-GPUDirect-TCPXO / EFA plugins' latency is in no source, so 10 % is not reached there
-(docs/accuracy.md). The nccl-tests ``-g 8`` lines, whose floor is the host issue cost (sourced, not
-fitted on the table), the B200 torch-benchmark lines inside a node (one eager operation's host
-cost, fitted on other runs) and the 2-node TCPXO lines at ≥ 2 GiB, whose bus bandwidth is the
-Tree's, are held to the 10 % target.
+Nothing is fitted on the table, so every error is out of source. Tolerances: both regimes are held
+to the issue's target, 10 % median |error| (bandwidth-bound 6.0 %, latency-bound 8.6 % over all lines
+when committed). The nccl-tests ``-g 8`` lines, whose floor is the host issue cost (sourced, not
+fitted on the table), the B200 torch-benchmark lines inside a node (one eager operation's host cost,
+fitted on other runs), the 4-node EFA lines (aws-ofi-nccl's platform latency) and the 2-node TCPXO
+lines at ≥ 2 GiB, whose bus bandwidth is the Tree's, are each held to the 10 % target. The
+nccl-tests lines alone (12.1 %) are not: the GPUDirect-TCPXO plugin's latency is in no source
+(docs/accuracy.md).
 """
 
 from dataclasses import replace
@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from shardplan.formulas import comm, eager_host
-from shardplan.inputs.hardware import LinkProfile
+from shardplan.inputs.hardware import LinkProfile, get_link
 from shardplan.validation import collectives as vc
 
 ROWS, SKIPPED = vc.load_rows()
 BANDWIDTH_TARGET = 0.10
-LATENCY_GUARD = 0.15
+LATENCY_GUARD = BANDWIDTH_TARGET
 
 
 def _median_abs(rows, cls):
@@ -43,7 +43,7 @@ def test_bandwidth_bound_within_target_out_of_source():
     assert _median_abs(ROWS, "bandwidth") <= BANDWIDTH_TARGET
 
 
-def test_latency_bound_does_not_regress():
+def test_latency_bound_within_target():
     assert _median_abs(ROWS, "latency") <= LATENCY_GUARD
 
 
@@ -326,3 +326,53 @@ def test_lines_read_by_nccl_tests_definitions():
             assert busbw == pytest.approx(float(r["busbw_gbps"]), abs=0.006, rel=0.01), r["row_id"]
             checked += 1
     assert checked >= 80
+
+
+def _efa_latency_rows():
+    return [r for r in ROWS if r.fabric[1] == "efa-v4" and vc.regime(r) == "latency"]
+
+
+@pytest.mark.parametrize("op, nodes", [("all_reduce", 2), ("all_reduce", 4), ("all_gather", 4)])
+def test_net_plugin_latency_added_per_inter_node_step(op, nodes):
+    """tuning.cc adds the net plugin's latency L to every inter-node hop, twice for Simple: a Tree
+    all-reduce pays 2·log2(nodes) hops, a ring all-gather nodes − 1, each protocol by its multiple."""
+    base = vc.fabric_rates(("nvlink5", "eth-400g", 8))
+    plug = replace(base, inter_net_latency_s=np.asarray(35e-6))
+    n, size = 8.0 * nodes, 4096.0
+    if op == "all_reduce":
+        tb = comm.tree_bus_bytes_per_s(n, float(nodes), 8 * float(base.inter_nic_bytes_per_s), base)
+        t0 = comm.nccl_tree_allreduce_times_s(size, n, float(nodes), tb, base)
+        t1 = comm.nccl_tree_allreduce_times_s(size, n, float(nodes), tb, plug)
+        hops = 2 * np.log2(nodes)
+    else:
+        t0 = comm.nccl_ring_protocol_times_s(op, size, n, float(nodes), 400e9, base)
+        t1 = comm.nccl_ring_protocol_times_s(op, size, n, float(nodes), 400e9, plug)
+        hops = nodes - 1
+    for i, multiple in ((0, 1), (2, 2)):  # LL, Simple (LL128 is off across nodes)
+        assert float(t1[i] - t0[i]) == pytest.approx(hops * multiple * 35e-6, rel=1e-6)
+
+
+def test_efa_profile_carries_aws_ofi_nccls_platform_latency():
+    """efa-v4: aws-ofi-nccl's P6-B200 latency (35 µs) with its source; NCCL's own transports report 0."""
+    efa = get_link("efa-v4")
+    assert efa.nccl_net_latency_s == pytest.approx(35e-6) and "aws-ofi-nccl" in efa.sources["nccl_net_latency_s"]
+    assert float(vc.fabric_rates(("nvlink5", "efa-v4", 8)).inter_net_latency_s) == pytest.approx(35e-6)
+    assert float(vc.fabric_rates(("nvlink5", "ib-ndr", 8)).inter_net_latency_s) == 0.0
+    with pytest.raises(ValueError, match="nccl_net_latency_s"):
+        LinkProfile(**{**efa.model_dump(), "sources": {k: v for k, v in efa.sources.items() if k != "nccl_net_latency_s"}})
+
+
+def test_efa_latency_lines_within_target():
+    """ml-engineering's 4-node P6-B200 all_reduce_bench lines, latency-bound (10): NCCL with the
+    plugin's latency + the torch call's host cost, within 10 % median."""
+    rows = _efa_latency_rows()
+    assert len(rows) >= 8
+    assert float(np.median([abs(v) for v in vc.errors(rows).values()])) <= BANDWIDTH_TARGET
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.5, 2.0])
+def test_net_plugin_latency_mis_set_fails(monkeypatch, factor):
+    real = vc.fabric_rates
+    monkeypatch.setattr(vc, "fabric_rates", lambda fabric: replace(real(fabric), inter_net_latency_s=real(fabric).inter_net_latency_s * factor))
+    e = vc.errors(_efa_latency_rows())
+    assert float(np.median([abs(v) for v in e.values()])) > 2 * BANDWIDTH_TARGET

@@ -37,7 +37,7 @@ GPU_NAMES = {
 LINK_NAMES = {
     "pcie3", "pcie4", "pcie5", "pcie4-nop2p", "pcie5-nop2p", "nvlink3", "nvlink4", "nvlink5",
     "infinity-fabric", "ib-hdr", "ib-ndr", "ib-xdr", "eth-100g", "eth-200g", "eth-400g",
-    "nvlink2", "ib-edr", "infinity-fabric-mi250x", "nvlink-c2c",
+    "nvlink2", "ib-edr", "infinity-fabric-mi250x", "nvlink-c2c", "efa-v4",
 }
 # Fields that carry no number and need no citation.
 UNSOURCED = {"name", "display_name", "aliases", "vendor", "sources", "kind", "scope", "generic_aliases", "note"}

@@ -55,3 +55,15 @@ def test_doc_section_is_the_report():
 def test_every_row_has_a_class_and_regime():
     assert {r.regime for r in ROWS} <= {"compute-bound", "communication-bound", "offload-bound"}
     assert all(r.klass.count(" × ") == 4 and r.published > 0 and r.predicted > 0 for r in ROWS)
+
+
+def test_the_module_command_refuses_bad_input_in_one_line(tmp_path, capsys):
+    # `python -m shardplan.validation.tokens [DOC]`: an option, two paths, a missing file or a file
+    # without the markers is one line on stderr and exit 2; the file is left as it was
+    no_markers = tmp_path / "plain.md"
+    no_markers.write_text("no section here\n")
+    for argv in (["--help"], ["a.md", "b.md"], [str(tmp_path / "missing.md")], [str(no_markers)]):
+        assert tokens.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err and "\n" not in err and "Traceback" not in err
+    assert no_markers.read_text() == "no section here\n"

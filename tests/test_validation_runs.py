@@ -116,3 +116,68 @@ def test_a_framework_without_a_profile_gets_the_knobs_its_code_sets(changes, kno
     assert isinstance(q, RunQuery)
     assert {k: getattr(q.config, k) for k in knobs} == knobs
     assert any("stack knobs" in a for a in q.assumed) == (knobs["load_mode"] is not None)
+
+
+def _floor_share(row):
+    """The share of the GPU's dense 16-bit peak the row's rate needs, from the public floor."""
+    from shardplan.inputs.stacks import resolve_stack
+    from shardplan.validation.runs import min_flops_per_token
+
+    q = express({**row, "measured_tokens_per_s_per_gpu": "1"})
+    config = resolve_stack(q.config, q.cluster.world_size)
+    peak = max(q.cluster.gpu.peak_flops.get(d, 0.0) for d in ("bf16", "fp16"))
+    return float(min_flops_per_token(q.spec, config)) / peak
+
+
+@pytest.mark.parametrize("changes", [{}, {"precision": "LoRA r16 on q_proj v_proj; bf16 frozen base"},
+                                     {"act_ckpt": "none"}, {"seq_len": "16384"}, {"gpu": "H100 SXM5 80GB"}])
+def test_a_rate_above_the_dense_peak_is_refused_and_one_below_is_kept(changes):
+    # the boundary moves with the method, the recompute, the sequence and the GPU: a rate 2 % under
+    # the floor's limit is a query, 2 % over it is refused with the share it would need
+    per_token = _floor_share(_row(**changes))
+    limit = 1.0 / per_token
+    kept = express(_row(**changes, measured_tokens_per_s_per_gpu=f"{0.98 * limit:.3f}"))
+    refused = express(_row(**changes, measured_tokens_per_s_per_gpu=f"{1.02 * limit:.3f}"))
+    assert isinstance(kept, RunQuery)
+    assert isinstance(refused, Unexpressible) and refused.reason == "rate_above_peak"
+    assert "1.02x" in refused.detail
+
+
+def test_the_flop_floor_scales_with_what_each_run_must_compute():
+    from shardplan.inputs.stacks import resolve_stack
+    from shardplan.validation.runs import min_flops_per_token
+
+    def floor(**changes):
+        q = express(_row(**changes))
+        return float(min_flops_per_token(q.spec, resolve_stack(q.config, q.cluster.world_size)))
+
+    n = express(_row()).spec.matmul_params_per_token
+    lora = "LoRA r16 on q_proj v_proj; bf16 frozen base"
+    # a full fine-tune adds the weight gradient (2N) to a LoRA run's forward + input gradient
+    assert floor(act_ckpt="none") - floor(act_ckpt="none", precision=lora) == pytest.approx(2 * n)
+    # full checkpointing recomputes the forward: 2N of matmuls plus one causal attention forward
+    attention = floor(act_ckpt="none", seq_len="8192") - floor(act_ckpt="none", seq_len="4096")
+    assert attention > 0
+    assert floor(seq_len="8192") - floor(act_ckpt="none", seq_len="8192") > 2 * n
+    # attention per token grows linearly with the sequence: doubling it again doubles the step
+    assert floor(act_ckpt="none", seq_len="16384") - floor(act_ckpt="none", seq_len="8192") == pytest.approx(2 * attention)
+
+
+def test_llama_factory_rows_read_its_own_defaults_not_trls():
+    """LLaMA-Factory's own entry point (finetuning_args.py / patcher.py of April 2024): LoRA
+    dropout 0.0 and no PEFT kbit preparation, where the hf stack's defaults (TRL's ModelConfig
+    lora_dropout 0.05) would apply to any other Transformers row."""
+    from shardplan.inputs.stacks import resolve_stack
+
+    stated = dict(framework="LLaMA-Factory (HF Transformers + PEFT + bitsandbytes)", strategy="none (1 GPU)",
+                  dp_shard="1", n_gpus="1", gpus_per_node="1", gpu="A100 40GB", micro_batch="1",
+                  precision="QLoRA: 4-bit base, LoRA r8 on all linear modules; bf16/fp16 compute not stated")
+    factory = express(_row(**stated))
+    trainer = express(_row(**{**stated, "framework": "HF Transformers + PEFT + bitsandbytes"}))
+    assert isinstance(factory, RunQuery) and isinstance(trainer, RunQuery)
+    ours = resolve_stack(factory.config, 1)
+    theirs = resolve_stack(trainer.config, 1)
+    assert (ours.lora_dropout, ours.kbit_prep) == (0.0, False)
+    assert theirs.lora_dropout == 0.05  # the hf stack's default, TRL's ModelConfig
+    assert any("LLaMA-Factory" in a for a in factory.assumed)
+    assert not any("LLaMA-Factory" in a for a in trainer.assumed)

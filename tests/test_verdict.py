@@ -130,13 +130,16 @@ def test_host_ram_or_invalid_combination_is_does_not_fit_whatever_the_margin():
 
 def test_load_time_peak_is_judged_when_the_column_exists():
     alloc = 10 * GiB
-    cap = 15 * GiB  # room for the shipped default band (about +40 %, fitted on the published runs)
+    cap = 15 * GiB  # room for the shipped default band (+20 … 30 %, fitted on the published runs)
     without = judge(_memory(alloc, cap))
     assert without["verdict"] == FITS and without["judged_peak"] == 0
-    # a load peak under capacity whose band crosses it: tight, the load carries it, load_mode advised
-    with_load = judge(_memory(alloc, cap, load=12 * GiB))
+    # a load peak under capacity whose band crosses it (any band over 1/14 of it does): tight, the
+    # load carries it, load_mode advised
+    load = cap - GiB
+    assert load * BANDS.classes.unknown_stack.relative_error > GiB
+    with_load = judge(_memory(alloc, cap, load=load))
     assert with_load["verdict"] == TIGHT and with_load["judged_peak"] == 1
-    assert with_load["judged_bytes"] == 12 * GiB
+    assert with_load["judged_bytes"] == load
     assert ADVICE[int(with_load["advice"])].startswith("meta-device")
     # a load peak over capacity even less its lower band: does not fit even though training has room
     assert judge(_memory(alloc, cap, load=40 * GiB))["verdict"] == DOES_NOT_FIT

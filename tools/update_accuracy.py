@@ -4,7 +4,9 @@
 (tests/data/published_runs/runs.csv), writes its table between the markers of the section named
 ``memory-report`` in docs/accuracy.md (other generated sections have their own names and are left
 alone), writes the band's unknown-stack fractions fitted on every source into
-shardplan/data/accuracy_bands.json (``validation/bands.py``), and writes the headline numbers to tests/data/published_runs/accuracy_committed.json,
+shardplan/data/accuracy_bands.json (``validation/bands.py``), the time half as well (the tokens/s
+section of docs/accuracy.md and the throughput band from its 10th/90th percentiles,
+``validation/tokens.py``), and writes the headline numbers to tests/data/published_runs/accuracy_committed.json,
 which tests/test_accuracy_report.py compares each run with: a change that makes any of them worse
 fails. ``--check`` only reports whether the two files are current (exit 1 when not).
 """
@@ -39,8 +41,28 @@ def generated() -> tuple[str, dict, str]:
     shipped = bands.with_fractions(load_bands(BANDS), default, stacks,
                                    f"q{bands.UPPER_QUANTILE:g} / q{bands.LOWER_QUANTILE:g} of measured / predicted "
                                    f"over the published runs (tools/update_accuracy.py)")
-    text = json.dumps(shipped.model_dump(by_alias=True), indent=2, ensure_ascii=False) + "\n"
+    band = shipped.model_dump(by_alias=True)
+    band["throughput"] = throughput_band(band["throughput"])
+    text = json.dumps(band, indent=2, ensure_ascii=False) + "\n"
     return accuracy.render(data, COMMAND), accuracy.headline(data), text
+
+
+def throughput_band(shipped: dict) -> dict:
+    """The shipped throughput entry with its fractions, counts and derivation from the tokens/s
+    report's out-of-source errors (``tokens.band_quantiles``; tests/test_verdict.py re-derives it)."""
+    from shardplan.validation import tokens
+
+    rows = tokens.dev_set_rows(RUNS)
+    slower, faster = tokens.band_quantiles(rows)
+    s = tokens.stats(r.error for r in rows)
+    derivation = (f"error = predicted / published - 1 of tokens/s/GPU over the {len(rows)} development-set runs with "
+                  f"tokens/s that shardplan expresses (median |error| {s['median_abs']:.1%}, signed median "
+                  f"{s['signed_median']:+.1%}, p90 {s['p90_abs']:.1%}, nearest-rank quantiles); nothing in the time "
+                  "model is fitted on them, so each error is out of source. Two-sided: low = estimate / (1 + p90 "
+                  f"error) = estimate / (1 + {slower:.3f}); high = estimate x (1 + {faster:.3f}), 1 / (1 + p10 error) "
+                  "- 1: runs faster than predicted exist. The middle 80 % of runs lie inside")
+    return {**shipped, "slower_than_predicted": round(slower, 3), "faster_than_predicted": round(faster, 3),
+            "runs": len(rows), "median_error": round(s["signed_median"], 3), "derivation": derivation}
 
 
 def main(argv: list[str]) -> int:
@@ -48,7 +70,11 @@ def main(argv: list[str]) -> int:
     from shardplan.validation.accuracy import replace_section
 
     table, numbers, band_file = generated()
+    from shardplan.validation import tokens
+
     doc = replace_section(DOC.read_text(), SECTION, table)
+    head, rest = doc.split(tokens.BEGIN, 1)
+    doc = head + tokens.report_markdown(tokens.dev_set_rows(RUNS)) + rest.split(tokens.END, 1)[1]
     committed = json.dumps(numbers, indent=1, sort_keys=True) + "\n"
     files = ((DOC, doc), (COMMITTED, committed), (BANDS, band_file))
     stale = [p.name for p, text in files if not p.exists() or p.read_text() != text]

@@ -61,6 +61,10 @@ PROFILE_RING_STEPS = 7
 #   true wherever Simple wins). The LL hop of each tier is the profile's (α − 6.6 µs)/7 (its α is
 #   NCCL's 8-rank ring); the LL128 and Simple hops come from the link's kind (``NCCL_RING_HOPS_S``;
 #   ASSUMPTION: AMD xGMI priced as NVLink, RCCL's own table not used).
+#   A net plugin's reported latency (``ncclNetProperties.latency``: aws-ofi-nccl's per-platform value;
+#   NCCL's IB and socket transports report 0) is added to every inter-node hop, twice for Simple (the
+#   flush): tuning.cc (since v2.12.7-1; v2.27.7-1) ``interLat += graphs[a]->latencyInter``, the graph's value being the
+#   NIC's (search.cc ``graph->latencyInter = net->net.latency``); LinkRates ``inter_net_latency_s``.
 #   Ring bus bandwidth per protocol: LL min(llMaxBw, 0.5·B) with llMaxBw the intra link's
 #   ``nccl_ll_max_bytes_per_s`` in one node (by GPU generation) and 39.0 / 20.4 GB/s across 2 / more
 #   nodes (Intel host row of llMaxBws); LL128 0.92·B; Simple B. LL128 runs inside a node where the
@@ -205,6 +209,8 @@ class LinkRates:
     intra_tree_ll128_hop_s: np.ndarray = NCCL_TREE_HOPS_S["nvlink"][1]
     intra_tree_simple_hop_s: np.ndarray = NCCL_TREE_HOPS_S["nvlink"][2]
     ll_max_bus_bytes_per_s: np.ndarray = np.inf
+    # the inter-node NIC's net-plugin latency, added to each inter-node hop (twice for Simple)
+    inter_net_latency_s: np.ndarray = 0.0
     # a full-mesh intra link's peer links per GPU (``intra_bus_bytes_per_s`` is all of them); inf: a switch
     intra_mesh_peer_links: np.ndarray = np.inf
     calibrated: bool = False
@@ -274,14 +280,16 @@ def nccl_hops(intra, inter) -> dict:
     """LinkRates' NCCL terms of an intra-node and an inter-node link profile: LL128 / Simple ring
     steps and Tree steps by link kind (``NCCL_RING_HOPS_S``, ``NCCL_TREE_HOPS_S``; LL128 inf where
     the ranks do not talk over NVLink), the one-node LL cap (``nccl_ll_max_bytes_per_s``) and a
-    mesh's peer links (``mesh_peer_links``)."""
+    mesh's peer links (``mesh_peer_links``) and the inter link's net-plugin latency
+    (``nccl_net_latency_s``, 0 where NCCL's own transport runs)."""
     hw = NCCL_HW_OF_KIND[intra.kind]
     ring, net = NCCL_RING_HOPS_S[hw], NCCL_RING_HOPS_S[NCCL_HW_OF_KIND[inter.kind]]
     cap = intra.nccl_ll_max_bytes_per_s
     return {"intra_ll128_hop_s": ring[1] if hw == "nvlink" else np.inf, "intra_simple_hop_s": ring[2],
             "inter_simple_hop_s": net[2], **dict(zip(TREE_HOP_FIELDS, NCCL_TREE_HOPS_S[hw])),
             "ll_max_bus_bytes_per_s": np.inf if cap is None else cap,
-            "intra_mesh_peer_links": np.inf if intra.mesh_peer_links is None else intra.mesh_peer_links}
+            "intra_mesh_peer_links": np.inf if intra.mesh_peer_links is None else intra.mesh_peer_links,
+            "inter_net_latency_s": 0.0 if inter.nccl_net_latency_s is None else inter.nccl_net_latency_s}
 
 
 def _ll_hop_s(profile_alpha_s):
@@ -309,9 +317,10 @@ def nccl_ring_protocol_times_s(op: str, per_call_bytes, n, nodes, bus_bytes_per_
     spans = nodes > 1
     over = np.where(spans, NCCL_NET_OVERHEAD_S, 0.0)
     one_per_node = n <= nodes  # ppn = 1: the Tree's NET latency (tuning.cc)
-    net = {k: np.where(one_per_node, NCCL_TREE_HOPS_S["net"][i], NCCL_RING_HOPS_S["net"][i])
+    plugin = rates.inter_net_latency_s
+    net = {k: np.where(one_per_node, NCCL_TREE_HOPS_S["net"][i], NCCL_RING_HOPS_S["net"][i]) + plugin
            for i, k in enumerate(("ll", "ll128", "simple"))}
-    ll_net = np.where(one_per_node, net["ll"], _ll_hop_s(rates.inter_alpha_s))
+    ll_net = np.where(one_per_node, net["ll"], _ll_hop_s(rates.inter_alpha_s) + plugin)
     ll_bus = np.minimum(_ll_cap(nodes, rates), 0.5 * bus_bytes_per_s)
     ll = (NCCL_RING_BASE_S["ll"] + intra * np.maximum(_ll_hop_s(rates.intra_alpha_s), over) + inter * ll_net
           + ring_factor(op, n) * per_call_bytes / ll_bus)
@@ -319,7 +328,7 @@ def nccl_ring_protocol_times_s(op: str, per_call_bytes, n, nodes, bus_bytes_per_
     ll128 = np.where(_ll128_on(rates, nodes), NCCL_RING_BASE_S["ll128"] + intra * np.maximum(ll128_hop, over)
                      + inter * net["ll128"] + moved / NCCL_LL128_BW, np.inf)
     plateau = np.where(spans & (op == "all_reduce"), NCCL_SIMPLE_PLATEAU, 1.0)
-    simple_net = np.where(one_per_node, net["simple"], rates.inter_simple_hop_s)
+    simple_net = np.where(one_per_node, net["simple"], rates.inter_simple_hop_s + plugin) + plugin  # + the flush
     simple = plateau * (NCCL_RING_BASE_S["simple"] + intra * np.maximum(rates.intra_simple_hop_s, 3 * over)
                         + inter * simple_net) + moved
     return ll, ll128, simple
@@ -356,7 +365,8 @@ def nccl_tree_allreduce_times_s(per_call_bytes, n, nodes, tree_bus_bytes_per_s, 
     out = []
     for i, (k, corr) in enumerate(zip(("ll", "ll128", "simple"), _tree_correction(per_call_bytes))):
         hop = getattr(rates, TREE_HOP_FIELDS[i])
-        lat = NCCL_TREE_BASE_S[k] + 2 * ((ppn - 1) * hop + levels * NCCL_TREE_HOPS_S["net"][i])
+        net = NCCL_TREE_HOPS_S["net"][i] + rates.inter_net_latency_s * (2 if k == "simple" else 1)  # + the flush
+        lat = NCCL_TREE_BASE_S[k] + 2 * ((ppn - 1) * hop + levels * net)
         out.append(lat + per_call_bytes / (0.5 * buses[i] * corr))
     out[1] = np.where(_ll128_on(rates, nodes), out[1], np.inf)
     return tuple(out)

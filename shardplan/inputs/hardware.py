@@ -135,12 +135,16 @@ class LinkProfile(_Frozen):
     mesh_peer_links: int | None = Field(
         None, gt=0, le=MAX_GPUS, description="a full mesh: the bandwidth is this many peer links per GPU, "
         "of which a g-GPU ring uses g - 1 (AMD xGMI); None: a switch, the same for any group")
+    nccl_net_latency_s: float | None = Field(
+        None, ge=0, le=MAX_LATENCY_S, description="the latency an NCCL net plugin reports for this NIC "
+        "(ncclNetProperties.latency), which NCCL adds to every inter-node step, twice for Simple; None: "
+        "NCCL's own IB/socket transports, which report 0")
     sources: dict[str, str]
 
     @model_validator(mode="after")
     def _every_number_sourced(self) -> "LinkProfile":
         required = {"bandwidth_bytes_per_s", "latency_s", "efficiency"}
-        required |= {"nccl_channels", "nccl_ll_max_bytes_per_s", "mesh_peer_links"} & self.model_fields_set
+        required |= {"nccl_channels", "nccl_ll_max_bytes_per_s", "mesh_peer_links", "nccl_net_latency_s"} & self.model_fields_set
         missing = sorted(required - set(self.sources))
         if missing:
             raise ValueError(f"sources lacks {', '.join(missing)}")

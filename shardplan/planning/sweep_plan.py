@@ -27,7 +27,8 @@ SWEEP_ROW_BYTES = 765
 CLUSTER_FIELDS = ("world_size", "gpus_per_node", "gpu_memory_bytes", "host_ram_bytes_per_node", "nccl_buffer_bytes")
 RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter_nic_bytes_per_s", "nics_per_node",
                "intra_ll128_hop_s", "intra_simple_hop_s", "inter_simple_hop_s", "intra_tree_ll_hop_s",
-               "intra_tree_ll128_hop_s", "intra_tree_simple_hop_s", "ll_max_bus_bytes_per_s", "intra_mesh_peer_links")
+               "intra_tree_ll128_hop_s", "intra_tree_simple_hop_s", "ll_max_bus_bytes_per_s", "intra_mesh_peer_links",
+               "inter_net_latency_s")
 COMPUTE_FIELDS = ("gemm_efficiency", "gemm_m_half", "gemm_p", "attention_efficiency", "hbm_bytes_per_s",
                   "host_link_bytes_per_s", "cpu_optimizer_bytes_per_s_per_node", "nccl_sm_fraction",
                   "gemm_shape_c0", "gemm_shape_cm", "gemm_shape_cn", "gemm_shape_ck", "gemm_shape_eff_max")

@@ -65,8 +65,8 @@ FABRICS = {
     "NVLink5 intra-node": ("nvlink5", None, 0),
     "NVLink5 intra-node; NDR 400 Gb/s InfiniBand, 8 ConnectX-7 HCAs per node": ("nvlink5", "ib-ndr", 8),
     "NVLink5 intra-node; NDR 400 Gb/s InfiniBand, 8 compute rails per node": ("nvlink5", "ib-ndr", 8),
-    # AWS EFA v4 is an Ethernet-based fabric: the 400 Gb/s Ethernet profile stands in (ASSUMPTION)
-    "NVLink5 intra-node + 8x 400 Gb/s EFA v4 per node (50 GB/s per GPU)": ("nvlink5", "eth-400g", 8),
+    # AWS EFA v4 with aws-ofi-nccl's P6-B200 platform latency (the efa-v4 profile)
+    "NVLink5 intra-node + 8x 400 Gb/s EFA v4 per node (50 GB/s per GPU)": ("nvlink5", "efa-v4", 8),
     # GPUDirect-TCPXO, 8 x 200 Gb/s per node (the row's own note: inferred, unverified)
     TCPXO: ("nvlink4", "eth-200g", 8),
     "NVLink3 intra-node; 4x HDR InfiniBand (200 Gb/s) per node": ("nvlink3", "ib-hdr", 4),

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Union
 
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import Cluster, at_power_limit, parse_gpus, power_limit_clock_factor
-from shardplan.inputs.model import ModelSpec
+from shardplan.inputs.model import ModelSpec, attention_flops_per_token
 from shardplan.inputs.stacks import resolve_stack
 from shardplan.support.errors import ShardplanError
 
@@ -50,6 +50,8 @@ REASONS: dict[str, str] = {
     "ac_fraction_not_stated": "selective checkpointing of a fraction of blocks whose fraction is not stated",
     "measured_below_its_states": "the measured peak is below the weights, gradients and AdamW moments the stated "
                                  "one-GPU full fine-tune holds at its optimizer step: not this configuration's peak",
+    "rate_above_peak": "the published tokens/s needs more FLOP/s than the GPU's dense 16-bit peak under the row's "
+                       "stated or inferred settings: not a per-GPU rate of this configuration",
     "rejected_by_shardplan": "shardplan refuses the configuration (its one-line error is the detail)",
     "unrecognised_framework": "the framework text matches no stack pattern",
     "unrecognised_strategy": "the strategy text matches no strategy pattern",
@@ -147,10 +149,12 @@ def _query(row: dict[str, str], ident: dict[str, str]) -> RunQuery:
     cluster = cluster_of(row, assumed)
     config = training_config(row, cluster, assumed)
     counter, measured = measured_memory(row)
-    _check_measure_holds_the_states(spec, resolve_stack(config, cluster.world_size), measured)
+    resolved = resolve_stack(config, cluster.world_size)
+    _check_measure_holds_the_states(spec, resolved, measured)
+    rate = _float(row.get("measured_tokens_per_s_per_gpu", ""))
+    _check_rate_within_peak(spec, resolved, cluster, rate)
     return RunQuery(**ident, spec=spec, cluster=cluster, config=config, counter=counter, measured_bytes=measured,
-                    measured_tokens_per_s_per_gpu=_float(row.get("measured_tokens_per_s_per_gpu", "")),
-                    assumed=tuple(assumed), row=row)
+                    measured_tokens_per_s_per_gpu=rate, assumed=tuple(assumed), row=row)
 
 
 # torch.optim.AdamW keeps exp_avg and exp_avg_sq as zeros_like(param) (torch/optim/adamw.py
@@ -173,6 +177,35 @@ def _check_measure_holds_the_states(spec: ModelSpec, config: TrainingConfig, mea
     if measured < floor:
         raise _Refused("measured_below_its_states", f"{measured / GIB:.2f} GiB measured < {floor / GIB:.2f} GiB "
                                                     "of weights, gradients and AdamW moments")
+
+
+def min_flops_per_token(spec: ModelSpec, config: TrainingConfig):
+    """The fewest FLOPs one trained token costs under ``config`` (resolved), a floor no kernel
+    beats. Matmuls (PaLM App. B's N: block weights + lm_head): forward 2·N, the input gradient 2·N
+    (every LoRA/QLoRA run needs it down to the first block's adapters), the weight gradient 2·N
+    only for a full fine-tune, and the recomputed forward 2·N under full checkpointing. Attention
+    at its causal half (FlashAttention-2 §4.1): forward 1×, backward ≥ 2× (dV, dP, dQ, dK: twice
+    the forward's two matmuls), recompute 1×. Left out, so the floor stays a floor: adapters,
+    element-wise work, selective recompute, dequantisation, the optimizer."""
+    recompute = config.ac == "full"
+    matmul = (4 + 2 * (config.method == "full") + 2 * recompute) * spec.matmul_params_per_token
+    attention = attention_flops_per_token(spec.num_layers, spec.q_width, config.seq_len, causal=True)
+    return matmul + (3 + recompute) * attention
+
+
+def _check_rate_within_peak(spec: ModelSpec, config: TrainingConfig, cluster, rate: float | None) -> None:
+    """A published tokens/s per GPU that needs more FLOP/s than the GPU's dense 16-bit tensor peak
+    under the row's settings (``min_flops_per_token``) cannot be that configuration's per-GPU rate:
+    an aggregate printed as per-GPU, or a setting (often one inferred from a config default) the
+    run did not use. Refused with the implied share of the peak; the row's memory reading rests on
+    the same settings, so the whole row goes (counted under ``rate_above_peak``, not dropped)."""
+    if not rate:
+        return
+    peak = max(cluster.gpu.peak_flops.get(d, 0.0) for d in ("bf16", "fp16"))
+    share = rate * float(min_flops_per_token(spec, config)) / peak
+    if share > 1.0:
+        raise _Refused("rate_above_peak", f"{rate:,.0f} tokens/s needs {share:.2f}x the {cluster.gpu.name} dense "
+                                          f"16-bit peak (ac {config.ac}, {config.method})")
 
 
 def _float(text: str) -> float | None:
@@ -427,6 +460,15 @@ FRAMEWORK_KNOBS = (
      "fms-fsdp main_training.py: the model is built on the CPU (on the meta device with low_cpu_fsdp) and handed "
      "to FSDP1 with device_id and a per-block auto_wrap_policy, which moves, flattens and shards one unit at a "
      "time (torch fsdp/_init_utils.py _move_module_to_device): the shard plus one unit on the GPU"),
+    # LLaMA-Factory is read as the hf stack (Transformers + PEFT + Trainer), but it is its own entry
+    # point: it never calls PEFT's prepare_model_for_kbit_training and does not use TRL's ModelConfig,
+    # whose lora_dropout 0.05 is the hf stack's default.
+    (r"llama-factory", {"lora_dropout": 0.0, "kbit_prep": False},
+     "LLaMA-Factory src/llmtuner/hparams/finetuning_args.py FinetuningArguments.lora_dropout default 0.0 "
+     "(from 6faf9c35a, 2023-12-23, to after the wiki's 2024-04-15 tables; 0.1 before); "
+     "src/llmtuner/model/patcher.py _prepare_model_for_training @efa808069 (2024-04-16): its own preparation "
+     "instead of PEFT's, norms and lm_head left in the compute dtype (upcast_layernorm and upcast_lmhead_output "
+     "default False in hparams/model_args.py), gradient checkpointing with use_reentrant=True and use_cache False"),
 )
 
 

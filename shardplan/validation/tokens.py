@@ -19,6 +19,7 @@ source. The tokens/s band is two-sided from those errors (``band_quantiles``).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,14 +143,37 @@ def report_markdown(rows: list[TokensRow] | None = None) -> str:
 def write_report(doc: Path) -> None:
     """Replace the section between the markers of ``doc`` (atomically)."""
     from shardplan.support.atomic_write import write_text_atomic
+    from shardplan.support.errors import ShardplanError
 
-    text = doc.read_text()
+    try:
+        text = doc.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ShardplanError("doc", str(doc), f"cannot be read ({type(err).__name__})") from None
+    if BEGIN not in text or END not in text.split(BEGIN, 1)[-1]:
+        raise ShardplanError("doc", str(doc), f"has no {BEGIN} … {END} section to replace")
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
     write_text_atomic(doc, head + report_markdown() + tail)
 
 
-if __name__ == "__main__":  # python -m shardplan.validation.tokens docs/accuracy.md
-    import sys
+def main(argv: list[str]) -> int:
+    """``python -m shardplan.validation.tokens [DOC]``: the report on stdout, or written into DOC's
+    marked section; bad input is one line on stderr and exit 2."""
+    from shardplan.support.errors import ShardplanError
 
-    write_report(Path(sys.argv[1]))
+    if len(argv) > 1 or any(a.startswith("-") for a in argv):
+        print("usage: python -m shardplan.validation.tokens [DOC.md]  (no DOC: print the report)", file=sys.stderr)
+        return 2
+    try:
+        if argv:
+            write_report(Path(argv[0]))
+        else:
+            print(report_markdown())
+    except ShardplanError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # python -m shardplan.validation.tokens [docs/accuracy.md]
+    sys.exit(main(sys.argv[1:]))
