@@ -105,3 +105,22 @@ def test_train_split_optimizer_phase_is_closer_with_the_stacks_fused_default(mon
         return float(np.median([abs(compare(r)["optimizer_error"]) for r in records]))
 
     assert median_error("fused") < median_error("foreach") - 0.10
+
+
+def test_published_torchtitan_rows_read_their_revisions_adamw():
+    """torchtitan built AdamW with foreach=not fused, fused off, until 6e4988550 (#881, 2025-02-24):
+    the 9dec370 (2024-12-26) and 1d5815c4 (2024-10-30) rows step foreach, the 2c8b5947 (2025-08) one
+    the stack's (fused) default; the foreach rows' optimizer phase costs 80/28 of the fused one's."""
+    from shardplan.validation import tokens
+    from shardplan.validation.runs import RunQuery, read_runs
+
+    queries = {r.row_id: r for r in read_runs(tokens.RUNS) if isinstance(r, RunQuery)}
+    assert queries["TT001"].config.optimizer_impl == "foreach"
+    assert queries["TT033"].config.optimizer_impl == "foreach"
+    assert queries["AO004"].config.optimizer_impl is None  # the stack's default: fused
+    assert any("#881" in a for a in queries["TT001"].assumed)
+    tt = queries["TT001"]
+    fused = tt.config.model_copy(update={"optimizer_impl": "fused"})
+    from shardplan.planning.fit import step_timings
+    slow, quick = (step_timings(tt.spec, tt.cluster, [c])[0]["optimizer_s"] for c in (tt.config, fused))
+    assert slow == pytest.approx(quick * 80 / 28, rel=1e-6)

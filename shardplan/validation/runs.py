@@ -445,6 +445,10 @@ OPTIMIZER_IMPL_PATTERNS = (
 # cca50f02e, 2024-09-14; each checked with git merge-base) build torch.optim.AdamW with no flag:
 # foreach, not the stack's current fused default.
 TORCHTUNE_BEFORE_FUSED_ADAM = r"\b(5f0d64c6b|fef3ed10d|7d05579fe|0217d44c2)"
+# torchtitan's AdamW was foreach until 6e4988550 (#881, 2025-02-24, "use Fused AdamW as default"):
+# at 9dec370 config_manager's ``--optimizer.fused`` is a store_true flag (default False) and
+# optimizer.py builds AdamW with ``"fused": fused, "foreach": not fused``
+TORCHTITAN_FUSED_ADAM_SINCE = "2025-02-24"
 
 # What a framework with no stack profile of its own sets for the stack knobs, read from its code:
 # (pattern over "framework strategy", knobs, source). The plain stack's defaults fill the rest.
@@ -604,6 +608,10 @@ def _optimizer_impl(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
             and re.search(TORCHTUNE_BEFORE_FUSED_ADAM, row["source_commit_or_url"]):
         impl = "foreach"
         assumed.append("optimizer_impl: foreach (torchtune configs before #1575 set no fused flag)")
+    if impl is None and re.search(r"torchtitan", row["framework"], re.I) \
+            and (_revision_date(row, "torchtitan") or "9999") < TORCHTITAN_FUSED_ADAM_SINCE:
+        impl = "foreach"
+        assumed.append("optimizer_impl: foreach (torchtitan before #881 built AdamW with foreach=not fused, fused off)")
     return {} if impl is None else {"optimizer_impl": impl}
 
 
@@ -628,6 +636,9 @@ TORCHTITAN_REVISION_DATES = (
     (r"torchtitan 9dec370", "2024-12-26"),
     (r"torchtitan 2c8b5947", "2025-08-08"),
     (r"torchtitan 6fc499f6", "2025-08-14"),
+    # docs/performance.md at 1d5815c4b (2024-10-30) carries the 2024 A100 tables: the runs used a
+    # revision on or before it (the tables first appear 2024-04)
+    (r"\b1d5815c4", "2024-10-30"),
     # the NVFP4 converter's doc (its BF16 row is that experiment's baseline): first added in
     # bcc09297a (#3914), so the runs used a revision with the converter
     (r"components/quantization/nvfp4\.md", "2026-08-05"),
