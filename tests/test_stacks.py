@@ -13,7 +13,12 @@ import tomllib
 
 from shardplan.formulas.columns import columns_for, model_values
 from shardplan.formulas.memory import estimate_memory
-from shardplan.formulas.model_states import AWQ_BYTES_PER_PARAM, GPTQ_BYTES_PER_PARAM, NF4_BYTES_PER_PARAM
+from shardplan.formulas.model_states import (
+    AWQ_BYTES_PER_PARAM,
+    GPTQ_BYTES_PER_PARAM,
+    GPTQ_SHARDABLE_BYTES_PER_PARAM,
+    NF4_BYTES_PER_PARAM,
+)
 from shardplan.inputs import strategy as st
 from shardplan.inputs.allocator_profile import default_allocator
 from shardplan.inputs.config import TrainingConfig
@@ -228,6 +233,55 @@ def test_quant_formats_bytes_and_gptq_buffers_are_not_sharded():
     assert int(gptq["params"]) - int(nf4["params"]) == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize("model", ["llama-2-7b", "llama-2-70b"])
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_gptq_plugin_shards_qweight_and_qzeros_one_over_n(model, gpus):
+    # fms-acceleration's GPTQ plugin makes qweight and qzeros float parameters under FSDP
+    # (autogptq_utils.py PATCH_FOR_FSDP_TRITON_V2); the fp16 scales (2/128 B per weight) stay
+    # buffers. Per rank the knob saves exactly the shardable part's (1 - 1/N), at every N and size.
+    spec = get_model(model)
+    base = TrainingConfig(strategy="full_shard", method="qlora", ac="full", quant_format="gptq")
+    cluster = f"{gpus}xh100-sxm"
+    whole, _ = mem(base, cluster, spec)
+    split, _ = mem(base.model_copy(update={"quant_buffers_sharded": True}), cluster, spec)
+    shardable = model_values(spec)["quantizable_params"] * GPTQ_SHARDABLE_BYTES_PER_PARAM
+    saved = int(whole["params"]) - int(split["params"])
+    assert saved == pytest.approx(shardable * (1 - 1 / gpus), abs=gpus)  # floors of the shards
+    # the load-time peak (rank-0 broadcast: the shard plus one unit) saves the same bytes
+    assert int(whole["load_peak_bytes"]) - int(split["load_peak_bytes"]) == pytest.approx(saved, abs=2 * gpus)
+
+
+@pytest.mark.parametrize("update", [
+    dict(strategy="single"),                          # one GPU: nothing to shard
+    dict(strategy="ddp"),                             # DDP replicates parameters and buffers alike
+    dict(engine="deepspeed", strategy="zero3"),        # the plugin patches only under accelerate FSDP
+    dict(quant_format="awq"),                          # the plugin's QuantLinear is GPTQ's triton-v2
+    dict(quant_format="nf4"),                          # NF4 shards with its float quant_storage anyway
+])
+def test_gptq_plugin_knob_changes_nothing_where_the_plugin_does_not_shard(update):
+    base = TrainingConfig(strategy="full_shard", method="qlora", ac="full", quant_format="gptq").model_copy(update=update)
+    cluster = "1xh100-sxm" if update.get("strategy") == "single" else "4xh100-sxm"
+    off, _ = mem(base, cluster)
+    on, _ = mem(base.model_copy(update={"quant_buffers_sharded": True}), cluster)
+    assert int(on["params"]) == int(off["params"]) and int(on["load_peak_bytes"]) == int(off["load_peak_bytes"])
+
+
+def test_fms_gptq_query_word_turns_the_plugin_on_and_fit_answers_with_it(capsys):
+    from shardplan.cli.app import main
+
+    q = parse_query("mixtral-8x7b on 2x80GB fms-gptq full_shard").options
+    assert q == {"quant_buffers_sharded": True, "quant_format": "gptq", "method": "qlora", "strategy": "full_shard"}
+    # a stated format wins over the word's default
+    assert parse_query("8b on 2x80GB fms-gptq awq").options["quant_format"] == "awq"
+    params = {}
+    for word in ("gptq", "fms-gptq"):
+        assert main(["fit", f"mixtral-8x7b on 2x80GB {word} full_shard", "--json"]) == 0
+        params[word] = json.loads(capsys.readouterr().out)["per_gpu"]["breakdown"]["params"]
+    spec = get_model("mixtral-8x7b")
+    shardable = model_values(spec)["quantizable_params"] * GPTQ_SHARDABLE_BYTES_PER_PARAM
+    assert params["gptq"] - params["fms-gptq"] == pytest.approx(shardable / 2, abs=4)
+
+
 # --- load-time peak ------------------------------------------------------------------------------
 def test_load_peak_per_load_mode_and_counted_in_fits():
     base = TrainingConfig(strategy="full_shard", method="lora", ac="full")
@@ -354,7 +408,7 @@ def test_a_knob_stated_as_none_is_the_stacks_default(stack):
     leaving the knobs out means: the stack's defaults, not a None inside a formula."""
     knobs = ("logits_fp32", "ce_chunks", "optimizer_in_backward", "activation_offload", "fp32_master",
              "paged_optimizer", "lora_dropout", "reentrant_checkpointing", "checkpoint_wrapper",
-             "quant_state_sharded", "quant_format", "load_mode")
+             "quant_state_sharded", "quant_buffers_sharded", "quant_format", "load_mode")
     stated = resolve_stack(TrainingConfig(stack=stack, method="lora", **{k: None for k in knobs}), 8)
     left_out = resolve_stack(TrainingConfig(stack=stack, method="lora"), 8)
     assert {k: getattr(stated, k) for k in knobs} == {k: getattr(left_out, k) for k in knobs}

@@ -183,7 +183,8 @@ def _stack_knobs(cfg: dict) -> str:
     if cfg.get("logits_fp32") is False:
         on.append("loss on 16-bit logits")
     if cfg.get("method") == "qlora":
-        on.append(f"4-bit base {cfg.get('quant_format')}")
+        plugin = " (qweight/qzeros sharded as parameters: fms-gptq)" if cfg.get("quant_buffers_sharded") else ""
+        on.append(f"4-bit base {cfg.get('quant_format')}{plugin}")
     on.append(f"load {cfg.get('load_mode')}")
     return " — " + ", ".join(on)
 

@@ -149,6 +149,7 @@ class Columns:
     lora_dropout: np.ndarray
     reentrant_checkpointing: np.ndarray
     quant_state_sharded: np.ndarray
+    quant_buffers_sharded: np.ndarray  # GPTQ qweight/qzeros as FSDP-sharded parameters (model_states.quant_replicated_bytes)
     quant_format: np.ndarray         # QUANT_FORMATS code
     load_mode: np.ndarray            # LOAD_MODES code
     expandable_segments: np.ndarray  # caching allocator with expandable segments (allocator.py)
@@ -231,7 +232,7 @@ def untied_head_values(values: dict[str, Any]) -> dict[str, Any]:
 STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     stack=st.HF, logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False,
     fp32_master=True, paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False,
-    quant_state_sharded=True, quant_format=st.NF4, load_mode=st.LOAD_RANK0_BROADCAST, checkpoint_wrapper=False,
+    quant_state_sharded=True, quant_buffers_sharded=False, quant_format=st.NF4, load_mode=st.LOAD_RANK0_BROADCAST, checkpoint_wrapper=False,
     use_cache=False, kbit_prep=False, fused_lm_head=False, quant_saves_input=False, quant_head=False, untied_head=False,
     chunked_head=False, optimizer_impl=st.OPT_FOREACH,
     # mechanism columns: what real stacks on CUDA do (RoPE built from one row of position ids:

@@ -25,14 +25,15 @@ DeepSpeed ``offload_param``) the shard is placed in host RAM, so only the unit i
 full_per_gpu, the whole model) touches the GPU. ASSUMPTION: the allocator adds nothing during
 loading (few, large, long-lived blocks); the unit in flight is the larger of the root and a block (torchtune distributes one parameter
 at a time, so for it this over-counts by less than one block);
-GPTQ/AWQ's quantized buffers are whole on every rank (``model_states.quant_replicated``).
+GPTQ/AWQ's quantized buffers are whole on every rank, less what a stack re-registers as parameters
+(``model_states.quant_replicated_bytes``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from shardplan.formulas.model_states import params_offloaded, qlora_block_bytes_per_param, quant_replicated, quantized_base_bytes
+from shardplan.formulas.model_states import params_offloaded, qlora_block_bytes_per_param, quant_replicated_bytes, quantized_base_bytes
 from shardplan.inputs import strategy as st
 
 
@@ -56,7 +57,7 @@ def load_peak_allocated_bytes(c, param_shard_degree):
     """Bytes torch holds on one GPU at the load-time peak, per ``load_mode`` (module docstring)."""
     n = np.maximum(np.asarray(param_shard_degree), 1)
     whole = model_load_bytes(c)
-    quant = np.where(quant_replicated(c), quantized_base_bytes(c), 0)
+    quant = quant_replicated_bytes(c)
     shard = np.asarray(np.where(params_offloaded(c), 0, np.ceil((whole - quant) / n) + quant), dtype=np.int64)
     unit = np.where(n > 1, load_unit_bytes(c), 0)
     mode = np.asarray(c.load_mode)

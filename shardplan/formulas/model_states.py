@@ -63,6 +63,9 @@ def nf4_quant_state_bytes(elements, tensors):
 # the layer for out >= 2048) is left out.
 GPTQ_GROUP_SIZE = 128
 GPTQ_BYTES_PER_PARAM = 0.5 + 0.5 / GPTQ_GROUP_SIZE + 2 / GPTQ_GROUP_SIZE
+# The part fms-acceleration's GPTQ plugin turns into float parameters (``qweight`` + ``qzeros``,
+# accelerated-peft ``autogptq_utils.py`` ``PATCH_FOR_FSDP_TRITON_V2``): the fp16 ``scales`` stay buffers.
+GPTQ_SHARDABLE_BYTES_PER_PARAM = 0.5 + 0.5 / GPTQ_GROUP_SIZE
 # AWQ (Lin et al. 2024) in AutoAWQ's GEMM layout: ``qweight`` int32 [in, out/8], ``qzeros`` int32
 # [in/128, out/8], ``scales`` fp16 [in/128, out]: the same bytes per weight as GPTQ.
 AWQ_BYTES_PER_PARAM = GPTQ_BYTES_PER_PARAM
@@ -112,12 +115,29 @@ def trainable_fraction(c):
     return trainable_params(c) / c.total_params
 
 
-def quant_replicated(c):
-    """GPTQ/AWQ weights are int32 *buffers* (``qweight``, ``qzeros``, ``scales``), not float
-    ``nn.Parameter``s, so FSDP and ZeRO-3 leave them whole on every rank (fms-acceleration#12,
-    which has to re-register them as float parameters to shard them); bitsandbytes NF4 shards
-    with a float ``quant_storage`` (bitsandbytes PR #970)."""
-    return (np.asarray(c.method) == st.QLORA) & (np.asarray(c.quant_format) != st.NF4)
+def quant_replicated_bytes(c, quant=None):
+    """Bytes of a QLoRA base's 4-bit part (``quant``, default ``quantized_base_bytes``) that stay
+    whole on every rank under FSDP / ZeRO-3.
+
+    GPTQ/AWQ weights are int32 *buffers* (``qweight``, ``qzeros``, ``scales``), not float
+    ``nn.Parameter``s, and FSDP and ZeRO-3 shard only parameters (fms-acceleration#12): the whole
+    4-bit part (``quantized_base_bytes``) is on every rank. ``quant_buffers_sharded``:
+    fms-acceleration's GPTQ plugin (accelerated-peft ``framework_plugin_autogptq.py``
+    ``model_loader``, foundation-model-stack/fms-acceleration 876e2ed; unchanged since PR #15,
+    2024-05) registers, when ``world_size > 1`` and ``ACCELERATE_USE_FSDP`` is true, a patch that
+    replaces ``qweight`` and ``qzeros`` of every triton-v2 ``QuantLinear`` by
+    ``nn.Parameter(attr.view(torch_dtype), requires_grad=False)`` "so FSDP can shard them"
+    (``autogptq_utils.py`` ``PATCH_FOR_FSDP_TRITON_V2 = ["qweight", "qzeros"]``; viewed back to
+    int32 before each kernel call), applied by ``ModelPatcher.patch`` before the Trainer wraps the
+    model. The fp16 ``scales`` (2/128 B per weight) and ``g_idx`` stay buffers, whole on every
+    rank. Only under FSDP: ZeRO-3 and DDP see buffers either way. bitsandbytes NF4 shards with a
+    float ``quant_storage`` (bitsandbytes PR #970): 0 here (its quant_state is ``frozen_base``'s)."""
+    quant = quantized_base_bytes(c) if quant is None else np.asarray(quant)
+    fmt = np.asarray(c.quant_format)
+    plugin = (np.asarray(c.quant_buffers_sharded, dtype=bool) & (fmt == st.GPTQ)
+              & np.asarray(sharded_by_wrapper(c), dtype=bool))
+    scales = np.asarray(np.ceil(quant * (1.0 - GPTQ_SHARDABLE_BYTES_PER_PARAM / GPTQ_BYTES_PER_PARAM)), dtype=np.int64)
+    return np.asarray(np.where(fmt == st.NF4, 0, np.where(plugin, scales, quant)), dtype=np.int64)
 
 
 def param_storage_bytes_per_element(engine, precision):
@@ -298,7 +318,7 @@ def frozen_base(c):
 
     Frozen base: 16-bit (LoRA) or 4-bit for block Linears and 16-bit for the rest (QLoRA), sharded
     like any float parameter (NF4 with a float ``bnb_4bit_quant_storage``; GPTQ/AWQ buffers are
-    not: ``quant_replicated``). The unquantized frozen weights are 16-bit, or fp32 under fp32
+    not: ``quant_replicated_bytes``). The unquantized frozen weights are 16-bit, or fp32 under fp32
     precision (a base loaded in fp32; for QLoRA, PEFT's ``prepare_model_for_kbit_training``
     casting every non-4-bit parameter to fp32). bitsandbytes ``Linear4bit.forward`` casts its bias
     to the compute dtype in place, whatever it was loaded as: 16-bit here (ASSUMPTION:
@@ -362,8 +382,9 @@ def _held_states(c, optimizer_step_on_device):
     quant_state = np.where(c.quant_state_sharded, _floor(quant_state, n_p), quant_state)
     per_element = state_bytes_per_element(c)
     p_bytes, g_bytes, _, o_bytes = per_element
-    frozen_held = np.where(quant_replicated(c), _floor(frozen_bytes - quant_part, n_p) + quant_part,
-                           _floor(frozen_bytes, n_p))
+    # the part FSDP cannot shard (GPTQ/AWQ buffers) is whole on every rank
+    whole = quant_replicated_bytes(c, quant_part)
+    frozen_held = _floor(frozen_bytes - whole, n_p) + whole
     params, grads, master, optimizer = _zero_partitioned_states(c, trainable, degrees, per_element)
     params = params + frozen_held + quant_state
     # FSDP shards per tensor (FSDP2) or per flat unit (FSDP1), padded: exact per-rank bytes.

@@ -71,6 +71,9 @@ class TrainingConfig(BaseModel):
                                    "non-4-bit parameter in fp32, so the residual stream around the 16-bit base "
                                    "matmuls is fp32 (activations.stream_dtype_bytes; memory: an fp32 checkpointed block input on one rank)")
     quant_state_sharded: bool | None = Field(None, description="bnb quant_state sharded with the weights")
+    quant_buffers_sharded: bool | None = Field(None, description="GPTQ qweight/qzeros re-registered as float parameters "
+                                               "so FSDP shards them (fms-acceleration's GPTQ plugin; scales stay "
+                                               "whole per rank: model_states.quant_replicated_bytes)")
     quant_saves_input: bool | None = Field(None, description="each 4-bit Linear's autograd keeps its input "
                                            "(bitsandbytes <= 0.43.1 MatMul4Bit)")
     quant_head: bool | None = Field(None, description="the 4-bit plugin quantizes the lm_head too, from an fp16 copy "
@@ -116,7 +119,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     get = knobs.get if isinstance(knobs, dict) else vars(knobs).get  # a model's (or namespace's) fields
     out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload",
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
-                               "quant_state_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
+                               "quant_state_sharded", "quant_buffers_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
                                "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")

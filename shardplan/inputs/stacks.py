@@ -42,6 +42,7 @@ from shardplan.support.errors import ShardplanError
 ENGINE_DEFAULTS: dict[str, Any] = dict(
     logits_fp32=True, ce_chunks=0, fused_ce=False, optimizer_in_backward=False, activation_offload=False, fp32_master=None,
     paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False, quant_state_sharded=True,
+    quant_buffers_sharded=False,  # GPTQ buffers stay buffers (whole per rank) unless a plugin re-registers them
     quant_format="nf4", load_mode="rank0_broadcast", checkpoint_wrapper=False, use_cache=False, kbit_prep=False,
     fused_lm_head=False,  # TRL's chunked LM head: SFTTrainer since TRL 1.16, no stack's own loop
     quant_saves_input=False,  # bitsandbytes >= 0.43.2 (PR #1270): MatMul4Bit keeps only the packed weight

@@ -167,6 +167,10 @@ FLAGS: tuple[Flag, ...] = (
          "TRL SFTTrainer's chunked LM head (TRL >= 1.16 add_fused_lm_head): 4,096-token tiles, no full logits"),
     Flag(("kbit-prep",), (("kbit_prep", True),),
          "QLoRA prepared by PEFT's prepare_model_for_kbit_training (norms, embeddings, lm_head in fp32: an fp32 stream)"),
+    Flag(("fms-gptq",), (("quant_buffers_sharded", True),),
+         "fms-acceleration's GPTQ plugin (accelerated-peft autogptq): under FSDP each QuantLinear's qweight and "
+         "qzeros become float parameters FSDP shards (scales stay whole per rank)",
+         (("quant_format", "gptq"), ("method", "qlora"))),
     Flag(("expandable-segments",), (("expandable_segments", True),),
          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     Flag(("paged",), (("paged_optimizer", True),),
