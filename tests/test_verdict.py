@@ -15,7 +15,7 @@ import shardplan
 from shardplan.cli.app import main
 from shardplan.formulas.accuracy_bands import BAND_CLASSES, BASES, AccuracyOverlay, load_bands
 from shardplan.formulas.memory import ACTIVATION_TERMS, BREAKDOWN_TERMS, STATE_TERMS
-from shardplan.formulas.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, judge, throughput_band
+from shardplan.formulas.verdict import ADVICE, DOES_NOT_FIT, FITS, TIGHT, VERDICTS, bounded_verdict, judge, throughput_band
 from shardplan.inputs import hardware, models
 from shardplan.inputs import strategy as st
 from shardplan.support.errors import ShardplanError
@@ -121,6 +121,25 @@ def test_three_states_at_their_boundaries():
     assert (v["band_bytes"] == band).all()
     assert list(v["margin_bytes"]) == [c - total - band for c in capacities]
     assert v["margin_bytes"][0] == 0 and v["margin_bytes"][1] == -1
+
+
+@pytest.mark.parametrize("slack_gib", [0, 4, 16, 64])
+def test_allocator_slack_never_makes_does_not_fit_only_the_allocated_peak_does(slack_gib):
+    """torch's caching allocator frees its cached blocks and retries before an OOM
+    (``verdict.retry_floor_bytes``): the lower point is allocated + non-torch whatever the slack
+    above it, so growing the slack moves ``fits`` to ``tight`` but never to ``does_not_fit``;
+    the allocated peak crossing capacity / (1 − lower) does. Totals-only sweeps agree."""
+    lower = BANDS.classes.unknown_stack.lower_relative_error
+    capacity, nt = 40 * GiB, GiB // 2
+    floor_limit = int(capacity / (1 - lower))  # allocated + non-torch past this: even the least would not fit
+    allocs = [capacity // 2, capacity - nt, floor_limit - nt - GiB, floor_limit - nt + GiB]
+    m = _memory(allocs, capacity, non_torch=nt)
+    m["peak_reserved_bytes"] = m["peak_allocated_bytes"] + slack_gib * GiB
+    m["device_total_bytes"] = m["peak_reserved_bytes"] + m["non_torch_bytes"]
+    got = [VERDICTS[x] for x in judge(m)["verdict"]]
+    assert got[1:] == ["tight", "tight", "does_not_fit"]
+    assert got[0] == ("fits" if slack_gib == 0 else got[0]) != "does_not_fit"  # 20 GiB + slack + band vs 40 GiB
+    assert [VERDICTS[x] for x in bounded_verdict(m)[0]][2:] == ["tight", "does_not_fit"]
 
 
 def test_host_ram_or_invalid_combination_is_does_not_fit_whatever_the_margin():
@@ -253,9 +272,13 @@ def test_no_fits_verdict_exceeds_capacity_with_its_band_over_1e5_sweep():
     assert np.all(df["valid"].to_numpy()[fits] & df["fits_host"].to_numpy()[fits])
     lower = (np.array([BANDS.stack_lower_error(s) for s in st.STACKS])[df["stack"].cat.codes.to_numpy()]
              if "stack" in df.columns else BANDS.classes.unknown_stack.lower_relative_error)
-    lowest = np.floor(judged * (1 - lower))
+    # the lower point: the training floor (allocated + non-torch, verdict.retry_floor_bytes) and the load peak
+    floor = df["peak_allocated_bytes"].to_numpy() + df["non_torch_bytes"].to_numpy()
+    if "load_peak_bytes" in df.columns:
+        floor = np.maximum(floor, df["load_peak_bytes"].to_numpy())
+    lowest = np.floor(floor * (1 - lower))
     tight = verdict == "tight"
-    assert np.all(lowest[tight] <= cap[tight])  # tight: the peak less its lower band is under capacity
+    assert np.all(lowest[tight] <= cap[tight])  # tight: the floor less its lower band is under capacity
     no = (verdict == "does_not_fit") & df["valid"].to_numpy() & df["fits_host"].to_numpy()
     assert np.all(lowest[no] > cap[no] - 1)
     if "load_peak_bytes" not in df.columns:

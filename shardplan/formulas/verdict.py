@@ -17,12 +17,14 @@ fraction is the ``unknown_stack`` class's ``lower_relative_error``, per stack, f
 runs by ``validation/bands.py``):
 
 * ``fits``          — peak + band ≤ capacity (and host RAM fits, and the combination is valid);
-* ``tight``         — peak × (1 − lower) ≤ capacity < peak + band: it may or may not fit;
-* ``does_not_fit``  — peak × (1 − lower) > capacity (even the runs that held least would not fit),
+* ``tight``         — floor × (1 − lower) ≤ capacity < peak + band: it may or may not fit;
+* ``does_not_fit``  — floor × (1 − lower) > capacity (even the runs that held least would not fit),
   or host RAM, or an invalid combination.
 
 The peak judged is the training device total, or the load-time peak (``load_peak_bytes``, when
-the memory output has that column) when that one, with its own band, is higher.
+the memory output has that column) when that one, with its own band, is higher. The floor of the
+training side is its allocated peak + the bytes outside torch (``retry_floor_bytes``): the
+allocator's cached slack gives way under pressure, so it decides ``fits``, never ``does_not_fit``.
 ``risk_term`` is the class carrying the most band bytes; ``advice`` the cheapest knob that
 shrinks it (codes into ``ADVICE``). Everything is numpy-broadcastable: no Python ``if`` on values.
 """
@@ -105,6 +107,22 @@ def stack_lower_fraction(c, bands: AccuracyBands):
     table = once_per_bands(bands, ("stack lower", tuple(stacks), np.__name__),
                            lambda: np.array([bands.stack_lower_error(name) for name in stacks], dtype=np.float64))
     return table[np.asarray(codes, dtype=np.int64)]
+
+
+def retry_floor_bytes(m):
+    """The least a training step needs on the device: its allocated peak + the bytes outside torch's
+    allocator (CUDA context, NCCL, resident paged states). The cached slack above the allocated peak
+    (fragmentation, FSDP's side-stream pools: ``allocator.reserved_terms``) is not needed to run it:
+    when ``cudaMalloc`` fails, torch's caching allocator frees its cached blocks and retries before it
+    raises an OOM (pytorch ``c10/cuda/CUDACachingAllocator.cpp`` ``DeviceCachingAllocator::malloc``
+    at 001074d2: ``alloc_block`` || ``release_available_cached_blocks`` + ``alloc_block`` ||
+    ``release_cached_blocks`` — "Free all non-split cached blocks and retry alloc" — + ``alloc_block``),
+    so a run whose reserved peak on a larger card would exceed a smaller one can complete on it, its
+    cache trimmed. ASSUMPTION: all of that slack can be released; a segment split by a live block
+    cannot (the OOM message's own note: "the only remaining 'cached' memory is split from a larger
+    block that is partially in-use"), so this is the optimistic end — the one the lower point needs (``does_not_fit`` only when
+    even the runs that held least would not fit). ``fits`` keeps the device total and its band."""
+    return np.asarray(m["peak_allocated_bytes"]) + np.asarray(m["non_torch_bytes"])
 
 
 def lower_point(peak, lower):
@@ -212,7 +230,7 @@ def bounded_verdict(m, c=None, bands: AccuracyBands | None = None):
     room = capacity - np.asarray(m["device_total_bytes"])
     ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
     lower = stack_lower_fraction(c, bands)
-    under = lower_point(m["device_total_bytes"], lower) <= capacity
+    under = lower_point(retry_floor_bytes(m), lower) <= capacity
     if "load_peak_bytes" in m:
         load_peak = np.asarray(m["load_peak_bytes"])
         ok = ok & (load_peak + band_bytes(load_class_bytes(m), errors) <= capacity)  # fits needs the load side too
@@ -239,6 +257,7 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
     """
     bands = bands or load_bands()
     total = np.asarray(m["device_total_bytes"])
+    floor = retry_floor_bytes(m)  # the training side's lower point (its cached slack can be released)
     train_bases, errors = class_bytes(m), row_errors(c, bands)
     lower = stack_lower_fraction(c, bands)
     train_band = band_bytes(train_bases, errors)
@@ -251,11 +270,11 @@ def judge(m, c=None, bands: AccuracyBands | None = None, *, per_class: bool = Tr
         binding = load_peak + load_band > total + train_band
         judged = np.where(binding, load_peak, total)
         band = np.where(binding, load_band, train_band)
-        points_under = (lower_point(total, lower) <= capacity) & (lower_point(load_peak, lower) <= capacity)
+        points_under = (lower_point(floor, lower) <= capacity) & (lower_point(load_peak, lower) <= capacity)
     else:
         binding = np.zeros(np.shape(total), dtype=bool)
         judged, band = total, train_band
-        points_under = lower_point(total, lower) <= capacity
+        points_under = lower_point(floor, lower) <= capacity
     other_ok = np.asarray(m["fits_host"]) & np.asarray(m["valid"])
     fits = (judged + band <= capacity) & other_ok
     tight = np.logical_not(fits) & points_under & other_ok
