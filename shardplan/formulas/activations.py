@@ -163,9 +163,14 @@ def lora_adapter_dtype_bytes(c, a):
     Unwrapped / torch-DDP runs keep PEFT's fp32 adapters; what their matmuls save under autocast is
     ``lora_saved_dtype_bytes``. DeepSpeed
     (every stage, its "ddp" = stage 0 included) casts the whole module to the 16-bit dtype
-    (``engine._configure_distributed_model``: ``module.bfloat16()``/``half()``), adapters too."""
+    (``engine._configure_distributed_model``: ``module.bfloat16()``/``half()``), adapters too.
+    torchtune's own ``LoRALinear`` (``torchtune/modules/peft/lora.py``, 1814feb17 and since the
+    recipe was split out, 01891fc4c 2024-03-08) is not PEFT's: its ``lora_a``/``lora_b`` are built
+    under the recipe's ``set_default_dtype`` (the compute dtype, checked by
+    ``validate_expected_param_dtype``) and its forward, ``lora_b(lora_a(dropout(x)))``, casts
+    nothing: no fp32 copy on the torchtune stack."""
     unwrapped = eng.wrapper_is(eng.W_NONE, c.engine, c.strategy) | eng.wrapper_is(eng.W_DDP, c.engine, c.strategy)
-    cast = unwrapped & (a < 4)
+    cast = unwrapped & (a < 4) & (c.stack != st.TORCHTUNE)
     return np.where(cast, 4, a), cast
 
 

@@ -292,12 +292,15 @@ def _backward_activation_bytes(c, k, ctx, recompute):
     """Activations inside block k's backward: the saved tensors of blocks < k, block k's own (all of
     them: recomputed in full under AC) and the activation gradients in flight, plus the
     checkpoint wrapper's leftovers. ``recompute``: a checkpointed LoRA/QLoRA block being recomputed
-    at the start of its backward (PEFT's fp32 transients, ``lora_recompute_bytes_per_token``)."""
+    at the start of its backward (PEFT's fp32 transients, ``lora_recompute_bytes_per_token``).
+    Either way only ``layers_on_device`` of the blocks before k keep their saved tensors on the GPU
+    under activation offloading (torchtune ``OffloadActivations``: each checkpoint input went to
+    the host in forward and comes back one backward node ahead)."""
     tokens, n_ckpt, kept_avg = ctx["tokens"], ctx["n_ckpt"], ctx["kept_avg"]
     leftover = _leftover_after(c, k, ctx)
     if recompute:
-        lora = (np.asarray(np.ceil(tokens * (k * kept_avg + ctx["extra"] + ctx["reentrant"] + ctx["lora_recompute"])),
-                           dtype=np.int64)
+        kept = layers_on_device(c, k) * kept_avg
+        lora = (np.asarray(np.ceil(tokens * (kept + ctx["extra"] + ctx["reentrant"] + ctx["lora_recompute"])), dtype=np.int64)
                 + np.asarray(leftover, dtype=np.int64) + ctx["rope"])
         return np.where((c.method != st.FULL) & (n_ckpt > 0), lora, 0)
     per_token = layers_on_device(c, k) * kept_avg + ctx["full_layer"] + ctx["extra"]

@@ -495,10 +495,29 @@ def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -
                  _checkpointing(row, assumed), _offload(row), _optimizer(row, assumed), _workload(row),
                  _attention(row, assumed), _loss(row)):
         knobs.update(part)  # two columns may both say activations go to the CPU
+    knobs.update(_recipe_dtype(knobs, assumed))
     try:
         return TrainingConfig(**knobs)
     except ShardplanError as err:
         raise _Refused("rejected_by_shardplan", str(err)) from None
+
+
+# torchtune has no mixed precision: its recipes build the whole model under
+# ``training.set_default_dtype(cfg.dtype)``, LoRA adapters included, and check them
+# (``validate_expected_param_dtype(self.adapter_params.items(), dtype=self._dtype)``); the recipe
+# docstring: "When dtype=bf16, all activations, gradients and optimizer states are in bfloat16"
+# (recipes/lora_finetune_single_device.py at 1814feb17). A bf16 row ("bf16 frozen base", "bf16
+# compute") is that recipe dtype, not an fp32 copy of the trainable weights.
+TORCHTUNE_RECIPE_DTYPE = ("bf16-mixed", "bf16-pure")
+
+
+def _recipe_dtype(knobs: dict[str, Any], assumed: list[str]) -> dict[str, Any]:
+    """A torchtune row's bf16 read as its recipe dtype (``TORCHTUNE_RECIPE_DTYPE``); nothing elsewhere."""
+    read, recipe = TORCHTUNE_RECIPE_DTYPE
+    if knobs["stack"] != "torchtune" or knobs.get("precision") != read:
+        return {}
+    assumed.append(f"precision: {recipe} (torchtune's dtype: bf16 builds adapters, gradients and AdamW states in bf16)")
+    return {"precision": recipe}
 
 
 def _stack(row: dict[str, str], assumed: list[str]) -> str:
