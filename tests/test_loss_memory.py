@@ -225,3 +225,29 @@ def test_autocast_runs_the_loss_in_fp32(b, s):
     weight_copy = 2 * HIDDEN / (b * s)
     assert measured == pytest.approx((counted[0] + weight_copy, counted[1] + weight_copy), abs=1e-3)
     assert counted == (10, 12)
+
+
+def torchtune_2024_loss(x, weight, labels):
+    # torchtune before its chunked loss (4fba6cd44, 2024-08-28) and "del logits" (#1046, #1235):
+    # TransformerDecoder returns ``self.output(h).float()``; the recipe shifts with
+    # ``logits[..., :-1, :].contiguous()``, transposes, runs torch.nn.CrossEntropyLoss and calls
+    # ``loss.backward()`` with ``logits`` still referenced
+    logits = F.linear(x, weight).float()
+    logits = logits[..., :-1, :].contiguous()
+    logits = logits.transpose(1, 2)
+    return torch.nn.CrossEntropyLoss()(logits, labels[..., 1:].contiguous()), logits
+
+
+@pytest.mark.parametrize("b,s", SHAPES + [(2, 512)])
+def test_torchtune_2024_loop_keeps_its_fp32_logits_through_backward(b, s):
+    # ``loop_keeps_logits`` with the whole fp32 loss: the kept logits (4) + the saved log-softmax (4)
+    # + nll_loss's and log-softmax's gradients (8) = 16 during backward, some over s - 1 of the s
+    # tokens (the shift: 16 - 12/s measured at b = 1, 16·(s - 1)/s above). Inside the forward the bf16 output is already gone
+    # (8 measured, 10 counted)
+    measured = _per_entry(lambda v: _measure(torchtune_2024_loss, b, s, v, torch.bfloat16), b, s)
+    counted = _formula_per_entry(logits_forward_bytes, logits_backward_bytes, b, s,
+                                 precision=st.BF16_PURE, logits_fp32=True, loop_keeps_logits=True)
+    plain = _formula_per_entry(logits_forward_bytes, logits_backward_bytes, b, s, precision=st.BF16_PURE, logits_fp32=True)
+    assert counted == (10, 16) and plain == (10, 12)
+    assert measured[1] == pytest.approx(counted[1], abs=16 / s + 1e-3) and measured[1] <= counted[1]
+    assert measured[0] == pytest.approx(8 - 4 / s, abs=1e-3) and measured[0] <= counted[0]  # .float() out + shifted copy

@@ -24,7 +24,7 @@ from shardplan.inputs.engine_lookup import get_engine, runs_deepspeed
 from shardplan.inputs.engines import engine_profiles
 from shardplan.support.errors import ShardplanError
 
-OPTIMIZER_TYPES = {"adamw": "AdamW", "sgd": "SGD", "lion": "Lion"}  # DeepSpeed-native; others: client optimizer
+OPTIMIZER_TYPES = {"adamw": "AdamW", "sgd": "SGD", "sgd-plain": "SGD", "lion": "Lion"}  # DeepSpeed-native; others: client optimizer
 
 
 def _buckets(spec: PlanSpec) -> tuple[int, int]:
@@ -127,9 +127,15 @@ def read_back(text: str) -> dict[str, Any]:
     offload = ("optimizer+params" if "offload_param" in z else "optimizer" if "offload_optimizer" in z else "none")
     precision = ("bf16-mixed" if c.get("bf16", {}).get("enabled") else
                  "fp16-mixed" if c.get("fp16", {}).get("enabled") else "fp32")
-    opt = c.get("optimizer", {}).get("type")
     return {"engine": _engine_of(z), "zero_stage": stage, "strategy": strategy, "precision": precision,
             "offload": offload, "micro_batch": c["train_micro_batch_size_per_gpu"],
             "grad_accum": c["gradient_accumulation_steps"], "world_size": world,
             "shard_group_size": hpz or (world if stage == 3 else 1 if stage == 0 else world),
-            "optimizer": {v: k for k, v in OPTIMIZER_TYPES.items()}.get(opt)}
+            "optimizer": _optimizer_name(c.get("optimizer", {}))}
+
+
+def _optimizer_name(optimizer: dict[str, Any]) -> str | None:
+    """The plan's optimizer for a config's ``optimizer`` section: SGD with momentum is ``sgd``."""
+    if optimizer.get("type") == "SGD":
+        return "sgd" if optimizer.get("params", {}).get("momentum") else "sgd-plain"
+    return {v: k for k, v in OPTIMIZER_TYPES.items()}.get(optimizer.get("type"))

@@ -22,6 +22,7 @@ FSDP1_STRATEGY = {"no_shard": "NO_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "ful
 _OPTIMIZERS = {
     "adamw": "    return torch.optim.AdamW(params, lr=lr)",
     "sgd": "    return torch.optim.SGD(params, lr=lr, momentum=0.9)",
+    "sgd-plain": "    return torch.optim.SGD(params, lr=lr)",
     "adafactor": "    return torch.optim.Adafactor(params, lr=lr)",
     "adamw-8bit": "    import bitsandbytes as bnb  # pip install bitsandbytes\n    return bnb.optim.AdamW8bit(params, lr=lr)",
     "lion": "    from lion_pytorch import Lion  # pip install lion-pytorch\n    return Lion(params, lr=lr)",
@@ -356,8 +357,9 @@ def read_back(text: str) -> dict[str, Any]:
         out["lora_rank"] = c["LORA_RANK"]
     if fsdp1 and "DistributedDataParallel(" not in text and strategy != "single":
         out.update(_fsdp1_prefetch_of(text))
-    opt = re.search(r"return (torch\.optim\.(\w+)|bnb\.optim\.(\w+)|Lion)\(", text)
-    out["optimizer"] = {"AdamW": "adamw", "SGD": "sgd", "Adafactor": "adafactor", "AdamW8bit": "adamw-8bit",
+    opt = re.search(r"return (torch\.optim\.(\w+)|bnb\.optim\.(\w+)|Lion)\((.*)\)", text)
+    sgd = "sgd" if "momentum" in opt.group(4) else "sgd-plain"
+    out["optimizer"] = {"AdamW": "adamw", "SGD": sgd, "Adafactor": "adafactor", "AdamW8bit": "adamw-8bit",
                         None: "lion"}[opt.group(2) or opt.group(3)]
     header = re.search(r"^# shardplan-plan: (.*)$", text, re.MULTILINE)
     out["header"] = json.loads(header.group(1)) if header else None

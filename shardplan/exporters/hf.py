@@ -23,7 +23,9 @@ from shardplan.support.errors import ShardplanError
 from shardplan.support.extras import require
 
 MIXED = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-pure": "bf16", "fp32": "no"}
-HF_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit",
+# Transformers' optim='sgd' builds torch.optim.SGD with the learning rate only (momentum 0): the
+# sgd-plain plan's optimizer; read back, 'sgd' stays the momentum plan it was written for
+HF_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "sgd-plain": "sgd", "adafactor": "adafactor", "adamw-8bit": "adamw_bnb_8bit",
             "lion": "lion_32bit"}
 
 
@@ -238,7 +240,7 @@ def read_back_trainer(text: str) -> dict[str, Any]:
             i += 1
     out: dict[str, Any] = {"micro_batch": int(values["per_device_train_batch_size"]),
                            "grad_accum": int(values["gradient_accumulation_steps"]),
-                           "optimizer": {v: k for k, v in HF_OPTIM.items()}[values["optim"]],
+                           "optimizer": {v: k for k, v in HF_OPTIM.items() if k != "sgd-plain"}[values["optim"]],
                            "precision": "bf16-mixed" if "bf16" in values else "fp16-mixed" if "fp16" in values else "fp32"}
     if "deepspeed" in values:
         from shardplan.exporters.deepspeed import read_back as ds_read

@@ -484,9 +484,18 @@ def logits_backward_bytes(c):
 
     ``fused_ce``: the saved 16-bit logits and the gradient the kernel writes in their dtype
     (flash-attn ``SoftmaxCrossEntropyLossFn.backward``: a new tensor unless ``inplace_backward``,
-    which llm-foundry does not set): 2·a·bsV."""
+    which llm-foundry does not set): 2·a·bsV.
+
+    ``loop_keeps_logits``: the loop still references the logits the loss read, in the loss dtype,
+    through backward: + l·bsV. torchtune's recipes until "del logits" (lora_finetune_distributed
+    #1046, 2024-06-04; the other recipes #1235, 2024-07-28): ``logits = self._model(input_ids)``
+    (the model returns ``self.output(h).float()``), ``logits = logits[..., :-1, :].contiguous()``,
+    ``logits = logits.transpose(1, 2)``, ``loss = self._loss_fn(logits, labels)``, then
+    ``loss.backward()`` with ``logits`` alive: 4 + 12 = 16·bsV with the fp32 loss (measured on CPU,
+    tests/test_loss_memory.py). ASSUMPTION: the shift's one token per row is not subtracted."""
     a = compute_dtype_bytes(c.precision)
-    per_entry = np.where(c.fused_ce, 2 * a, 3 * loss_dtype_bytes(c))
+    kept = np.where(np.asarray(getattr(c, "loop_keeps_logits", False), dtype=bool), 1, 0)
+    per_entry = np.where(c.fused_ce, 2 * a, (3 + kept) * loss_dtype_bytes(c))
     return np.asarray(c.micro_batch * c.seq_len * c.vocab_size * per_entry + kbit_head_copy_bytes(c), dtype=np.int64)
 
 

@@ -67,6 +67,7 @@ from shardplan.formulas.buffers import engine_buffers, fsdp_units, optimizer_ste
 from shardplan.formulas.comm import no_sync_grad_bytes
 from shardplan.formulas.load import load_peak_allocated_bytes, model_load_bytes
 from shardplan.formulas.model_states import fsdp1_shard_elements, model_states, padded_shard_elements
+from shardplan.formulas.nf4_load_cache import nf4_load_cached_bytes
 from shardplan.formulas.overheads import HOST_PROCESS_BYTES, non_torch_device_bytes
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
@@ -560,6 +561,9 @@ def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):
     transfers between the CPU and GPU ... to avoid OOM errors"), so they never make a run OOM.
     ASSUMPTION: the evicted part fits in host RAM (not added to ``host_bytes_per_node``)."""
     reserved = reserved_terms(c, peak_allocated, units, states["grads"], live, allocator, c.expandable_segments)
+    # what a whole-weight NF4 load left cached stays reserved into training (nf4_load_cache.py)
+    reserved["peak_reserved_bytes"] = np.maximum(reserved["peak_reserved_bytes"],
+                                                 states["params"] + nf4_load_cached_bytes(c))
     non_torch = non_torch_device_bytes(c.nccl_buffer_bytes, allocator.cuda_context_bytes)
     room = np.maximum(c.gpu_memory_bytes - reserved["peak_reserved_bytes"] - non_torch, 0)
     non_torch = non_torch + np.minimum(paged_state_bytes(c, states), room)

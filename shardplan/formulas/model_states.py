@@ -170,7 +170,8 @@ def optimizer_bytes_per_element(optimizer, precision, hidden_size):
     """Optimizer state bytes per parameter, in the master dtype (``master_dtype_bytes``).
 
     AdamW: exp_avg + exp_avg_sq (Loshchilov & Hutter 2019); SGD with momentum and Lion: one
-    buffer; 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states + an fp32 absmax
+    buffer; SGD without momentum (``sgd-plain``): none (torch ``optim/sgd.py`` ``_init_group`` reads a
+    ``momentum_buffer`` only when ``momentum != 0``, and the default is 0); 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states + an fp32 absmax
     per 2048-element block each; Adafactor (Shazeer & Stern 2018) without first moment: a row
     and a column factor per matrix, ≈ 2/h of the matrix in fp32 (ASSUMPTION: square-ish h×h').
     """
@@ -178,8 +179,8 @@ def optimizer_bytes_per_element(optimizer, precision, hidden_size):
     master = master_dtype_bytes(precision)
     hidden = np.asarray(hidden_size, dtype=np.float64)
     return np.select(
-        [opt == st.ADAMW, opt == st.SGD, opt == st.LION, opt == st.ADAMW_8BIT, opt == st.ADAFACTOR],
-        [2.0 * master, 1.0 * master, 1.0 * master, 2.0 + 2 * 4 / 2048, master * 2.0 / hidden],
+        [opt == st.ADAMW, opt == st.SGD, opt == st.LION, opt == st.ADAMW_8BIT, opt == st.ADAFACTOR, opt == st.SGD_PLAIN],
+        [2.0 * master, 1.0 * master, 1.0 * master, 2.0 + 2 * 4 / 2048, master * 2.0 / hidden, 0.0 * master],
     )
 
 

@@ -82,6 +82,11 @@ class TrainingConfig(BaseModel):
                                      "ties it to the embedding (LitGPT)")
     chunked_head: bool | None = Field(None, description="the lm_head runs on 128-token chunks whose logits reach the "
                                       "loss as fp32 copies the loop keeps (LitGPT fine-tuning on Fabric)")
+    loop_keeps_logits: bool | None = Field(None, description="the training loop keeps its fp32 logits referenced through "
+                                           "backward (torchtune recipes before 'del logits', 2024-06/07)")
+    nf4_whole_quantize: bool | None = Field(None, description="NF4 weights quantized in one piece on the GPU while "
+                                            "loading (torchao <= 0.1), the blocks it caches kept reserved into training "
+                                            "(formulas.nf4_load_cache)")
     quant_format: str | None = Field(None, description="4-bit base format: nf4, gptq, awq")
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
     optimizer_impl: str | None = Field(None, description="how the AdamW step runs: fused (one kernel), foreach "
@@ -120,7 +125,8 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
     out = {k: get(k) for k in ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backward", "activation_offload",
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "quant_buffers_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
-                               "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head")}
+                               "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head",
+                               "loop_keeps_logits", "nf4_whole_quantize")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:

@@ -37,8 +37,9 @@ FSDP2, FSDP1, DEEPSPEED = (ENGINES.index(n) for n in ("fsdp2", "fsdp1", "deepspe
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "bf16-pure", "fp32")
 BF16_MIXED, FP16_MIXED, BF16_PURE, FP32 = range(len(PRECISIONS))
 
-OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw-8bit", "lion")
-ADAMW, SGD, ADAFACTOR, ADAMW_8BIT, LION = range(len(OPTIMIZERS))
+# sgd: with momentum (one buffer); sgd-plain: torch.optim.SGD's default momentum=0, no state
+OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw-8bit", "lion", "sgd-plain")
+ADAMW, SGD, ADAFACTOR, ADAMW_8BIT, LION, SGD_PLAIN = range(len(OPTIMIZERS))
 
 AC_MODES = ("none", "full", "selective", "every-k", "selective-op")
 # selective: every matmul and attention-kernel output saved (the policy ``shardplan export`` writes);

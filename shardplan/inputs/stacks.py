@@ -47,6 +47,8 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     fused_lm_head=False,  # TRL's chunked LM head: SFTTrainer since TRL 1.16, no stack's own loop
     quant_saves_input=False,  # bitsandbytes >= 0.43.2 (PR #1270): MatMul4Bit keeps only the packed weight
     quant_head=False, untied_head=False, chunked_head=False,  # transformers + bitsandbytes: lm_head 16-bit, tied as configured
+    nf4_whole_quantize=False,  # torchao >= 0.2 quantizes in 1 Mi-element chunks (6081796bc)
+    loop_keeps_logits=False,  # today's loops drop the logits before backward (torchtune 'del logits' since #1046 / #1235)
     optimizer_impl="foreach",  # torch.optim.AdamW with neither flag: _default_to_fused_or_foreach picks foreach on CUDA
 )
 STACK_KNOBS = tuple(ENGINE_DEFAULTS)

@@ -664,12 +664,46 @@ TORCHTITAN_REVISION_DATES = (
 )
 
 
+# torchtune README revisions the rows name by hash -> the date of that commit in torchtune's git
+# history (github:pytorch/torchtune): the README table at that revision
+TORCHTUNE_REVISION_DATES = (
+    (r"\b5f0d64c6b", "2024-04-15"), (r"\bfef3ed10d", "2024-04-16"), (r"\b7d05579fe", "2024-05-02"),
+    (r"\b0217d44c2", "2024-05-09"),
+)
+# A README number carried unchanged from an earlier commit was measured with the code and configs
+# of the commit that wrote it (``git log -S '<number> GB' -- README.md``): (pattern over the row's
+# commit column and notes, that commit, its date, what its config set that the row's later config
+# does not). 12.01 GB (4 x RTX 4090 full fine-tune) was written by a95c6b931 (#551) while
+# recipes/configs/full_finetune_distributed.yaml built ``torch.optim.SGD`` with ``lr`` only (no
+# momentum: torch.optim.SGD keeps no state); AdamW came with b65426dc1 (#571, 2024-03-24).
+TORCHTUNE_WRITTEN_AT = (
+    (r"5f0d64c6b.*Raw 12\.01 GB", "a95c6b931", "2024-03-21", {"optimizer": "sgd-plain"}),
+    (r"5f0d64c6b.*Raw (14\.17|17\.18) GB", "a95c6b931", "2024-03-21", {}),
+    (r"5f0d64c6b.*Raw 9\.29 GB", "412a4ecd7", "2024-03-22", {}),
+    (r"5f0d64c6b.*Raw 15\.97 GB", "5cbc1967b", "2024-03-28", {}),
+    (r"7d05579fe.*Raw 8\.57 GB", "20747cd87", "2024-04-18", {}),
+)
+
+
+def _torchtune_written_at(row: dict[str, str]) -> tuple[str, str, dict[str, Any]] | None:
+    text = f"{row.get('source_commit_or_url', '')} {row.get('notes', '')}"
+    return next(((commit, date, knobs) for pattern, commit, date, knobs in TORCHTUNE_WRITTEN_AT
+                 if re.search(pattern, text, re.S)), None)
+
+
 def _revision_date(row: dict[str, str], stack: str) -> str | None:
     """The date of the revision a run used: for torchtitan the named commit's date
-    (``TORCHTITAN_REVISION_DATES``); otherwise the date the source locator names."""
+    (``TORCHTITAN_REVISION_DATES``); for torchtune the date of the commit that wrote the number
+    (``TORCHTUNE_WRITTEN_AT``), else of the named README revision (``TORCHTUNE_REVISION_DATES``);
+    otherwise the date the source locator names."""
+    text = " ".join(row.get(k, "") for k in ("source", "source_commit_or_url"))
     if stack == "torchtitan":
-        text = " ".join(row.get(k, "") for k in ("source", "source_commit_or_url"))
         return next((date for pattern, date in TORCHTITAN_REVISION_DATES if re.search(pattern, text)), None)
+    if stack == "torchtune":
+        written = _torchtune_written_at(row)
+        dated = written[1] if written else next((d for p, d in TORCHTUNE_REVISION_DATES if re.search(p, text)), None)
+        if dated:
+            return dated
     found = re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get("source_locator", ""))
     return found.group(1) if found else None
 
