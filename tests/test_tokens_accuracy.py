@@ -12,7 +12,11 @@ Mixtral rows: p90 23.4 → 22.7 %, compute-bound 23.0 → 22.5 %; the hf stack's
 them to 7.3 % / 22.2 %, compute-bound 22.0 %). Since every stated quantile is nearest rank
 (``shardplan.support.quantiles``; numpy's linear interpolation before), the p90s are 22.5 % (all),
 22.0 % (compute-bound) and 31.1 % (communication-bound: 17 runs, whose 16th-largest error is the
-nearest-rank p90, where interpolation had stated 22.5 %). The
+nearest-rank p90, where interpolation had stated 22.5 %). Session 4: rows whose rate needs more
+than the GPU's peak left (``rate_above_peak``), the power limit and torchtitan's foreach AdamW
+lowered them to 7.3 % / 21.8 %; then the fp32 stream of a prepared QLoRA was taken off the 2-GPU
+FSDP rows, where TRL never prepares (``activations.kbit_fp32_stream``): truer and worse, 7.5 % /
+22.0 % (compute-bound 7.1 % / 22.0 %), the cast had been hiding optimism in those rows. The
 guard is those values plus 0.2 percentage points (float noise across numpy builds, not a
 tolerance on the model): any change that makes a regime or the whole set worse fails here, and a
 change that improves it should lower the constants. The issue's median (≤ 8 %) and p90 (≤ 25 %)
@@ -27,7 +31,7 @@ from shardplan.validation import tokens
 
 ROWS = tokens.dev_set_rows()
 SLACK = 0.002
-COMMITTED = {"all": (0.073, 0.220), "compute-bound": (0.070, 0.219), "communication-bound": (0.134, 0.311)}
+COMMITTED = {"all": (0.075, 0.220), "compute-bound": (0.071, 0.220), "communication-bound": (0.134, 0.311)}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
 
 

@@ -318,29 +318,42 @@ def kept_layer_bytes_per_token(c, a):
                      kept_input_bytes_per_token(c, a))
 
 
+def kbit_fp32_stream(c):
+    """Whether PEFT's ``prepare_model_for_kbit_training`` (``kbit_prep``) leaves fp32 parameters
+    that the residual stream runs through: a QLoRA model it prepared, except one sharded over more
+    than one rank by FSDP or ZeRO-3. There TRL's SFTTrainer does not prepare at all (``is_sharded_qlora``:
+    a ``Params4bit`` on cpu/meta, as FSDP's cpu-RAM-efficient loading leaves it, "one should never
+    call prepare_model_for_kbit_training when doing QLoRA + FSDP / DS-Zero3", trl
+    ``trainer/sft_trainer.py`` @v0.13.0), and where a user prepared it anyway, Trainer sets FSDP's
+    mixed precision to the quant storage dtype (transformers ``Trainer._fsdp_qlora_plugin_updates``),
+    which casts the prepared parameters back. Measured (fms-acceleration a100_80gb.csv, 2 GPUs): the
+    prepared baseline and the plugin's unprepared load hold the same 8.78 / 14.87 GiB and run at the
+    same tokens/s (2949 / 2948, 3399 / 3393); on one GPU they differ by the fp32 stream."""
+    sharded = (eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy)
+               | (eng.wrapper_is(eng.W_DEEPSPEED, c.engine, c.strategy) & (c.strategy == st.FULL_SHARD)))
+    return ((c.method == st.QLORA) & np.asarray(c.kbit_prep, dtype=bool)
+            & ~(sharded & (np.asarray(c.world_size) > 1)))
+
+
 def stream_dtype_bytes(c):
     """Bytes per element of the residual stream the blocks' element-wise kernels move: the
-    configuration's compute dtype, except a QLoRA model prepared by PEFT's
-    ``prepare_model_for_kbit_training`` (``kbit_prep``), which casts every non-4-bit parameter
-    (norms, embeddings, lm_head) to fp32 (peft ``utils/other.py``): HF's RMSNorm returns
-    ``weight * hidden_states.to(input_dtype)``, an fp32 product, and bitsandbytes' ``Linear4bit``
-    returns its output in its input's dtype, so norms, residual adds, RoPE and the MLP product run
-    in fp32 (4 B). ASSUMPTION: the head's cross-entropy keeps the compute dtype's count."""
+    configuration's compute dtype, except a QLoRA model whose prepared parameters stay fp32
+    (``kbit_fp32_stream``: PEFT casts every non-4-bit parameter, norms, embeddings and lm_head, to
+    fp32, peft ``utils/other.py``): HF's RMSNorm returns ``weight * hidden_states.to(input_dtype)``,
+    an fp32 product, and bitsandbytes' ``Linear4bit`` returns its output in its input's dtype, so
+    norms, residual adds, RoPE and the MLP product run in fp32 (4 B). ASSUMPTION: the head's
+    cross-entropy keeps the compute dtype's count."""
     a = compute_dtype_bytes(c.precision)
-    return np.where((c.method == st.QLORA) & np.asarray(c.kbit_prep, dtype=bool), np.maximum(a, 4), a)
+    return np.where(kbit_fp32_stream(c), np.maximum(a, 4), a)
 
 
 def kept_input_bytes_per_token(c, a):
     """The block input a full checkpoint keeps: the residual stream's h elements, in the stream's
-    dtype (``stream_dtype_bytes``: fp32 for a QLoRA model after ``prepare_model_for_kbit_training``)
-    unless FSDP's mixed precision casts the prepared fp32 parameters back to the 16-bit quant
-    storage dtype (transformers ``Trainer._fsdp_qlora_plugin_updates``: ``set_mixed_precision`` to
-    ``bnb_4bit_quant_storage``), which it does on more than one rank. Measured (fms-acceleration
-    a100_80gb.csv, Mistral-7B, one GPU, 4096-token samples): the prepared baseline holds 1.00 GiB
-    per sample more than the plugin's unprepared load, = 2·h·L per token (h 4096, L 32); on two GPUs
-    the two measure the same (8.78 / 14.87 GiB)."""
-    one_rank = (np.asarray(c.world_size) == 1) | (c.strategy == st.SINGLE)
-    return np.where(one_rank, stream_dtype_bytes(c), a) * c.hidden_size
+    dtype: fp32 where the prepared parameters stay fp32 (``kbit_fp32_stream``). Measured
+    (fms-acceleration a100_80gb.csv, Mistral-7B, one GPU, 4096-token samples): the prepared baseline
+    holds 1.00 GiB per sample more than the plugin's unprepared load, = 2·h·L per token (h 4096,
+    L 32); on two GPUs the two measure the same (8.78 / 14.87 GiB)."""
+    return np.where(kbit_fp32_stream(c), np.maximum(a, 4), a) * c.hidden_size
 
 
 def recompute_extra_bytes_per_token(c, a):
