@@ -181,3 +181,18 @@ def test_llama_factory_rows_read_its_own_defaults_not_trls():
     assert theirs.lora_dropout == 0.05  # the hf stack's default, TRL's ModelConfig
     assert any("LLaMA-Factory" in a for a in factory.assumed)
     assert not any("LLaMA-Factory" in a for a in trainer.assumed)
+
+
+@pytest.mark.parametrize("precision, sharded", [
+    # fms-acceleration's GPTQ plugin re-registers each QuantLinear's qweight and qzeros as float parameters
+    ("GPTQ-LoRA (4-bit GPTQ base via fms-acceleration autogptq plugin), fp16; LoRA r16 on q_proj k_proj", True),
+    # a GPTQ base loaded without the plugin keeps them as buffers (the stack's default)
+    ("GPTQ-LoRA (4-bit GPTQ base), fp16; LoRA r16 on q_proj k_proj", None),
+])
+def test_fms_acceleration_gptq_rows_read_the_plugins_sharded_buffers(precision, sharded):
+    q = express(_row(framework="HF Trainer + accelerate FSDP (fsdp1) + fms-acceleration plugin", precision=precision,
+                     model="TheBloke/Mistral-7B-v0.1-GPTQ", hidden="4096", n_kv_heads="8", vocab="32000",
+                     params_b="7.24", n_gpus="2", dp_shard="2", gpus_per_node="2"))
+    assert isinstance(q, RunQuery) and q.config.quant_format == "gptq"
+    assert q.config.quant_buffers_sharded is sharded
+    assert any("PATCH_FOR_FSDP_TRITON_V2" in a for a in q.assumed) == bool(sharded)

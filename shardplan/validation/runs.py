@@ -473,11 +473,15 @@ FRAMEWORK_KNOBS = (
      "src/llmtuner/model/patcher.py _prepare_model_for_training @efa808069 (2024-04-16): its own preparation "
      "instead of PEFT's, norms and lm_head left in the compute dtype (upcast_layernorm and upcast_lmhead_output "
      "default False in hparams/model_args.py), gradient checkpointing with use_reentrant=True and use_cache False"),
+    (r"fms-acceleration.*autogptq|autogptq.*fms-acceleration", {"quant_buffers_sharded": True},
+     "fms-acceleration accelerated-peft framework_plugin_autogptq.py model_loader (876e2ed): with world_size > 1 "
+     "under accelerate FSDP, each QuantLinear's qweight and qzeros become float nn.Parameters 'so FSDP can shard "
+     "them' (autogptq_utils.py PATCH_FOR_FSDP_TRITON_V2); scales stay buffers"),
 )
 
 
 def _framework_knobs(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
-    text = f"{row['framework']} {row['strategy']}"
+    text = f"{row['framework']} {row['strategy']} {row['precision']}"
     for pattern, knobs, source in FRAMEWORK_KNOBS:
         if re.search(pattern, text, re.I):
             assumed.append(f"stack knobs {knobs} as {source}")
