@@ -196,3 +196,19 @@ def test_fms_acceleration_gptq_rows_read_the_plugins_sharded_buffers(precision, 
     assert isinstance(q, RunQuery) and q.config.quant_format == "gptq"
     assert q.config.quant_buffers_sharded is sharded
     assert any("PATCH_FOR_FSDP_TRITON_V2" in a for a in q.assumed) == bool(sharded)
+
+
+def test_fms_acceleration_rows_run_as_its_harness_launched_them():
+    """benchmark.py @24bdadb launches one-GPU runs with plain ``python`` (no FSDP) and multi-GPU runs
+    with accelerate.yaml (no activation-checkpointing wrapper); transformers 4.48.1's Trainer
+    checkpoints reentrantly."""
+    harness = dict(source="foundation-model-stack/fms-acceleration scripts/benchmarks/refs/a100_80gb.csv",
+                   act_ckpt="full (gradient_checkpointing True)",
+                   precision="QLoRA (bitsandbytes 4-bit via fms-acceleration accelerated-peft plugin) LoRA r16 on q_proj")
+    one = express(_row(**harness, strategy="FULL_SHARD (world size 1)", n_gpus="1", gpus_per_node="1", dp_shard="1"))
+    two = express(_row(**harness, n_gpus="2", gpus_per_node="2", dp_shard="2"))
+    other = express(_row(act_ckpt=harness["act_ckpt"], n_gpus="2", gpus_per_node="2", dp_shard="2"))
+    assert one.config.strategy == "single"
+    assert two.config.strategy == "full_shard" and two.config.engine == "fsdp1"
+    assert (two.config.reentrant_checkpointing, two.config.checkpoint_wrapper) == (True, False)
+    assert (other.config.reentrant_checkpointing, other.config.checkpoint_wrapper) == (None, None)

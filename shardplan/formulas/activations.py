@@ -356,6 +356,29 @@ def kept_input_bytes_per_token(c, a):
     return np.where(kbit_fp32_stream(c), np.maximum(a, 4), a) * c.hidden_size
 
 
+def fsdp1_reentrant_held_bytes_per_token(c, a):
+    """Per token, the block input each block whose backward has finished keeps alive (with its
+    gradient: ``memory._backward_activation_bytes``) under FSDP1 with frozen decoder units and
+    reentrant checkpointing; 0 elsewhere.
+
+    PEFT's ``fsdp_auto_wrap_policy`` (which transformers' ``Trainer._fsdp_qlora_plugin_updates``
+    installs for LoRA models) puts each adapter Linear in its own FSDP unit, so a decoder block's
+    flat parameter is frozen and FSDP1's ``_pre_forward`` calls
+    ``_register_post_backward_reshard_only_hook`` (torch ``distributed/fsdp/_runtime_utils.py``),
+    a ``torch.autograd.graph.register_multi_grad_hook`` on the block's inputs. Under reentrant
+    checkpointing those inputs are ``CheckpointFunction.backward``'s detached leaves; the hook's
+    closure keeps their ``AccumulateGrad`` nodes (``_get_grad_fn_or_grad_acc``), each holding its
+    leaf, which aliases the checkpoint's saved input and carries the ``.grad`` the recomputed
+    backward accumulated into it, until ``_finalize_params`` removes the hook at the end of the
+    backward. Measured on CPU (FSDP1 on a fake process group, world sizes 1 and 2;
+    tests/test_fsdp1_reentrant_hold.py): a finished block's input and gradient stay, except the
+    gradient still flowing into the next block; nothing without FSDP or with non-reentrant
+    checkpointing."""
+    held = (eng.layout_is(eng.FLAT_UNIT, c.engine) & (c.strategy != st.SINGLE) & (c.method != st.FULL)
+            & np.asarray(c.reentrant_checkpointing, dtype=bool) & (checkpointed_layers(c) > 0))
+    return np.where(held, kept_input_bytes_per_token(c, a), 0)
+
+
 def recompute_extra_bytes_per_token(c, a):
     """Inside a checkpointed block's backward its input (kept by the checkpoint) coexists with the
     recomputed set, unless the first norm saves that very tensor (fp32 training, or LayerNorm)."""

@@ -48,6 +48,7 @@ from shardplan.formulas.activations import (
     chunked_logits_backward_bytes,
     chunked_logits_forward_bytes,
     compute_dtype_bytes,
+    fsdp1_reentrant_held_bytes_per_token,
     fused_lm_head_backward_bytes,
     fused_lm_head_forward_bytes,
     head_activation_bytes,
@@ -281,6 +282,7 @@ def _backward_context(c, states, n_g, grads_held, acts):
     return dict(
         acts,
         extra=np.where(n_ckpt > 0, recompute_extra_bytes_per_token(c, a), 0), reentrant=reentrant,
+        held_per_block=fsdp1_reentrant_held_bytes_per_token(c, a),  # FSDP1 frozen units, reentrant
         working=backward_working_bytes_per_token(c, a) + reentrant,  # per token, the same in every block
         # the KV cache's leftovers are linear in the blocks whose backward has run
         leftover_per_block=kv_cache_leftover_bytes(c, a, 1, n_ckpt),
@@ -298,7 +300,11 @@ def _backward_activation_bytes(c, k, ctx, recompute):
     under activation offloading (torchtune ``OffloadActivations``: each checkpoint input went to
     the host in forward and comes back one backward node ahead)."""
     tokens, n_ckpt, kept_avg = ctx["tokens"], ctx["n_ckpt"], ctx["kept_avg"]
-    leftover = _leftover_after(c, k, ctx)
+    # FSDP1 + reentrant checkpointing: each finished block's input and its gradient, but for the
+    # gradient now flowing into block k (the activation gradient in flight, counted in ``working``)
+    done = np.maximum(c.num_layers - 1 - k, 0)
+    leftover = _leftover_after(c, k, ctx) + np.asarray(
+        np.ceil(tokens * np.maximum(2 * done - 1, 0) * ctx["held_per_block"]), dtype=np.int64)
     if recompute:
         kept = layers_on_device(c, k) * kept_avg
         lora = (np.asarray(np.ceil(tokens * (kept + ctx["extra"] + ctx["reentrant"] + ctx["lora_recompute"])), dtype=np.int64)

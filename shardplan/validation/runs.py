@@ -480,6 +480,29 @@ FRAMEWORK_KNOBS = (
 )
 
 
+# (pattern over the row's source, knobs, source): what a benchmark harness ran that its rows do not
+# state. fms-acceleration's harness (scripts/benchmarks @24bdadb, the commit that last wrote
+# refs/a100_80gb.csv) pins transformers==4.48.1 (refs/requirements.txt), whose Trainer
+# ``gradient_checkpointing: True`` (defaults.yaml) is reentrant (HF_REENTRANT_UNTIL), and launches
+# multi-GPU runs with accelerate.yaml, which sets no fsdp_activation_checkpointing (accelerate
+# launch's default "false"): no checkpoint_wrapper. One-GPU runs are launched with plain ``python``
+# (benchmark.py: ``COMMAND_PYTHON`` unless ``num_gpus > 1``): no FSDP at all (``_strategy``).
+SOURCE_KNOBS = (
+    (r"fms-acceleration scripts/benchmarks", {"reentrant_checkpointing": True, "checkpoint_wrapper": False},
+     "fms-acceleration scripts/benchmarks @24bdadb: refs/requirements.txt transformers==4.48.1 (reentrant "
+     "gradient checkpointing), accelerate.yaml without fsdp_activation_checkpointing"),
+)
+SINGLE_PROCESS_SOURCES = r"fms-acceleration scripts/benchmarks"
+
+
+def _source_knobs(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+    for pattern, knobs, source in SOURCE_KNOBS:
+        if re.search(pattern, row.get("source", ""), re.I):
+            assumed.append(f"harness knobs {knobs} as {source}")
+            return dict(knobs)
+    return {}
+
+
 def _framework_knobs(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
     text = f"{row['framework']} {row['strategy']} {row['precision']}"
     for pattern, knobs, source in FRAMEWORK_KNOBS:
@@ -495,7 +518,8 @@ def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -
     knobs.update(_compiled_loss(row, knobs["stack"]))
     knobs.update(_bnb_keeps_input(row, knobs["stack"]))
     knobs.update(_hf_reentrant(row, knobs["stack"]))
-    for part in (_framework_knobs(row, assumed), _strategy(row, cluster), _precision_and_method(row, assumed),
+    for part in (_framework_knobs(row, assumed), _source_knobs(row, assumed), _strategy(row, cluster),
+                 _precision_and_method(row, assumed),
                  _checkpointing(row, assumed), _offload(row), _optimizer(row, assumed), _workload(row),
                  _attention(row, assumed), _loss(row)):
         knobs.update(part)  # two columns may both say activations go to the CPU
@@ -538,6 +562,8 @@ def _strategy(row: dict[str, str], cluster: Cluster) -> dict[str, Any]:
     if found is None:
         raise _Refused("unrecognised_strategy", row["strategy"])
     strategy, engine = found
+    if cluster.world_size == 1 and re.search(SINGLE_PROCESS_SOURCES, row.get("source", ""), re.I):
+        return {"strategy": "single"}  # launched as one plain process: FSDP never wraps it
     if engine == "fsdp":
         engine = "fsdp2" if re.search(r"fsdp2|fully_shard", f"{row['strategy']} {row['framework']}", re.I) else "fsdp1"
     out: dict[str, Any] = {"strategy": strategy} if engine is None else {"strategy": strategy, "engine": engine}
