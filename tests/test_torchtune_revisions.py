@@ -27,3 +27,41 @@ def test_sgd_without_momentum_keeps_no_state(precision):
     # torch optim/sgd.py keeps a momentum_buffer only when momentum != 0
     plain, momentum = (float(optimizer_bytes_per_element(o, precision, 4096)) for o in (st.SGD_PLAIN, st.SGD))
     assert plain == 0 and momentum == (2 if precision == st.BF16_PURE else 4)
+
+
+# --- reading the rows with the mechanisms (branch s4-ttold-rows: held back, docs/accuracy.md) --------
+
+def test_the_12_gb_row_is_read_with_the_sgd_of_its_commit():
+    # a95c6b931's recipes/configs/full_finetune_distributed.yaml: torch.optim.SGD, lr only
+    assert ROWS["TTN005"].config.optimizer == "sgd-plain"
+    assert ROWS["TTN008"].config.optimizer == "adamw"  # fef3ed10d wrote 22.9 GB with 7B_full.yaml's AdamW
+    assert any("a95c6b931" in a for a in ROWS["TTN005"].assumed)
+
+
+@pytest.mark.parametrize("row_id,on", [("TTN001", True), ("TTN009", True), ("TTN010", True), ("TTN003", True),
+                                       ("TTN021", None), ("TTN034", None)])
+def test_nf4_whole_quantize_before_the_torchao_03_pin(row_id, on):
+    # the knob is set on every torchtune row dated before 2024-06-26; it acts on one-GPU QLoRA only
+    assert ROWS[row_id].config.nf4_whole_quantize is on
+
+
+@pytest.mark.parametrize("row_id", ["TTN001", "TTN002", "TTN005", "TTN006", "TTN010", "TTN014", "TTN016"])
+def test_rows_before_the_chunked_loss_run_the_whole_loss_and_keep_the_logits(row_id):
+    config = ROWS[row_id].config
+    assert config.ce_chunks == 0 and config.loop_keeps_logits is True
+
+
+@pytest.mark.parametrize("row_id", ["TTN017", "TTN019", "TTN021", "TTN025", "TTN033"])
+def test_rows_after_it_are_left_to_the_stack(row_id):
+    # (the flags table's rows state their loss in the notes: ``runs.LOSS_PATTERNS``)
+    config = ROWS[row_id].config
+    assert config.loop_keeps_logits is None and config.ce_chunks == runs._loss(ROWS[row_id].row).get("ce_chunks")
+
+
+def test_del_logits_dates_differ_by_recipe():
+    # a lora_finetune_distributed run dated between #1046 and #1235 already dropped its logits; a
+    # single-device one did not
+    row = dict(ROWS["TTN002"].row, source_commit_or_url="", notes="", source_locator="rev x, 2024-06-20")
+    distributed = runs._torchtune_loss(row, "torchtune")
+    single = runs._torchtune_loss(dict(row, framework="torchtune single-device recipe"), "torchtune")
+    assert distributed == {"ce_chunks": 0} and single == {"ce_chunks": 0, "loop_keeps_logits": True}

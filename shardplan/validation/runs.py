@@ -518,11 +518,14 @@ def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -
     knobs.update(_compiled_loss(row, knobs["stack"]))
     knobs.update(_bnb_keeps_input(row, knobs["stack"]))
     knobs.update(_hf_reentrant(row, knobs["stack"]))
+    knobs.update(_torchtune_loss(row, knobs["stack"]))
+    knobs.update(_torchtune_nf4(row, knobs["stack"]))
     for part in (_framework_knobs(row, assumed), _source_knobs(row, assumed), _strategy(row, cluster),
                  _precision_and_method(row, assumed),
                  _checkpointing(row, assumed), _offload(row), _optimizer(row, assumed), _workload(row),
                  _attention(row, assumed), _loss(row)):
         knobs.update(part)  # two columns may both say activations go to the CPU
+    knobs.update(_torchtune_measured_config(row, knobs["stack"], assumed))
     knobs.update(_recipe_dtype(knobs, assumed))
     try:
         return TrainingConfig(**knobs)
@@ -721,6 +724,16 @@ def _torchtune_written_at(row: dict[str, str]) -> tuple[str, str, dict[str, Any]
                  if re.search(pattern, text, re.S)), None)
 
 
+def _torchtune_measured_config(row: dict[str, str], stack: str, assumed: list[str]) -> dict[str, Any]:
+    """What the config of the commit that wrote a torchtune row's number set differently from the
+    config the row was read at (``TORCHTUNE_WRITTEN_AT``)."""
+    written = _torchtune_written_at(row) if stack == "torchtune" else None
+    if not written or not written[2]:
+        return {}
+    assumed.append(f"measured at torchtune {written[0]} ({written[1]}), whose config set {written[2]}")
+    return dict(written[2])
+
+
 def _revision_date(row: dict[str, str], stack: str) -> str | None:
     """The date of the revision a run used: for torchtitan the named commit's date
     (``TORCHTITAN_REVISION_DATES``); for torchtune the date of the commit that wrote the number
@@ -736,6 +749,43 @@ def _revision_date(row: dict[str, str], stack: str) -> str | None:
             return dated
     found = re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get("source_locator", ""))
     return found.group(1) if found else None
+
+
+# torchtune's loss before its chunked cross-entropy: the configs' ``loss: torch.nn.CrossEntropyLoss``
+# on the whole ``self.output(h).float()`` until 4fba6cd44 (#1390, 2024-08-28) made them
+# ``CEWithChunkedOutputLoss``; and the recipes kept ``logits`` referenced through ``loss.backward()``
+# until "del logits" (recipe pattern, first date without it)
+TORCHTUNE_CHUNKED_CE_SINCE = "2024-08-28"
+TORCHTUNE_DEL_LOGITS_SINCE = (
+    (r"lora_finetune_distributed", "2024-06-04"),  # cb3ed29d7 (#1046) recipes/lora_finetune_distributed.py
+    (r".", "2024-07-28"),  # 8a98fbaa3 (#1235): full_finetune_distributed, full_finetune_single_device, lora_single_device
+)
+
+
+def _torchtune_loss(row: dict[str, str], stack: str) -> dict[str, Any]:
+    """The loss as a torchtune run dated before the chunked loss and "del logits" ran it: the whole
+    logits (``ce_chunks`` 0) and the loop holding them through backward (``loop_keeps_logits``)."""
+    date = _revision_date(row, stack)
+    if stack != "torchtune" or date is None:
+        return {}
+    out: dict[str, Any] = {"ce_chunks": 0} if date < TORCHTUNE_CHUNKED_CE_SINCE else {}
+    if date < _first(TORCHTUNE_DEL_LOGITS_SINCE, row["framework"]):
+        out["loop_keeps_logits"] = True
+    return out
+
+
+# torchtune's NF4 is torchao's: ``torchao-nightly`` until f97bcdaa0 (2024-04-09), then pinned
+# ``torchao==0.1`` until c1c9f308a (#1125, 2024-06-26, ``torchao==0.3``); torchao quantizes a weight in
+# one piece until 6081796bc (2024-05-01, first released in 0.2.0), so every torchtune run dated before
+# the 0.3 pin quantized whole weights (``nf4_whole_quantize``, formulas/nf4_load_cache.py)
+TORCHTUNE_CHUNKED_NF4_SINCE = "2024-06-26"
+
+
+def _torchtune_nf4(row: dict[str, str], stack: str) -> dict[str, Any]:
+    date = _revision_date(row, stack)
+    if stack != "torchtune" or date is None or date >= TORCHTUNE_CHUNKED_NF4_SINCE:
+        return {}
+    return {"nf4_whole_quantize": True}
 
 
 # stack -> (first date it runs a bitsandbytes whose MatMul4Bit no longer keeps its input, source):
