@@ -66,18 +66,18 @@ class _Model(nn.Module):
 
 def _peak(h, layers, micro_batch, fsdp_world, reentrant=True):
     """Peak live bytes of the second training step (the first creates AdamW's states)."""
-    import torch.distributed as dist
     from peft import LoraConfig, get_peft_model
     from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from shardplan.calibrate.fsdp1_launches import fake_group
 
     torch.manual_seed(0)
     model = get_peft_model(_Model(h, layers, reentrant).to(torch.bfloat16),
                            LoraConfig(r=8, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
     if fsdp_world:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=fsdp_world)
+        fake_group(fsdp_world)  # the one helper, shared with test_fsdp1_host (re-made when the size differs)
 
         def adapter(module):  # peft utils/other.py fsdp_auto_wrap_policy's lambda_policy_fn
             return not list(module.children()) and getattr(module, "weight", None) is not None and module.weight.requires_grad
@@ -85,22 +85,18 @@ def _peak(h, layers, micro_batch, fsdp_world, reentrant=True):
                                                          functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={_Block})])
         model = FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=True,
                      sharding_strategy=ShardingStrategy.FULL_SHARD, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
-    try:
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-        ids = torch.randint(0, VOCAB, (micro_batch, SEQ))
-        meter = LiveBytes()
-        for step in range(2):
-            with meter if step else torch.no_grad():
-                if step:
-                    meter.start()
-                with torch.enable_grad():
-                    model(ids).backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        return meter.peak - meter.base
-    finally:
-        if fsdp_world:
-            dist.destroy_process_group()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    ids = torch.randint(0, VOCAB, (micro_batch, SEQ))
+    meter = LiveBytes()
+    for step in range(2):
+        with meter if step else torch.no_grad():
+            if step:
+                meter.start()
+            with torch.enable_grad():
+                model(ids).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return meter.peak - meter.base
 
 
 def _held_per_token(h, layers, fsdp_world=2, reentrant=True):
