@@ -376,3 +376,13 @@ def test_net_plugin_latency_mis_set_fails(monkeypatch, factor):
     monkeypatch.setattr(vc, "fabric_rates", lambda fabric: replace(real(fabric), inter_net_latency_s=real(fabric).inter_net_latency_s * factor))
     e = vc.errors(_efa_latency_rows())
     assert float(np.median([abs(v) for v in e.values()])) > 2 * BANDWIDTH_TARGET
+
+
+def test_the_committed_table_is_the_report():
+    # docs/accuracy.md's collectives table is generated (tools/update_accuracy.py): a change to the
+    # model or the lines that moves any number and is not regenerated fails here
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "accuracy.md").read_text()
+    section = doc.split("<!-- collectives:begin -->", 1)[1].split("<!-- collectives:end -->", 1)[0]
+    assert section == "\n" + vc.report_markdown().rstrip("\n") + "\n", "run python tools/update_accuracy.py"

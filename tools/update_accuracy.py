@@ -1,14 +1,14 @@
-"""docs/accuracy.md's generated memory report and the numbers CI holds the project to.
+"""docs/accuracy.md's generated sections and the numbers CI holds the project to.
 
 ``python tools/update_accuracy.py`` runs ``shardplan accuracy`` over the development set
-(tests/data/published_runs/runs.csv), writes its table between the markers of the section named
-``memory-report`` in docs/accuracy.md (other generated sections have their own names and are left
-alone), writes the band's unknown-stack fractions fitted on every source into
-shardplan/data/accuracy_bands.json (``validation/bands.py``), the time half as well (the tokens/s
-section of docs/accuracy.md and the throughput band from its 10th/90th percentiles,
-``validation/tokens.py``), and writes the headline numbers to tests/data/published_runs/accuracy_committed.json,
-which tests/test_accuracy_report.py compares each run with: a change that makes any of them worse
-fails. ``--check`` only reports whether the two files are current (exit 1 when not).
+(tests/data/published_runs/runs.csv) and writes its table between the markers of the section named
+``memory-report`` in docs/accuracy.md; the band's unknown-stack fractions fitted on every source into
+shardplan/data/accuracy_bands.json (``validation/bands.py``); the time half (the tokens/s section and
+the throughput band from its 10th/90th percentiles, ``validation/tokens.py``); the collectives table
+(``validation/collectives.py``); and the headline numbers to
+tests/data/published_runs/accuracy_committed.json, which tests/test_accuracy_report.py compares each
+run with: a change that makes any of them worse fails. ``--check`` only reports whether the files are
+current (exit 1 when not).
 """
 
 from __future__ import annotations
@@ -65,16 +65,29 @@ def throughput_band(shipped: dict) -> dict:
             "runs": len(rows), "median_error": round(s["signed_median"], 3), "derivation": derivation}
 
 
+COLLECTIVES = ("<!-- collectives:begin -->", "<!-- collectives:end -->")
+
+
+def between(doc: str, begin: str, end: str, body: str) -> str:
+    """``doc`` with the text between the markers ``begin`` and ``end`` replaced by ``body``; the
+    tokens/s body carries its own markers (``tokens.report_markdown``), so they are matched whole."""
+    head, rest = doc.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    if body.startswith(begin):
+        return head + body + tail
+    return head + begin + body + end + tail
+
+
 def main(argv: list[str]) -> int:
     from shardplan.support.atomic_write import write_text_atomic as write_text
     from shardplan.validation.accuracy import replace_section
 
     table, numbers, band_file = generated()
-    from shardplan.validation import tokens
+    from shardplan.validation import collectives, tokens
 
     doc = replace_section(DOC.read_text(), SECTION, table)
-    head, rest = doc.split(tokens.BEGIN, 1)
-    doc = head + tokens.report_markdown(tokens.dev_set_rows(RUNS)) + rest.split(tokens.END, 1)[1]
+    doc = between(doc, tokens.BEGIN, tokens.END, tokens.report_markdown(tokens.dev_set_rows(RUNS)))
+    doc = between(doc, COLLECTIVES[0], COLLECTIVES[1], "\n" + collectives.report_markdown().rstrip("\n") + "\n")
     committed = json.dumps(numbers, indent=1, sort_keys=True) + "\n"
     files = ((DOC, doc), (COMMITTED, committed), (BANDS, band_file))
     stale = [p.name for p, text in files if not p.exists() or p.read_text() != text]
