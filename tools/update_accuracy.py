@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +53,7 @@ def throughput_band(shipped: dict) -> dict:
     report's out-of-source errors (``tokens.band_quantiles``; tests/test_verdict.py re-derives it)."""
     from shardplan.validation import tokens
 
-    rows = tokens.dev_set_rows(RUNS)
+    rows = token_rows()
     slower, faster = tokens.band_quantiles(rows)
     s = tokens.stats(r.error for r in rows)
     derivation = (f"error = predicted / published - 1 of tokens/s/GPU over the {len(rows)} development-set runs with "
@@ -68,14 +69,18 @@ def throughput_band(shipped: dict) -> dict:
 COLLECTIVES = ("<!-- collectives:begin -->", "<!-- collectives:end -->")
 
 
-def between(doc: str, begin: str, end: str, body: str) -> str:
-    """``doc`` with the text between the markers ``begin`` and ``end`` replaced by ``body``; the
-    tokens/s body carries its own markers (``tokens.report_markdown``), so they are matched whole."""
+@lru_cache(maxsize=1)
+def token_rows() -> tuple:
+    """The development set's tokens/s rows, predicted once per run (the band and the section read them)."""
+    from shardplan.validation import tokens
+
+    return tuple(tokens.dev_set_rows(RUNS))
+
+
+def between(doc: str, begin: str, end: str, section: str) -> str:
+    """``doc`` with its ``begin`` … ``end`` section (markers included) replaced by ``section``."""
     head, rest = doc.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    if body.startswith(begin):
-        return head + body + tail
-    return head + begin + body + end + tail
+    return head + section + rest.split(end, 1)[1]
 
 
 def main(argv: list[str]) -> int:
@@ -86,8 +91,9 @@ def main(argv: list[str]) -> int:
     from shardplan.validation import collectives, tokens
 
     doc = replace_section(DOC.read_text(), SECTION, table)
-    doc = between(doc, tokens.BEGIN, tokens.END, tokens.report_markdown(tokens.dev_set_rows(RUNS)))
-    doc = between(doc, COLLECTIVES[0], COLLECTIVES[1], "\n" + collectives.report_markdown().rstrip("\n") + "\n")
+    doc = between(doc, tokens.BEGIN, tokens.END, tokens.report_markdown(list(token_rows())))
+    begin, end = COLLECTIVES
+    doc = between(doc, begin, end, f"{begin}\n{collectives.report_markdown().rstrip()}\n{end}")
     committed = json.dumps(numbers, indent=1, sort_keys=True) + "\n"
     files = ((DOC, doc), (COMMITTED, committed), (BANDS, band_file))
     stale = [p.name for p, text in files if not p.exists() or p.read_text() != text]
