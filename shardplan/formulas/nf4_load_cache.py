@@ -168,8 +168,6 @@ def nf4_load_cached_bytes(c):
           & (np.asarray(c.world_size) == 1))
     dims = (c.hidden_size, c.q_width, c.kv_width, c.mlp_width, c.num_layers, c.vocab_size)
     shape = np.broadcast_shapes(np.shape(on), *(np.shape(d) for d in dims))
-    if not on.any():  # every sweep row without the knob: no per-row broadcast of the six shapes
-        return np.zeros(shape, dtype=np.int64)
     flat = [np.broadcast_to(np.asarray(d), shape).ravel() for d in dims]
     out = np.zeros(int(np.prod(shape)), dtype=np.int64)
     for i in np.flatnonzero(np.broadcast_to(on, shape).ravel()):
