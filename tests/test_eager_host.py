@@ -126,7 +126,7 @@ def test_reentrant_checkpointing_calls_no_hooks():
     ("hf", "2024-04-15", {"reentrant_checkpointing": True}), ("hf", "2026-02-01", {}),
     ("torchtitan", "2024-04-15", {}), ("hf", None, {})])
 def test_hugging_face_rows_before_transformers_43203_checkpoint_reentrantly(stack, date, expected):
-    from shardplan.validation.runs import _hf_reentrant
+    from shardplan.validation.runs import _dating, _hf_reentrant
 
     row = {"source_locator": f"table edited {date}" if date else "table", "source_commit_or_url": ""}
-    assert _hf_reentrant(row, stack) == expected
+    assert _hf_reentrant(stack, _dating(row, stack)) == expected

@@ -159,4 +159,4 @@ def test_only_a_bitsandbytes_4bit_base_with_the_old_version_keeps_inputs():
 ])
 def test_runs_read_the_bitsandbytes_version_from_the_revision_date(stack, locator, url, expected):
     row = {"source_locator": locator, "source_commit_or_url": url}
-    assert runs._bnb_keeps_input(row, stack).get("quant_saves_input", False) is expected
+    assert runs._bnb_keeps_input(stack, runs._dating(row, stack)).get("quant_saves_input", False) is expected

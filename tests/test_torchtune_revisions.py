@@ -1,6 +1,6 @@
 """torchtune's 2024 README rows read with the code of the revision that measured them
 (``runs.TORCHTUNE_REVISION_DATES``, ``runs.TORCHTUNE_WRITTEN_AT``): the commit that wrote a number
-dates it (``runs._revision_date``); torch.optim.SGD without momentum keeps no state (``sgd-plain``,
+dates it (``runs._dating``); torch.optim.SGD without momentum keeps no state (``sgd-plain``,
 what the 12.01 GB row's commit a95c6b931 configured)."""
 
 from __future__ import annotations
@@ -19,7 +19,21 @@ ROWS = {r.row_id: r for r in read_runs("tests/data/published_runs/runs.csv")}
                                          ("TTN006", "2024-04-16"), ("TTN009", "2024-04-18"), ("TTN013", "2024-05-09"),
                                          ("TTN017", "2024-11-14")])
 def test_rows_are_dated_by_the_commit_that_wrote_their_number(row_id, date):
-    assert runs._revision_date(ROWS[row_id].row, "torchtune") == date
+    assert runs._dating(ROWS[row_id].row, "torchtune").revision == date
+
+
+@pytest.mark.parametrize("stack,commit,revision", [
+    ("torchtitan", "git b5bcd76c; torch 38410cf9 (2025-06-14)", None),      # a page date dates no torchtitan revision
+    ("torchtitan", "torchtitan 9dec370 (2025-06-14)", "2024-12-26"),        # a named commit does
+    ("torchtune", "README @ 0217d44c2 (2025-06-14)", "2024-05-09"),         # the named README revision's date
+    ("torchtune", "README @ abc (2025-06-14)", "2025-06-14"),               # none named: the stated date
+    ("hf", "wiki revision of 2025-06-14", "2025-06-14"),
+])
+def test_one_reading_dates_a_row_twice(stack, commit, revision):
+    # the stated date (the run was on or before it) is the same for every stack; the revision date
+    # is the code's, which only a named commit gives a torchtitan row
+    dated = runs._dating({"source": "", "source_locator": "", "source_commit_or_url": commit}, stack)
+    assert dated.stated == "2025-06-14" and dated.revision == revision
 
 
 @pytest.mark.parametrize("precision", [st.BF16_PURE, st.FP32])
@@ -62,6 +76,7 @@ def test_del_logits_dates_differ_by_recipe():
     # a lora_finetune_distributed run dated between #1046 and #1235 already dropped its logits; a
     # single-device one did not
     row = dict(ROWS["TTN002"].row, source_commit_or_url="", notes="", source_locator="rev x, 2024-06-20")
-    distributed = runs._torchtune_loss(row, "torchtune")
-    single = runs._torchtune_loss(dict(row, framework="torchtune single-device recipe"), "torchtune")
+    dated = runs._dating(row, "torchtune")
+    distributed = runs._torchtune_loss(row, "torchtune", dated)
+    single = runs._torchtune_loss(dict(row, framework="torchtune single-device recipe"), "torchtune", dated)
     assert distributed == {"ce_chunks": 0} and single == {"ce_chunks": 0, "loop_keeps_logits": True}

@@ -514,18 +514,17 @@ def _framework_knobs(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
 
 def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -> TrainingConfig:
     """The row's settings as a ``TrainingConfig``; what the row leaves unstated is the stack's."""
-    knobs: dict[str, Any] = {"stack": _stack(row, assumed)}
-    knobs.update(_compiled_loss(row, knobs["stack"]))
-    knobs.update(_bnb_keeps_input(row, knobs["stack"]))
-    knobs.update(_hf_reentrant(row, knobs["stack"]))
-    knobs.update(_torchtune_loss(row, knobs["stack"]))
-    knobs.update(_torchtune_nf4(row, knobs["stack"]))
-    for part in (_framework_knobs(row, assumed), _source_knobs(row, assumed), _strategy(row, cluster),
+    stack = _stack(row, assumed)
+    dated = _dating(row, stack)
+    knobs: dict[str, Any] = {"stack": stack}
+    for part in (_compiled_loss(row, stack, dated), _bnb_keeps_input(stack, dated), _hf_reentrant(stack, dated),
+                 _torchtune_loss(row, stack, dated), _torchtune_nf4(stack, dated),
+                 _framework_knobs(row, assumed), _source_knobs(row, assumed), _strategy(row, cluster),
                  _precision_and_method(row, assumed),
-                 _checkpointing(row, assumed), _offload(row), _optimizer(row, assumed), _workload(row),
+                 _checkpointing(row, assumed), _offload(row), _optimizer(row, stack, dated, assumed), _workload(row),
                  _attention(row, assumed), _loss(row)):
         knobs.update(part)  # two columns may both say activations go to the CPU
-    knobs.update(_torchtune_measured_config(row, knobs["stack"], assumed))
+    knobs.update(_torchtune_measured_config(dated, assumed))
     knobs.update(_recipe_dtype(knobs, assumed))
     try:
         return TrainingConfig(**knobs)
@@ -640,28 +639,26 @@ def _offload(row: dict[str, str]) -> dict[str, Any]:
     return {"activation_offload": True} if mode == "activations" else {"offload": mode}
 
 
-def _optimizer(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+def _optimizer(row: dict[str, str], stack: str, dated: _Dating, assumed: list[str]) -> dict[str, Any]:
     text = row["optimizer"]
     name = _word(OPTIMIZER_PATTERNS, text, "unrecognised_optimizer", "optimizer_not_modelled")
     if name == "stack":
         assumed.append("optimizer: not stated, the stack's default")
-        return _optimizer_impl(row, assumed)
+        return _optimizer_impl(row, stack, dated, assumed)
     # a named optimizer says whether it is paged and stepped in backward: "AdamW" in torchtune's
     # flags table is torch.optim.AdamW, not the recipe's default PagedAdamW8bit-in-backward
     return {"optimizer": name, "paged_optimizer": bool(re.search(r"paged", text, re.I)),
             "optimizer_in_backward": bool(re.search(r"optimizer_in_bwd=true|step fused into backward", text, re.I)),
-            **_optimizer_impl(row, assumed)}
+            **_optimizer_impl(row, stack, dated, assumed)}
 
 
-def _optimizer_impl(row: dict[str, str], assumed: list[str]) -> dict[str, Any]:
+def _optimizer_impl(row: dict[str, str], stack: str, dated: _Dating, assumed: list[str]) -> dict[str, Any]:
     """The AdamW kernel the row's optimizer text or its torchtune config commit names; none: the stack's."""
     impl = _first(OPTIMIZER_IMPL_PATTERNS, row["optimizer"])
-    if impl is None and re.search(r"torchtune", row["framework"], re.I) \
-            and re.search(TORCHTUNE_BEFORE_FUSED_ADAM, row["source_commit_or_url"]):
+    if impl is None and stack == "torchtune" and re.search(TORCHTUNE_BEFORE_FUSED_ADAM, row["source_commit_or_url"]):
         impl = "foreach"
         assumed.append("optimizer_impl: foreach (torchtune configs before #1575 set no fused flag)")
-    if impl is None and re.search(r"torchtitan", row["framework"], re.I) \
-            and (_revision_date(row, "torchtitan") or "9999") < TORCHTITAN_FUSED_ADAM_SINCE:
+    if impl is None and stack == "torchtitan" and (dated.revision or "9999") < TORCHTITAN_FUSED_ADAM_SINCE:
         impl = "foreach"
         assumed.append("optimizer_impl: foreach (torchtitan before #881 built AdamW with foreach=not fused, fused off)")
     return {} if impl is None else {"optimizer_impl": impl}
@@ -724,31 +721,45 @@ def _torchtune_written_at(row: dict[str, str]) -> tuple[str, str, dict[str, Any]
                  if re.search(pattern, text, re.S)), None)
 
 
-def _torchtune_measured_config(row: dict[str, str], stack: str, assumed: list[str]) -> dict[str, Any]:
+def _torchtune_measured_config(dated: _Dating, assumed: list[str]) -> dict[str, Any]:
     """What the config of the commit that wrote a torchtune row's number set differently from the
     config the row was read at (``TORCHTUNE_WRITTEN_AT``)."""
-    written = _torchtune_written_at(row) if stack == "torchtune" else None
+    written = dated.written
     if not written or not written[2]:
         return {}
     assumed.append(f"measured at torchtune {written[0]} ({written[1]}), whose config set {written[2]}")
     return dict(written[2])
 
 
-def _revision_date(row: dict[str, str], stack: str) -> str | None:
-    """The date of the revision a run used: for torchtitan the named commit's date
-    (``TORCHTITAN_REVISION_DATES``); for torchtune the date of the commit that wrote the number
-    (``TORCHTUNE_WRITTEN_AT``), else of the named README revision (``TORCHTUNE_REVISION_DATES``);
-    otherwise the date the source locator names."""
+@dataclass(frozen=True)
+class _Dating:
+    """When a row's run was made, read once per row (``_dating``) for every knob that depends on it.
+    Two dates, because the knobs compare with two kinds of boundary: ``stated`` is the date the
+    source gives (the source locator's, else the commit/url column's), and the run was made on or
+    before it, which decides an "until" boundary (bitsandbytes, transformers' reentrant default);
+    ``revision`` is the date of the code revision the run used (``TORCHTITAN_REVISION_DATES``,
+    ``TORCHTUNE_WRITTEN_AT``, ``TORCHTUNE_REVISION_DATES``, else ``stated``), which the "since"
+    boundaries of a stack's own code need. A torchtitan row names no revision unless it names its
+    commit: its page's date is only when the table was published, so it has no ``revision`` then."""
+
+    stated: str | None
+    revision: str | None
+    written: tuple[str, str, dict[str, Any]] | None  # torchtune: the commit that wrote the number
+
+
+def _dating(row: dict[str, str], stack: str) -> _Dating:
+    found = (re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get(c, "")) for c in ("source_locator", "source_commit_or_url"))
+    stated = next((m.group(1) for m in found if m), None)
     text = " ".join(row.get(k, "") for k in ("source", "source_commit_or_url"))
+    written = _torchtune_written_at(row) if stack == "torchtune" else None
     if stack == "torchtitan":
-        return next((date for pattern, date in TORCHTITAN_REVISION_DATES if re.search(pattern, text)), None)
-    if stack == "torchtune":
-        written = _torchtune_written_at(row)
-        dated = written[1] if written else next((d for p, d in TORCHTUNE_REVISION_DATES if re.search(p, text)), None)
-        if dated:
-            return dated
-    found = re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get("source_locator", ""))
-    return found.group(1) if found else None
+        revision = next((d for pattern, d in TORCHTITAN_REVISION_DATES if re.search(pattern, text)), None)
+    elif stack == "torchtune":
+        named = next((d for pattern, d in TORCHTUNE_REVISION_DATES if re.search(pattern, text)), None)
+        revision = written[1] if written else named or stated
+    else:
+        revision = stated
+    return _Dating(stated=stated, revision=revision, written=written)
 
 
 # torchtune's loss before its chunked cross-entropy: the configs' ``loss: torch.nn.CrossEntropyLoss``
@@ -762,10 +773,10 @@ TORCHTUNE_DEL_LOGITS_SINCE = (
 )
 
 
-def _torchtune_loss(row: dict[str, str], stack: str) -> dict[str, Any]:
+def _torchtune_loss(row: dict[str, str], stack: str, dated: _Dating) -> dict[str, Any]:
     """The loss as a torchtune run dated before the chunked loss and "del logits" ran it: the whole
     logits (``ce_chunks`` 0) and the loop holding them through backward (``loop_keeps_logits``)."""
-    date = _revision_date(row, stack)
+    date = dated.revision
     if stack != "torchtune" or date is None:
         return {}
     out: dict[str, Any] = {"ce_chunks": 0} if date < TORCHTUNE_CHUNKED_CE_SINCE else {}
@@ -781,8 +792,8 @@ def _torchtune_loss(row: dict[str, str], stack: str) -> dict[str, Any]:
 TORCHTUNE_CHUNKED_NF4_SINCE = "2024-06-26"
 
 
-def _torchtune_nf4(row: dict[str, str], stack: str) -> dict[str, Any]:
-    date = _revision_date(row, stack)
+def _torchtune_nf4(stack: str, dated: _Dating) -> dict[str, Any]:
+    date = dated.revision
     if stack != "torchtune" or date is None or date >= TORCHTUNE_CHUNKED_NF4_SINCE:
         return {}
     return {"nf4_whole_quantize": True}
@@ -806,37 +817,27 @@ HF_REENTRANT_UNTIL = ("2026-01-09", "transformers #43203 (2026-01-09): gradient_
                                     "was use_reentrant=True (#28538) before it")
 
 
-def _hf_reentrant(row: dict[str, str], stack: str) -> dict[str, Any]:
+def _hf_reentrant(stack: str, dated: _Dating) -> dict[str, Any]:
     """``reentrant_checkpointing`` for a Hugging Face row dated before ``HF_REENTRANT_UNTIL`` (it only
     matters where the row checkpoints); nothing without a date or on another stack."""
-    date = _row_date(row)
+    date = dated.stated
     return {"reentrant_checkpointing": True} if stack == "hf" and date and date < HF_REENTRANT_UNTIL[0] else {}
 
 
-def _row_date(row: dict[str, str]) -> str | None:
-    """The date the row's source names for its revision (the source locator's first, else the
-    commit/url column's): the measurement was made on or before it."""
-    for column in ("source_locator", "source_commit_or_url"):
-        found = re.search(r"\b(20\d\d-\d\d-\d\d)\b", row.get(column, ""))
-        if found:
-            return found.group(1)
-    return None
-
-
-def _bnb_keeps_input(row: dict[str, str], stack: str) -> dict[str, Any]:
+def _bnb_keeps_input(stack: str, dated: _Dating) -> dict[str, Any]:
     """``quant_saves_input`` for a run whose revision date is before its stack's bitsandbytes
     stopped keeping the 4-bit Linears' inputs (``BNB_KEEPS_INPUT_UNTIL``); nothing without a date."""
-    date = _row_date(row)
+    date = dated.stated
     if stack == "torchtune" or date is None:
         return {}
     return {"quant_saves_input": True} if date < BNB_KEEPS_INPUT_UNTIL.get(stack, BNB_KEEPS_INPUT_UNTIL["default"])[0] else {}
 
 
-def _compiled_loss(row: dict[str, str], stack: str) -> dict[str, Any]:
-    """``fused_ce`` for a compiled run of a stack whose revision (``_revision_date``) compiles its
+def _compiled_loss(row: dict[str, str], stack: str, dated: _Dating) -> dict[str, Any]:
+    """``fused_ce`` for a compiled run of a stack whose revision (``_Dating.revision``) compiles its
     loss; nothing when the row states no compile or no date."""
     since = COMPILED_LOSS_SINCE.get(stack)
-    date = _revision_date(row, stack)
+    date = dated.revision
     if since is None or date is None or not re.match(r"yes", row.get("compile", ""), re.I):
         return {}
     return {"fused_ce": True} if date >= since[0] else {}
