@@ -33,14 +33,15 @@ def test_the_rule_reproduces_the_h100_nvl_datasheet():
 
 def test_500_w_lands_inside_torchtitans_stated_bracket():
     # benchmarks/llama3_h100_202412_torchtitan.md: "the actual peak TFLOPs number is between SXM and NVL"
-    capped = at_power_limit(get_gpu("h100-sxm"), 500.0)
+    capped, _ = at_power_limit(get_gpu("h100-sxm"), 500.0)
     assert H100_NVL_BF16 < capped.peak_flops["bf16"] < H100_SXM_BF16
 
 
 def test_the_cap_scales_tensor_peaks_not_memory_bandwidth():
     gpu = get_gpu("h100-sxm")
-    capped = at_power_limit(gpu, 350.0)
+    capped, factor = at_power_limit(gpu, 350.0)
     f = (350.0 / 700.0) ** (1 / 3)
+    assert factor == pytest.approx(f)
     assert all(capped.peak_flops[k] == pytest.approx(v * f) for k, v in gpu.peak_flops.items())
     assert capped.memory_bandwidth_bytes_per_s == gpu.memory_bandwidth_bytes_per_s
 

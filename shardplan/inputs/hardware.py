@@ -217,13 +217,14 @@ def power_limit_clock_factor(limit_watts: float, tdp_watts: float | None) -> flo
     return (limit_watts / tdp_watts) ** POWER_CLOCK_EXPONENT
 
 
-def at_power_limit(gpu: GPUProfile, limit_watts: float) -> GPUProfile:
-    """The GPU run at a power limit below its TDP: every tensor peak scaled by
-    ``power_limit_clock_factor`` (matmuls and attention slow down; HBM bandwidth does not)."""
+def at_power_limit(gpu: GPUProfile, limit_watts: float) -> tuple[GPUProfile, float]:
+    """The GPU run at a power limit below its TDP, every tensor peak scaled by
+    ``power_limit_clock_factor`` (matmuls and attention slow down; HBM bandwidth does not), and
+    that factor, which a caller states where it assumed the limit."""
     factor = power_limit_clock_factor(limit_watts, gpu.tdp_watts)
     if factor == 1.0:
-        return gpu
-    return gpu.model_copy(update={"peak_flops": {k: v * factor for k, v in gpu.peak_flops.items()}})
+        return gpu, factor
+    return gpu.model_copy(update={"peak_flops": {k: v * factor for k, v in gpu.peak_flops.items()}}), factor
 
 
 def gpu_for_capacity(nominal_gb: float) -> GPUProfile:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Union
 
 from shardplan.inputs.config import TrainingConfig
-from shardplan.inputs.hardware import Cluster, at_power_limit, parse_gpus, power_limit_clock_factor
+from shardplan.inputs.hardware import Cluster, at_power_limit, parse_gpus
 from shardplan.inputs.model import ModelSpec, attention_flops_per_token
 from shardplan.inputs.stacks import resolve_stack
 from shardplan.support.errors import ShardplanError
@@ -375,12 +375,12 @@ def _at_stated_power_limit(cluster: Cluster, text: str, assumed: list[str]) -> C
     match = re.search(r"(\d+)\s*W\s+power\s+limit", text, re.I)
     if not match:
         return cluster
-    factor = power_limit_clock_factor(float(match.group(1)), cluster.gpu.tdp_watts)
+    capped, factor = at_power_limit(cluster.gpu, float(match.group(1)))
     if factor == 1.0:
         return cluster
     assumed.append(f"gpu: {cluster.gpu.name} at the stated {match.group(1)} W power limit "
                    f"(tensor peaks x{factor:.3f}, POWER_CLOCK_EXPONENT)")
-    return cluster.model_copy(update={"gpu": at_power_limit(cluster.gpu, float(match.group(1)))})
+    return cluster.model_copy(update={"gpu": capped})
 
 
 def _stated_gb(text: str) -> float:
