@@ -2,13 +2,14 @@
 published nccl-tests lines (``tests/data/published_runs/collectives.csv``; ``shardplan.validation.collectives``).
 
 Nothing is fitted on the table, so every error is out of source. Tolerances: both regimes are held
-to the issue's target, 10 % median |error| (bandwidth-bound 6.0 %, latency-bound 8.6 % over all lines
-when committed). The nccl-tests ``-g 8`` lines, whose floor is the host issue cost (sourced, not
-fitted on the table), the B200 torch-benchmark lines inside a node (one eager operation's host cost,
-fitted on other runs), the 4-node EFA lines (aws-ofi-nccl's platform latency) and the 2-node TCPXO
-lines at ≥ 2 GiB, whose bus bandwidth is the Tree's, are each held to the 10 % target. The
-nccl-tests lines alone (12.1 %) are not: the GPUDirect-TCPXO plugin's latency is in no source
-(docs/accuracy.md).
+to the issue's target, 10 % median |error| (bandwidth-bound 5.8 %, latency-bound 7.7 % over all lines
+when committed), and so is the issue's literal criterion, the nccl-tests lines alone per regime
+(latency-bound 7.8 %, bandwidth-bound 6.2 %). The nccl-tests ``-g 8`` lines, whose floor is the host
+issue cost (sourced, not fitted on the table) with the timed loop's fill and drain, the B200
+torch-benchmark lines inside a node (one eager operation's host cost, fitted on other runs), the
+4-node EFA lines (aws-ofi-nccl's platform latency) and the 2-node TCPXO lines at ≥ 2 GiB, whose bus
+bandwidth is the Tree's, are each held to the 10 % target. The GPUDirect-TCPXO plugin's latency is
+in no source (docs/accuracy.md): its latency-bound lines are not held.
 """
 
 from dataclasses import replace
@@ -45,6 +46,18 @@ def test_bandwidth_bound_within_target_out_of_source():
 
 def test_latency_bound_within_target():
     assert _median_abs(ROWS, "latency") <= LATENCY_GUARD
+
+
+def _nccl_tests_rows(cls):
+    return [r for r in ROWS if r.harness.startswith("nccl-tests") and not r.in_network and vc.regime(r) == cls]
+
+
+@pytest.mark.parametrize("cls", ["latency", "bandwidth"])
+def test_nccl_tests_lines_within_target_per_regime(cls):
+    """The issue's criterion read strictly: the lines an nccl-tests binary measured, per regime."""
+    rows = _nccl_tests_rows(cls)
+    assert len(rows) >= 40
+    assert _median_abs(rows, cls) <= BANDWIDTH_TARGET
 
 
 def test_nvlink4_ring_matches_nccl_tests_at_every_size():
@@ -137,20 +150,50 @@ def test_issue_cost_scales_with_gpus_per_thread(g):
 
 
 def test_nccl_tests_time_is_max_of_issue_and_gpu_over_size():
-    """Over message size on one ring the harness time is flat at 8·c while NCCL's GPU time is
-    below it, then follows the GPU time (iterations are pipelined, not summed); a blocking
-    (-z 1) harness adds the two."""
+    """Over message size on one ring the harness time is 8·c plus the drain T/iters while NCCL's
+    GPU time T is below 8·c, then T plus the fill 8·c/iters (iterations are pipelined, not summed);
+    a blocking (-z 1) harness adds the two."""
     row = next(r for r in ROWS if r.harness == "nccl-tests" and r.gpus_per_thread == 8 and r.op == "all_gather")
     issue = 8 * vc.issue_s_per_gpu()
+    assert row.iters == 20
     for size in (1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 28):
         r = replace(row, size_bytes=float(size))
         gpu = vc.model_time_s(r)
-        assert vc.harness_time_s(r) == pytest.approx(max(issue, gpu))
+        assert vc.harness_time_s(r) == pytest.approx(max(issue, gpu) + min(issue, gpu) / 20)
         assert vc.harness_time_s(replace(r, harness="nccl-tests-blocking")) == pytest.approx(issue + gpu)
     small, big = replace(row, size_bytes=1024.0), replace(row, size_bytes=float(1 << 28))
-    assert vc.harness_time_s(small) == pytest.approx(issue) and vc.model_time_s(small) < issue
-    assert vc.harness_time_s(big) == pytest.approx(vc.model_time_s(big))
+    assert vc.harness_time_s(small) == pytest.approx(issue + vc.model_time_s(small) / 20)
+    assert vc.model_time_s(small) < issue
+    assert vc.harness_time_s(big) == pytest.approx(vc.model_time_s(big) + issue / 20)
     assert vc.model_time_s(big) > issue
+
+
+@pytest.mark.parametrize("issue,gpu", [(34e-6, 11e-6), (34e-6, 34e-6), (34e-6, 80e-6)])
+def test_pipelined_time_over_iterations(issue, gpu):
+    """First issue to last completion over ``iters`` iterations: one iteration is the blocking sum,
+    more amortise the fill / drain toward max(P, T), and the closed form is the schedule's."""
+    assert vc.pipelined_time_s(issue, gpu, 1) == pytest.approx(issue + gpu)
+    times = [vc.pipelined_time_s(issue, gpu, n) for n in (1, 2, 5, 20, 10**6)]
+    assert times == sorted(times, reverse=True)
+    assert times[-1] == pytest.approx(max(issue, gpu), rel=1e-5)
+    for n in (3, 20):
+        last = max((k + 1) * issue + (n - k) * gpu for k in range(n))  # iteration k's last rank issued at (k+1)·P
+        assert vc.pipelined_time_s(issue, gpu, n) == pytest.approx(last / n)
+
+
+@pytest.mark.parametrize("iters", [1, 10**9])
+def test_nccl_tests_lines_need_their_iteration_count(iters):
+    """The latency-bound nccl-tests lines at their 20 timed iterations are within 10 %; timed as
+    if each iteration were synchronised (1) or with no fill / drain (10⁹ iterations) they are not."""
+    rows = [replace(r, iters=iters) for r in _nccl_tests_rows("latency")]
+    e = vc.errors(rows)
+    assert float(np.median([abs(v) for v in e.values()])) > BANDWIDTH_TARGET
+
+
+def test_iterations_read_from_tool_text():
+    assert vc._iters("nccl-tests 2.17.9, NCCL 2.26.2, -g 8 single process, 5 warmup + 20 iters") == 20
+    assert vc._iters("nccl-tests all_reduce_perf -b 8 -e 128 -n 100 -g 4") == 100
+    assert vc._iters("nccl-tests all_reduce_perf -g 2") == vc.NCCL_TESTS_ITERS == 20
 
 
 def test_harness_read_from_tool_text():

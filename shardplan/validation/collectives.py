@@ -14,11 +14,15 @@ group can carry does): *latency-bound* where it is under half the ring's achieva
 (``ring_bus_bytes_per_s``: the start-up cost is more than the transfer), *bandwidth-bound* otherwise.
 
 What the harness adds (``harness_time_s``). nccl-tests (``src/common.cu`` ``BenchTime``, tag
-v2.17.9 = 2535da8) launches its ``iters`` iterations back to back and stops the clock after one
-stream synchronisation, so a line's time per call is max(host issue, NCCL's GPU time); with ``-z 1``
-each iteration is synchronised, so it is their sum. One thread issues the calls of all ``-g`` GPUs
-it drives, one after another, so the host issue grows with ``-g`` ("the CUDA latency overheads of
-single process jobs", NVIDIA's AddyLaddy in NVIDIA/nccl-tests issue #333). torch's
+v2.17.9 = 2535da8) synchronises, starts its clock, launches its ``iters`` iterations back to back
+and stops the clock after one stream synchronisation, dividing by ``iters``: the iterations are
+pipelined, but the clock also holds the pipeline's fill (the first collective cannot start before
+its last rank is issued) and drain (the last one runs after its last rank is issued), so a line's
+time per call is max(P, T) + min(P, T) / iters for host issue P and NCCL's GPU time T
+(``pipelined_time_s``); with ``-z 1`` each iteration is synchronised, so it is P + T. One thread
+issues the calls of all ``-g`` GPUs it drives, one after another, so the host issue grows with
+``-g`` ("the CUDA latency overheads of single process jobs", NVIDIA's AddyLaddy in
+NVIDIA/nccl-tests issue #333). torch's
 ``all_reduce_bench.py`` (stas00/ml-engineering ``network/benchmarks/all_reduce_bench.py`` at
 744d01e, ``timed_allreduce``) calls ``dist.barrier()``, records a start event, calls
 ``dist.all_reduce`` and records an end event; the barrier's work blocks the CPU until the GPU is
@@ -95,8 +99,14 @@ LATENCY_BOUND_SHARE = 0.5
 # NCCL_MAX_NCHANNELS=1): 10.0 … 33.7 µs for N = 2 … 8 GPUs in one process, where NCCL's own Ring/LL
 # latency (tuning.cc) is 7.8 … 15 µs. Least squares through the origin of t = N·c gives c = 4.24 µs.
 # Not fitted on the table. ASSUMPTION: the A100 host's issue cost holds for the H100/B200 hosts.
+# (The issue's -n 100 puts its drain, T/100 < 0.2 µs, inside t: under 1 %, left in c.)
 ISSUE_123_GPUS = (2, 3, 4, 5, 6, 7, 8)
 ISSUE_123_TIME_S = (10.0e-6, 13.76e-6, 16.88e-6, 20.8e-6, 25.2e-6, 29.5e-6, 33.7e-6)
+
+
+# nccl-tests' timed iterations when the line does not state them (``-n``): ``int iters = 20;`` in
+# ``src/common.cu`` at v2.17.9 (2535da8).
+NCCL_TESTS_ITERS = 20
 
 
 def issue_s_per_gpu() -> float:
@@ -121,6 +131,7 @@ class CollectiveRow:
     gpus_per_thread: int = 1  # nccl-tests -g
     forced_ring: bool = False  # the line states Ring ran (not NCCL's free choice): no Tree
     protocols: tuple = NCCL_PROTOCOLS  # NCCL_PROTO of the line's environment (``FABRIC_PROTOCOLS``)
+    iters: int = NCCL_TESTS_ITERS  # nccl-tests -n: timed iterations per line
 
 
 def _harness(tool: str) -> tuple[str, int]:
@@ -131,6 +142,12 @@ def _harness(tool: str) -> tuple[str, int]:
         return "other", 1
     g = re.search(r"-g (\d+)", tool)
     return ("nccl-tests-blocking" if "-z 1" in tool else "nccl-tests"), int(g.group(1)) if g else 1
+
+
+def _iters(tool: str) -> int:
+    """nccl-tests' timed iterations from the row's ``tool`` text ('-n N' or 'N iters'; default 20)."""
+    n = re.search(r"-n (\d+)|(\d+) iters", tool)
+    return int(n.group(1) or n.group(2)) if n else NCCL_TESTS_ITERS
 
 
 def _forced_ring(algo: str) -> bool:
@@ -184,7 +201,7 @@ def load_rows(path: Path = DATA) -> tuple[list[CollectiveRow], dict[str, str]]:
                 r["row_id"], r["source"], r["op"], int(r["n_gpus"]), int(r["n_nodes"]), int(r["gpus_per_node"]),
                 float(r["bytes"]), _measured_busbw(r), FABRICS[r["interconnect"]],
                 any(k in r["algo"].lower() for k in IN_NETWORK), *_harness(r["tool"]), _forced_ring(r["algo"]),
-                FABRIC_PROTOCOLS.get(r["interconnect"], NCCL_PROTOCOLS)))
+                FABRIC_PROTOCOLS.get(r["interconnect"], NCCL_PROTOCOLS), _iters(r["tool"])))
     return rows, skipped
 
 
@@ -226,13 +243,25 @@ def measured_time_s(row: CollectiveRow) -> float:
     return float(ring_factor(row.op, row.n)) * row.size_bytes / row.busbw_bytes_per_s
 
 
+def pipelined_time_s(issue_s: float, gpu_s: float, iters: int) -> float:
+    """Time per iteration of ``iters`` pipelined iterations timed from the first issue to the last
+    completion (nccl-tests ``BenchTime``): iteration k's last rank is issued at (k+1)·P and the
+    GPU runs one collective at a time, so the last completes at max over k of (k+1)·P +
+    (iters−k)·T = (iters−1)·max(P, T) + P + T. The drain is one whole collective: NCCL prepares
+    every communicator's plan of a group first and launches their kernels together in one round
+    (``src/group.cc`` ``doLaunches`` at v2.26.2-1), so the last iteration's ranks start together
+    near the end of its issue (ASSUMPTION: the host work after that launch round is small against
+    T). iters = 1 is the blocking P + T; many iterations tend to max(P, T)."""
+    return max(issue_s, gpu_s) + min(issue_s, gpu_s) / iters
+
+
 def harness_time_s(row: CollectiveRow) -> float:
     """The row's time per call as its harness measures it (module docstring): nccl-tests
-    max(g·c, GPU) or, blocking, g·c + GPU; torch's event-timed call after a barrier: one eager
-    operation's host dispatch + GPU; any other: GPU."""
+    max(g·c, GPU) + min(g·c, GPU) / iters or, blocking, g·c + GPU; torch's event-timed call after
+    a barrier: one eager operation's host dispatch + GPU; any other: GPU."""
     gpu, issue = model_time_s(row), row.gpus_per_thread * issue_s_per_gpu()
     if row.harness == "nccl-tests":
-        return max(issue, gpu)
+        return pipelined_time_s(issue, gpu, row.iters)
     if row.harness == "nccl-tests-blocking":
         return issue + gpu
     return gpu + (HOST_OP_S if row.harness == "torch" else 0.0)
@@ -278,5 +307,6 @@ def report_markdown() -> str:
     lines.append(f"{len(rows)} rows predicted, {len(skipped)} skipped ({', '.join(sorted(set(skipped.values())))}). "
                  f"Host cost of a torch collective call: one eager operation, {HOST_OP_S * 1e6:.1f} µs "
                  f"(`eager_host.HOST_OP_S`, fitted on the single-GPU HF step runs); nccl-tests issue "
-                 f"{issue_s_per_gpu() * 1e6:.2f} µs per GPU a thread drives (NVIDIA/nccl-tests issue #123).")
+                 f"{issue_s_per_gpu() * 1e6:.2f} µs per GPU a thread drives (NVIDIA/nccl-tests issue #123), "
+                 f"its timed iterations pipelined with their fill and drain (`pipelined_time_s`).")
     return "\n".join(lines)
