@@ -122,6 +122,21 @@ def test_peaks_are_ordered_by_precision():
             assert gpu.peak_flops["bf16"] == gpu.peak_flops["fp16"], gpu.name
 
 
+@pytest.mark.parametrize("peaks,expected", [
+    ({"fp16": 125e12, "fp32": 15.7e12}, (125e12, 125e12, 15.7e12)),   # Volta: no bf16 figure
+    ({"bf16": 312e12}, (312e12, 312e12, 312e12 / 16)),                   # no fp16 or fp32 figure
+    ({"bf16": 400e12, "fp16": 300e12, "fp32": 20e12}, (400e12, 300e12, 20e12)),
+])
+def test_one_dense_peak_per_precision_serves_the_time_model(peaks, expected):
+    from shardplan.formulas.throughput import compute_rates
+
+    gpu = get_gpu("a100-80gb").model_copy(update={"peak_flops": peaks})
+    assert tuple(gpu.dense_peak(d) for d in ("bf16", "fp16", "fp32")) == expected
+    cluster = parse_gpus("1xa100-80gb").model_copy(update={"gpu": gpu})
+    bf16, fp16, fp32 = expected  # the precision codes: bf16-mixed, fp16-mixed, bf16-pure, fp32
+    assert compute_rates(cluster).peak_flops_by_precision.tolist() == [bf16, fp16, bf16, fp32]
+
+
 def test_links_are_sane():
     for link in link_profiles():
         assert 0.3 <= link.efficiency <= 1.0

@@ -154,10 +154,8 @@ def compute_rates(cluster, calibration=None) -> ComputeRates:
     ``HBM_EFFICIENCY``)."""
     from shardplan.inputs.hardware import get_link
     gpu = cluster.gpu
-    pf = gpu.peak_flops
-    bf16 = pf.get("bf16", pf.get("fp16"))
-    fp16 = pf.get("fp16", bf16)
-    peak = np.array([bf16, fp16, bf16, pf.get("fp32", bf16 / 16)], dtype=np.float64)
+    bf16 = gpu.dense_peak("bf16")
+    peak = np.array([bf16, gpu.dense_peak("fp16"), bf16, gpu.dense_peak("fp32")], dtype=np.float64)
     eff, m_half, p, calibrated = gpu.gemm_efficiency, GEMM_M_HALF, GEMM_P, False
     hbm = gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
     sm_count = gpu.sm_count

@@ -103,6 +103,15 @@ class GPUProfile(_Frozen):
         """bf16 tensor math exists (Ampere and later, CDNA 2 and later; not Volta V100 or Turing T4)."""
         return "bf16" in self.peak_flops
 
+    def dense_peak(self, dtype: Literal["bf16", "fp16", "fp32"]) -> float:
+        """The dense tensor peak a ``dtype`` matmul is counted at, for the throughput model
+        (``throughput.compute_rates``) and the check on published rates (``runs``): a card with one
+        16-bit figure (the validator requires one) is counted at it in both 16-bit formats, and one
+        without an fp32 figure at a sixteenth of its bf16 one."""
+        pf = self.peak_flops
+        bf16 = pf.get("bf16", pf.get("fp16"))
+        return {"bf16": bf16, "fp16": pf.get("fp16", bf16), "fp32": pf.get("fp32", bf16 / 16)}[dtype]
+
     @model_validator(mode="after")
     def _every_number_sourced(self) -> "GPUProfile":
         required = {"memory_bytes", "peak_flops", "memory_bandwidth_bytes_per_s", "default_host_ram_bytes"}

@@ -201,7 +201,7 @@ def _check_rate_within_peak(spec: ModelSpec, config: TrainingConfig, cluster, ra
     the same settings, so the whole row goes (counted under ``rate_above_peak``, not dropped)."""
     if not rate:
         return
-    peak = max(cluster.gpu.peak_flops.get(d, 0.0) for d in ("bf16", "fp16"))
+    peak = max(cluster.gpu.dense_peak(d) for d in ("bf16", "fp16"))
     share = rate * float(min_flops_per_token(spec, config)) / peak
     if share > 1.0:
         raise _Refused("rate_above_peak", f"{rate:,.0f} tokens/s needs {share:.2f}x the {cluster.gpu.name} dense "
