@@ -324,10 +324,36 @@ GPU_PATTERNS = (
 )
 
 
+# (pattern over "source source_locator", what the source's own files state about the cards its table
+# ran on, citation): hardware a benchmark table leaves out but its repository states elsewhere. The
+# text is read like the row's gpu column (memory, "TB/s", "NNN W power limit").
+SOURCE_HARDWARE = (
+    (r"pytorch/ao docs/source/workflows/training\.md.*section 'NVIDIA H100' table",
+     "96GB HBM2e, 2.4 TB/s, 500W power limit",
+     "torchao 890e0ac8 (the table's torchao) torchao/testing/float8/roofline_utils.py 'NVIDIA H100': "
+     "'2.4 TB per second, custom to Meta's H100 variant' (since 027bf39c9, #668); that variant per torchtitan "
+     "benchmarks/llama3_h100_202412_torchtitan.md: '96GB HBM2e with 2.4 TB/sec', 'the default 500W power limit'"),
+    (r"pytorch/ao docs/source/workflows/training\.md.*NVIDIA B200' table",
+     "750W power limit",
+     "pytorch/ao d8bb51f63 (#2777, the commit adding the table): '8xB200 GPUs limited to 750W', reworded "
+     "'power limited' by 9e3758d15 (#2778, 'change B200 verbiage') with the numbers unchanged"),
+)
+
+
+def _gpu_text(row: dict[str, str], assumed: list[str]) -> str:
+    """The row's gpu column, plus what its source states about the cards elsewhere (``SOURCE_HARDWARE``)."""
+    where = f"{row.get('source', '')} {row.get('source_locator', '')}"
+    for pattern, stated, citation in SOURCE_HARDWARE:
+        if re.search(pattern, where, re.I):
+            assumed.append(f"gpu: {stated} as {citation}")
+            return f"{row['gpu']}; {stated}"
+    return row["gpu"]
+
+
 def cluster_of(row: dict[str, str], assumed: list[str]) -> Cluster:
     """GPU x count (in nodes of ``gpus_per_node`` when the row has several nodes), at the row's
     stated memory size when it differs from the profile's nominal one."""
-    text = row["gpu"]
+    text = _gpu_text(row, assumed)
     name = _first(GPU_PATTERNS, text)
     if name is None:
         raise _Refused("gpu_not_stated" if re.fullmatch(r"(not stated)?", text, re.I) else "unrecognised_gpu", text)
