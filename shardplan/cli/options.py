@@ -17,45 +17,35 @@ REDUCE_HELP = vocab_help("reduce_dtype", "fp32; DeepSpeed: 16-bit")
 WIDE_HELP = "every line whole, however wide (default: $COLUMNS, the terminal, or 100)"
 FORCE_HELP = "apply a foreign --calibration; replace a read-only --export file"
 
+# The stack's on/off knobs, each an option --knob/--no-knob left unset (the stack's) when not given:
+# knob -> its --help line. quant_buffers_sharded is one plugin's switch (query word fms-gptq):
+# documented in docs/stacks.md, left out of --help, which stays within 80 lines (tests/test_questions.py)
+SWITCHES = {
+    "optimizer_in_backward": "step in backward (stack's)", "activation_offload": "activations to CPU (stack's)",
+    "paged_optimizer": "paged 8-bit states (stack's)", "checkpoint_wrapper": "AC by checkpoint_wrapper",
+    "use_cache": "KV cache in training (stack's)", "fused_lm_head": "TRL SFT chunked LM head",
+    "kbit_prep": "QLoRA PEFT kbit prep (fp32)", "expandable_segments": "expandable_segments allocator",
+    "fp32_master": "fp32 master (unless bf16-pure)",
+    "quant_buffers_sharded": "GPTQ qweight/qzeros sharded by FSDP (fms-acceleration's plugin)",
+}
+HIDDEN_SWITCHES = ("quant_buffers_sharded",)
+
+
+def _switch(knob: str) -> typer.models.OptionInfo:
+    flag = knob.replace("_", "-")
+    return typer.Option(None, f"--{flag}/--no-{flag}", rich_help_panel="Stack switches", help=SWITCHES[knob],
+                        hidden=knob in HIDDEN_SWITCHES)
+
+
 # Options fit and plan share (declared once; typer reads these OptionInfo objects, it does not change them)
 STACK_KNOB_TYPES = {"attention": str, "reduce_dtype": str, "stack": str, "ce_chunks": int,
-                    "optimizer_in_backward": bool, "activation_offload": bool, "paged_optimizer": bool,
-                    "checkpoint_wrapper": bool, "use_cache": bool, "kbit_prep": bool, "fused_lm_head": bool, "expandable_segments": bool, "fp32_master": bool,
-                    "quant_buffers_sharded": bool,
-                    "quant_format": str, "load_mode": str, "optimizer_impl": str}
+                    **dict.fromkeys(SWITCHES, bool), "quant_format": str, "load_mode": str, "optimizer_impl": str}
 STACK_KNOBS = {
     "attention": typer.Option(None, rich_help_panel="Stack", help=vocab_help("attention", "sdpa")),
     "reduce_dtype": typer.Option(None, rich_help_panel="Stack", help=REDUCE_HELP),
     "stack": typer.Option(None, rich_help_panel="Stack", help=STACK_HELP),
     "ce_chunks": typer.Option(None, rich_help_panel="Stack", help="chunked cross-entropy chunks, 0 = off (default: the stack's)"),
-    "optimizer_in_backward": typer.Option(None, "--optimizer-in-backward/--no-optimizer-in-backward", rich_help_panel="Stack switches",
-                                          help="step in backward (stack's)"),
-    "activation_offload": typer.Option(None, "--activation-offload/--no-activation-offload", rich_help_panel="Stack switches",
-                                       help="activations to CPU (stack's)"),
-    "paged_optimizer": typer.Option(None, "--paged-optimizer/--no-paged-optimizer", rich_help_panel="Stack switches",
-                                    help="paged 8-bit states (stack's)"),
-    "checkpoint_wrapper": typer.Option(
-        None, "--checkpoint-wrapper/--no-checkpoint-wrapper", rich_help_panel="Stack switches",
-        help="AC by checkpoint_wrapper"),
-    "use_cache": typer.Option(
-        None, "--use-cache/--no-use-cache", rich_help_panel="Stack switches",
-        help="KV cache in training (stack's)"),
-    "fused_lm_head": typer.Option(
-        None, "--fused-lm-head/--no-fused-lm-head", rich_help_panel="Stack switches",
-        help="TRL SFT chunked LM head"),
-    "kbit_prep": typer.Option(
-        None, "--kbit-prep/--no-kbit-prep", rich_help_panel="Stack switches",
-        help="QLoRA PEFT kbit prep (fp32)"),
-    "expandable_segments": typer.Option(
-        None, "--expandable-segments/--no-expandable-segments", rich_help_panel="Stack switches",
-        help="expandable_segments allocator"),
-    "fp32_master": typer.Option(None, "--fp32-master/--no-fp32-master", rich_help_panel="Stack switches",
-                                help="fp32 master (unless bf16-pure)"),
-    # one plugin's switch (query word fms-gptq): documented in docs/stacks.md, left out of --help,
-    # which stays within 80 lines (tests/test_questions.py)
-    "quant_buffers_sharded": typer.Option(
-        None, "--quant-buffers-sharded/--no-quant-buffers-sharded", rich_help_panel="Stack switches", hidden=True,
-        help="GPTQ qweight/qzeros sharded by FSDP (fms-acceleration's plugin)"),
+    **{knob: _switch(knob) for knob in SWITCHES},
     "quant_format": typer.Option(None, rich_help_panel="Stack", help=vocab_help("quant_format", "nf4")),
     "load_mode": typer.Option(None, rich_help_panel="Stack", help=vocab_help("load_mode", "the stack's")),
     "optimizer_impl": typer.Option(None, rich_help_panel="Stack", help=vocab_help("optimizer_impl", "the stack's")),
