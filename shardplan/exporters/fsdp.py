@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 from shardplan.exporters.spec import LORA_TARGET_MODULES, PlanSpec
 from shardplan.support.errors import ShardplanError
@@ -201,28 +201,38 @@ def _shard_model_head(spec: PlanSpec) -> list[str]:
     return body
 
 
-def _ddp_snippet(spec: PlanSpec, head: str) -> str:
-    """Both FSDP exporters write torch DDP for the ``ddp`` strategy, and the bare module for ``single``."""
-    if spec.strategy != "single":
-        head += "from torch.nn.parallel import DistributedDataParallel\n"
-    head += _imports_ac(spec)
-    return (head + "\n" + _constants(spec, mesh=False) + "\n" + _sac(spec)
-            + "\n\n" + _ddp_body(spec) + "\n" + _optimizer(spec) + _load_model(spec))
+def _snippet(spec: PlanSpec, engine: str, sharded: Callable[[PlanSpec], tuple[str, str, str]]) -> str:
+    """The file both FSDP exporters write: torch DDP for the ``ddp`` strategy and the bare module for
+    ``single`` whichever engine was asked; for the sharded strategies the engine's ``sharded(spec)``
+    gives its imports, constants and ``shard_model``."""
+    _check_engine(spec, engine)
+    head = _comment(spec, engine) + "\nimport torch\n"
+    if spec.strategy in ("ddp", "single"):
+        ddp = "from torch.nn.parallel import DistributedDataParallel\n" if spec.strategy != "single" else ""
+        imports, consts, body = ddp + _imports_ac(spec), _constants(spec, mesh=False), _ddp_body(spec)
+    else:
+        imports, consts, body = sharded(spec)
+    return (head + imports + "\n" + consts + "\n" + _sac(spec)
+            + "\n\n" + body + "\n" + _optimizer(spec) + _load_model(spec))
 
 
 def fsdp2_snippet(spec: PlanSpec) -> str:
-    _check_engine(spec, "fsdp2")
-    head = _comment(spec, "fsdp2") + "\nimport torch\n"
-    if spec.strategy in ("ddp", "single"):
-        return _ddp_snippet(spec, head)
+    return _snippet(spec, "fsdp2", _fsdp2_sharded)
+
+
+def fsdp1_snippet(spec: PlanSpec) -> str:
+    return _snippet(spec, "fsdp1", _fsdp1_sharded)
+
+
+def _fsdp2_sharded(spec: PlanSpec) -> tuple[str, str, str]:
     param, reduce, _ = spec.dtypes
     mp = (f"MixedPrecisionPolicy(param_dtype=torch.{param}, reduce_dtype=torch.{reduce})" if param
           else "MixedPrecisionPolicy()")
     offload = ('CPUOffloadPolicy(pin_memory=device_type == "cuda")' if spec.offload != "none" else "OffloadPolicy()")
     names = '("replicate", "shard")' if spec.hybrid or spec.strategy == "no_shard" else '("shard",)'
-    head += ("from torch.distributed.device_mesh import init_device_mesh\n"
-             "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard\n"
-             + _imports_ac(spec))
+    imports = ("from torch.distributed.device_mesh import init_device_mesh\n"
+               "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard\n"
+               + _imports_ac(spec))
     consts = _constants(spec, mesh=True) + (f"\nRESHARD_AFTER_FORWARD = {spec.reshard_after_forward}  "
                                             f"# {spec.strategy}: {'free' if spec.reshard_after_forward else 'keep'} "
                                             "gathered params after forward")
@@ -251,28 +261,23 @@ def fsdp2_snippet(spec: PlanSpec) -> str:
         body.append("# fp16: scale the loss, e.g. torch.amp.GradScaler(device_type)")
     if spec.offload == "optimizer":
         body.append("# FSDP offloads params, grads and optimizer together: CPUOffloadPolicy")
-    return (head + "\n" + consts + "\n" + _sac(spec) + "\n\n" + "\n".join(body)
-            + "\n" + _optimizer(spec) + _load_model(spec))
+    return imports, consts, "\n".join(body)
 
 
-def fsdp1_snippet(spec: PlanSpec) -> str:
-    _check_engine(spec, "fsdp1")
-    head = _comment(spec, "fsdp1") + "\nimport torch\n"
-    if spec.strategy in ("ddp", "single"):
-        return _ddp_snippet(spec, head)
+def _fsdp1_sharded(spec: PlanSpec) -> tuple[str, str, str]:
     param, reduce, buffer = spec.dtypes
     mp = (f"MixedPrecision(param_dtype=torch.{param}, reduce_dtype=torch.{reduce}, buffer_dtype=torch.{buffer})"
           if param else "None")
-    head += ("from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, FullyShardedDataParallel, "
-             "MixedPrecision, ShardingStrategy\n"
-             "from torch.distributed.fsdp.wrap import ModuleWrapPolicy\n")
+    imports = ("from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, FullyShardedDataParallel, "
+               "MixedPrecision, ShardingStrategy\n"
+               "from torch.distributed.fsdp.wrap import ModuleWrapPolicy\n")
     if spec.hybrid:
-        head += "from torch.distributed.device_mesh import init_device_mesh\n"
+        imports += "from torch.distributed.device_mesh import init_device_mesh\n"
     if spec.checkpointed:
-        head += ("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing, "
-                 "checkpoint_wrapper\n")
+        imports += ("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import "
+                    "apply_activation_checkpointing, checkpoint_wrapper\n")
         if spec.ac in SAC_MODES:
-            head += "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n"
+            imports += "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n"
     prefetch = "None" if spec.backward_prefetch == "NONE" else f"BackwardPrefetch.{spec.backward_prefetch}"
     body = _shard_model_head(spec)
     body += [
@@ -311,9 +316,7 @@ def fsdp1_snippet(spec: PlanSpec) -> str:
         body.append("# fp16: scale the loss with torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler")
     if spec.offload == "optimizer":
         body.append("# FSDP offloads params, grads and optimizer together: CPUOffload(offload_params=True)")
-    consts = _constants(spec, mesh=spec.hybrid)
-    return (head + "\n" + consts + "\n" + _sac(spec) + "\n\n" + "\n".join(body)
-            + "\n" + _optimizer(spec) + _load_model(spec))
+    return imports, _constants(spec, mesh=spec.hybrid), "\n".join(body)
 
 
 # --- reading back --------------------------------------------------------------------------------
