@@ -29,15 +29,21 @@ def _too_long(number_text: str) -> bool:
     return len(number_text.split(".")[0].lstrip("0")) > MAX_DIGITS
 
 
+def _scaled(pattern: re.Pattern, multiples: dict[str, int], text, field: str, expected: str, out_of_range: str) -> float:
+    """``text`` read by ``pattern`` as a number and a suffix, times the suffix's multiple; a text it
+    does not read is an error saying what was ``expected``, one with too many digits is out of range."""
+    match = pattern.match(str(text))
+    if not match:
+        raise ShardplanError(field, _shown(text), f"expected {expected}")
+    if _too_long(match.group(1)):
+        raise ShardplanError(field, _shown(text), out_of_range)
+    return float(match.group(1)) * multiples[match.group(2).lower()]
+
+
 def parse_capacity_bytes(text: str, field: str = "capacity", hi: int = MAX_BYTES) -> int:
     """'24GB', '24GiB', '80G', '512MiB' -> bytes, binary multiples (vendor GPU/host RAM convention),
     at most ``hi`` (limits.MAX_BYTES, 1 EiB)."""
-    match = _CAPACITY.match(str(text))
-    if not match:
-        raise ShardplanError(field, _shown(text), "expected a size such as '24GB' or '512MiB'")
-    if _too_long(match.group(1)):
-        raise ShardplanError(field, _shown(text), f"out of range [1, {hi:,}] bytes")
-    value = float(match.group(1)) * _BINARY[match.group(2).lower()]
+    value = _scaled(_CAPACITY, _BINARY, text, field, "a size such as '24GB' or '512MiB'", f"out of range [1, {hi:,}] bytes")
     if value <= 0:
         raise ShardplanError(field, text, "must be positive")
     if value > hi or round(value) < 1:
@@ -53,12 +59,8 @@ def parse_count(text: str | int | float, field: str = "count", hi: int = MAX_TOK
             raise ShardplanError(field, _shown(text), f"out of range [{lo:,}, {hi:,}]")
         value = float(text)
     else:
-        match = _COUNT.match(str(text))
-        if not match:
-            raise ShardplanError(field, _shown(text), "expected a number such as 4096, '1M' or '1.3B'")
-        if _too_long(match.group(1)):
-            raise ShardplanError(field, _shown(text), f"out of range [{lo:,}, {hi:,}]")
-        value = float(match.group(1)) * _DECIMAL[match.group(2).lower()]
+        value = _scaled(_COUNT, _DECIMAL, text, field, "a number such as 4096, '1M' or '1.3B'",
+                        f"out of range [{lo:,}, {hi:,}]")
     if value != value or value in (float("inf"), float("-inf")) or value != int(value) or (value <= 0 and lo >= 1):
         raise ShardplanError(field, _shown(text), "must be a positive whole number")
     if not lo <= value <= hi:
