@@ -2,7 +2,8 @@
 ``throughput.lora_adapter_bytes_per_token``): an unwrapped LoRA built by PEFT keeps fp32 adapters
 over the 16-bit base and casts each adapted Linear's input to them (peft ``tuners/lora/layer.py``
 ``Linear.forward``), so the adapter path moves fp32 elements plus the casts. Stacks that build their
-own adapters (torchtune, LitGPT), FSDP-wrapped runs (adapters gathered in the param dtype) and
+own adapters (torchtune, LitGPT), FSDP-wrapped runs under the Trainer's mixed precision (adapters
+gathered in the param dtype; without it, ``autocast`` off, they stay fp32 and the input is cast) and
 bitsandbytes QLoRA (cast only without autocast) keep the 16-bit path.
 
 The bytes are checked against their arithmetic while the adapted widths (model), the number of
@@ -77,3 +78,48 @@ def test_campaign_lora_steps_closer_with_the_cast(monkeypatch):
     monkeypatch.setattr(tp, "peft_adapter_cast", lambda c, a: (a, np.zeros_like(np.asarray(a, dtype=np.float64))))
     without = np.median(np.abs(errors(lora)))
     assert with_cast < without
+
+
+def _fsdp(engine="fsdp1", **knobs):
+    return _cols(gpus="2xa100-80gb", strategy="full_shard", engine=engine, **knobs)
+
+
+@pytest.mark.parametrize("engine", ["fsdp1", "fsdp2"])
+def test_fsdp_without_the_trainers_mixed_precision_casts_like_one_gpu(engine):
+    """The hf stack's FSDP gets a MixedPrecision policy from accelerate's mixed precision, the switch
+    that also turns autocast on (accelerate 1.0.1 ``state.py``): with ``autocast`` off the fp32
+    adapter units are gathered in fp32 and PEFT casts each adapted input, exactly as unwrapped."""
+    assert [float(x) for x in tp.peft_adapter_cast(_fsdp(engine), 2)] == [2.0, 0.0]
+    assert [float(x) for x in tp.peft_adapter_cast(_fsdp(engine, autocast=False), 2)] == [4.0, 1.0]
+    assert float(tp.lora_adapter_bytes_per_token(_fsdp(engine, autocast=False))) == pytest.approx(
+        float(tp.lora_adapter_bytes_per_token(_cols(autocast=False))))
+    # stacks whose FSDP policy is their own (torchtune builds 16-bit adapters) and DeepSpeed, which
+    # casts the whole module to 16 bits, keep the 16-bit path; QLoRA's bnb path is not this one
+    for c in (_fsdp(engine, autocast=False, stack="torchtune"), _fsdp(engine, autocast=False, method="qlora"),
+              _cols(gpus="2xa100-80gb", strategy="zero3", engine="deepspeed", autocast=False)):
+        assert [float(x) for x in tp.peft_adapter_cast(c, 2)] == [2.0, 0.0]
+
+
+@pytest.mark.parametrize("targets", ["attention", "all-linear"])
+def test_the_fsdp_cast_time_scales_with_tokens_and_adapted_widths(targets):
+    """The step time autocast-off adds under FSDP1 is the cast path's extra bytes: it doubles with
+    the micro-batch and follows the adapted widths (attention-only vs all-linear targets)."""
+    from shardplan.planning.fit import step_timings
+
+    spec, cluster = resolve_model("llama-3.1-8b").spec, parse_gpus("2xa100-80gb")
+
+    def added(mb, t=targets):
+        cfgs = [TrainingConfig(method="lora", lora_targets=t, lora_dropout=0.0, ac="full", micro_batch=mb,
+                               seq_len=4096, strategy="full_shard", engine="fsdp1", autocast=a) for a in (True, False)]
+        on, off = (float(r["step_time_s"]) for r in step_timings(spec, cluster, cfgs))
+        return off - on
+
+    def extra_bytes(t):
+        kw = dict(gpus="2xa100-80gb", strategy="full_shard", engine="fsdp1", ac="full", lora_targets=t)
+        return float(tp.lora_adapter_bytes_per_token(_cols(autocast=False, **kw))
+                     - tp.lora_adapter_bytes_per_token(_cols(**kw)))
+
+    assert added(1) > 0
+    assert added(2) == pytest.approx(2 * added(1), rel=0.05)
+    other = "all-linear" if targets == "attention" else "attention"
+    assert added(1) / added(1, other) == pytest.approx(extra_bytes(targets) / extra_bytes(other), rel=0.05)

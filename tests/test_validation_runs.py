@@ -212,3 +212,16 @@ def test_fms_acceleration_rows_run_as_its_harness_launched_them():
     assert two.config.strategy == "full_shard" and two.config.engine == "fsdp1"
     assert (two.config.reentrant_checkpointing, two.config.checkpoint_wrapper) == (True, False)
     assert (other.config.reentrant_checkpointing, other.config.checkpoint_wrapper) == (None, None)
+
+
+@pytest.mark.parametrize("precision, autocast", [
+    # the Trainer's bf16 left unset over a bf16-loaded model: accelerate's mixed precision stays "no"
+    ("LoRA r16 alpha16 on q_proj k_proj v_proj o_proj (bfloat16 frozen base, HF bf16=unset)", False),
+    # bf16 = True (the QLoRA rows): autocast and FSDP's MixedPrecision, the stack's default
+    ("QLoRA (bitsandbytes 4-bit, HF/PEFT baseline loading) LoRA r16 on q_proj k_proj; bf16 autocast", None),
+])
+def test_rows_without_the_trainers_bf16_run_without_autocast(precision, autocast):
+    q = express(_row(precision=precision, n_gpus="2", dp_shard="2", gpus_per_node="2"))
+    assert isinstance(q, RunQuery) and q.config.method in ("lora", "qlora")
+    assert q.config.autocast is autocast
+    assert any("state.py gives FSDP a MixedPrecision" in a for a in q.assumed) == (autocast is False)

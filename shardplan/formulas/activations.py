@@ -159,7 +159,13 @@ def lora_adapter_dtype_bytes(c, a):
     and casts each adapted layer's input to the adapter dtype (peft ``tuners/lora/layer.py``
     ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``; ``tuners/lora/bnb.py``
     ``Linear4bit.forward`` likewise). Under FSDP's mixed precision the adapters are all-gathered in
-    the param dtype, so nothing is cast (measured: FSDP2 LoRA runs, hf_stack_cpu.jsonl).
+    the param dtype, so nothing is cast (measured: FSDP2 LoRA runs, hf_stack_cpu.jsonl). The hf
+    stack's FSDP gets that policy only from accelerate's mixed precision, the same switch as its
+    autocast (``autocast`` knob): accelerate 1.0.1 ``state.py`` calls ``fsdp_plugin.set_mixed_precision``
+    only when ``mixed_precision != "no"``, and transformers 4.48.1 ``TrainingArguments`` sets it from
+    ``bf16``/``fp16``. A 16-bit model trained without them (fms-acceleration's LoRA rows: bf16 unset,
+    ``accelerate.yaml`` ``mixed_precision: 'no'``) all-gathers PEFT's fp32 adapter units in fp32,
+    and PEFT casts each adapted input as on one GPU.
     Unwrapped / torch-DDP runs keep PEFT's fp32 adapters; what their matmuls save under autocast is
     ``lora_saved_dtype_bytes``. DeepSpeed
     (every stage, its "ddp" = stage 0 included) casts the whole module to the 16-bit dtype
@@ -170,7 +176,9 @@ def lora_adapter_dtype_bytes(c, a):
     ``validate_expected_param_dtype``) and its forward, ``lora_b(lora_a(dropout(x)))``, casts
     nothing: no fp32 copy on the torchtune stack."""
     unwrapped = eng.wrapper_is(eng.W_NONE, c.engine, c.strategy) | eng.wrapper_is(eng.W_DDP, c.engine, c.strategy)
-    cast = unwrapped & (a < 4) & (c.stack != st.TORCHTUNE)
+    fsdp_fp32 = eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy) & (c.stack == st.HF) \
+        & np.logical_not(np.asarray(c.autocast, dtype=bool))
+    cast = (unwrapped | fsdp_fp32) & (a < 4) & (c.stack != st.TORCHTUNE)
     return np.where(cast, 4, a), cast
 
 

@@ -164,7 +164,7 @@ class Columns:
     nf4_whole_quantize: np.ndarray   # torchao <= 0.1 NF4 quantization on the GPU at load, cache kept (nf4_load_cache)
     loop_keeps_logits: np.ndarray    # the loop holds its (shifted, fp32) logits through backward (activations.logits_backward_bytes)
     rope_shared_batch: np.ndarray    # RoPE cos/sin computed for one row and broadcast over the batch (HF; tiny harness: b rows)
-    autocast: np.ndarray             # the forward runs under torch.autocast (HF Trainer bf16/fp16); False: a harness loop without it
+    autocast: np.ndarray             # torch.autocast (HF Trainer bf16/fp16; FSDP then has MixedPrecision); False: none
     fused_dropout: np.ndarray        # CUDA native_dropout (1-byte mask); False: CPU's composite (mask in the input dtype)
     optimizer_impl: np.ndarray       # OPTIMIZER_IMPLS code: fused, foreach (torch's CUDA default), for_loop (CPU default)
     sdpa_fp32_gqa_math: np.ndarray   # fp32 + GQA sends SDPA to its math backend (CUDA); False: CPU's flash kernel

@@ -344,7 +344,8 @@ def qlora_stream_cast_bytes_per_token(c):
 def peft_adapter_cast(c, a):
     """(d, cast): the bytes PEFT's adapter path computes in and whether each adapted input is cast
     (0/1), for the time of that path. PEFT keeps fp32 adapters over a 16-bit base
-    (``activations.lora_adapter_dtype_bytes``, the memory side's rule: unwrapped or DDP runs) and
+    (``activations.lora_adapter_dtype_bytes``, the memory side's rule: unwrapped or DDP runs, and FSDP
+    runs of the hf stack without the Trainer's mixed precision, ``autocast`` off) and
     casts the input to them in its own code: peft ``tuners/lora/layer.py`` ``Linear.forward``
     (``x = self._cast_input_dtype(x, lora_A.weight.dtype)``, v0.14 on; ``x = x.to(lora_A.weight.dtype)``
     before), with or without autocast. So the cast is counted for LoRA built by PEFT (the ``hf``

@@ -71,6 +71,10 @@ class TrainingConfig(BaseModel):
                                    "non-4-bit parameter in fp32, so the residual stream around the 16-bit base "
                                    "matmuls is fp32 (activations.stream_dtype_bytes; memory: an fp32 checkpointed block input on one rank)")
     quant_state_sharded: bool | None = Field(None, description="bnb quant_state sharded with the weights")
+    autocast: bool | None = Field(None, description="the hf stack's Trainer runs with bf16/fp16 = True: accelerate's "
+                                  "mixed precision puts the forward under torch.autocast and gives FSDP a MixedPrecision "
+                                  "policy; False (a 16-bit model without bf16=True): neither, so PEFT's fp32 adapters "
+                                  "stay fp32 under FSDP too (activations.lora_adapter_dtype_bytes)")
     quant_buffers_sharded: bool | None = Field(None, description="GPTQ qweight/qzeros re-registered as float parameters "
                                                "so FSDP shards them (fms-acceleration's GPTQ plugin; scales stay "
                                                "whole per rank: model_states.quant_replicated_bytes)")
@@ -126,7 +130,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "quant_buffers_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
                                "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head",
-                               "loop_keeps_logits", "nf4_whole_quantize")}
+                               "loop_keeps_logits", "nf4_whole_quantize", "autocast")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:

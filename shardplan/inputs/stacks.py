@@ -49,6 +49,7 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     quant_head=False, untied_head=False, chunked_head=False,  # transformers + bitsandbytes: lm_head 16-bit, tied as configured
     nf4_whole_quantize=False,  # torchao >= 0.2 quantizes in 1 Mi-element chunks (6081796bc)
     loop_keeps_logits=False,  # today's loops drop the logits before backward (torchtune 'del logits' since #1046 / #1235)
+    autocast=True,  # the hf stack's Trainer with bf16/fp16 = True (accelerate mixed precision on)
     optimizer_impl="foreach",  # torch.optim.AdamW with neither flag: _default_to_fused_or_foreach picks foreach on CUDA
 )
 STACK_KNOBS = tuple(ENGINE_DEFAULTS)

@@ -499,6 +499,13 @@ FRAMEWORK_KNOBS = (
      "src/llmtuner/model/patcher.py _prepare_model_for_training @efa808069 (2024-04-16): its own preparation "
      "instead of PEFT's, norms and lm_head left in the compute dtype (upcast_layernorm and upcast_lmhead_output "
      "default False in hparams/model_args.py), gradient checkpointing with use_reentrant=True and use_cache False"),
+    # the HF Trainer without bf16/fp16 = True over a bf16-loaded model: accelerate's mixed precision
+    # stays "no", so no autocast and no FSDP MixedPrecision (activations.lora_adapter_dtype_bytes)
+    (r"HF bf16=unset", {"autocast": False},
+     "fms-acceleration scripts/benchmarks/refs/a100_80gb.csv @24bdadb: the bf16 column is empty for these rows; "
+     "accelerate.yaml mixed_precision 'no'; transformers 4.48.1 training_args.py keeps ACCELERATE_MIXED_PRECISION "
+     "unless bf16/fp16; accelerate 1.0.1 state.py gives FSDP a MixedPrecision only when it is not 'no' and "
+     "accelerator.py autocasts only under native_amp"),
     (r"fms-acceleration.*autogptq|autogptq.*fms-acceleration", {"quant_buffers_sharded": True},
      "fms-acceleration accelerated-peft framework_plugin_autogptq.py model_loader (876e2ed): with world_size > 1 "
      "under accelerate FSDP, each QuantLinear's qweight and qzeros become float nn.Parameters 'so FSDP can shard "
