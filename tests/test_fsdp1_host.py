@@ -77,4 +77,39 @@ def test_fsdp1_host_time_is_in_the_eager_step():
     one = [float(x) for x in eh.step_operations(c)]
     two = [float(x) for x in eh.step_operations(replace(c, engine=np.asarray(st.FSDP2)))]
     fwd, bwd = ops(c)
-    assert (one[0] - two[0], one[1] - two[1], one[2] - two[2]) == (fwd, bwd, 0.0)
+    assert (one[0] - two[0], one[1] - two[1], one[2] - two[2]) == (fwd, bwd, float(eh.fsdp1_clip_operations(c)))
+
+
+@pytest.mark.parametrize("layers, targets", [(1, ["q_proj", "v_proj"]), (2, ["q_proj", "v_proj"]),
+                                             (2, ["q_proj", "k_proj", "v_proj", "o_proj"])])
+def test_fsdp1_clipping_is_three_operations_per_adapter_gradient(layers, targets):
+    """FSDP1's ``clip_grad_norm_`` on the tiny Llama (fake process group, world size 2) issues 3
+    operations per local gradient more than torch's foreach clip of the same gradients: every
+    adapter tensor is a unit of its own, split over the ranks, so each rank clips all of them."""
+    pytest.importorskip("peft")
+    from shardplan.calibrate.fsdp1_launches import clip_operations
+
+    wrapped, local = clip_operations(layers, "lora", targets, True)
+    plain, _ = clip_operations(layers, "lora", targets, False)
+    assert local == 2 * len(targets) * layers
+    assert wrapped - plain == eh.FSDP1_CLIP_PER_GRAD * local
+    assert float(eh.fsdp1_clip_operations(columns(layers, adapted=len(targets)))) == wrapped - plain
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_fsdp1_clipping_of_a_full_fine_tune_follows_the_shard(layers):
+    """A full fine-tune clips the gradients of its shard of each unit's flat parameter: between T/N
+    and T/N + units tensors (a tensor straddling a shard boundary is on both ranks), 3 operations
+    each; the formula takes the upper end, and NO_SHARD (world size 1) all T."""
+    pytest.importorskip("peft")
+    from shardplan.calibrate.fsdp1_launches import clip_operations
+
+    wrapped, local = clip_operations(layers, "full", "all-linear", True)
+    plain, tensors = clip_operations(layers, "full", "all-linear", False)
+    assert wrapped - plain == eh.FSDP1_CLIP_PER_GRAD * local
+    assert tensors / 2 <= local <= tensors / 2 + layers + 1
+    c = replace(columns(layers, "full"), param_tensors=np.asarray(tensors))
+    assert float(eh.fsdp1_clip_operations(c)) == eh.FSDP1_CLIP_PER_GRAD * (tensors / 2 + layers + 1)
+    one = replace(columns(layers, "full", world_size=1), param_tensors=np.asarray(tensors))
+    assert float(eh.fsdp1_clip_operations(one)) == eh.FSDP1_CLIP_PER_GRAD * tensors
+    assert float(eh.fsdp1_clip_operations(replace(c, engine=np.asarray(st.FSDP2)))) == 0.0

@@ -25,8 +25,10 @@ world size is 1"), which torch 2.13 cannot run with a frozen base under ``use_or
     python -m shardplan.calibrate.fsdp1_launches     # per-step and per-layer operations FSDP1 adds
     python -m shardplan.calibrate.fsdp1_launches --time   # and its host time per unit, in operations
 
-ASSUMPTION: forward and backward only (FSDP1's own ``clip_grad_norm_`` and the optimizer over the
-original parameters are left as ``eager_host`` counts them); untied embeddings (Mistral, Llama-2).
+``clip_operations`` counts FSDP1's own ``clip_grad_norm_`` against torch's unwrapped one after the
+same backward (``eager_host.fsdp1_clip_operations``).
+ASSUMPTION: the optimizer over the original parameters is left as ``eager_host`` counts it; untied
+embeddings (Mistral, Llama-2).
 """
 
 from __future__ import annotations
@@ -129,6 +131,26 @@ def count_phases(layers: int, method: str, targets, fsdp: bool, checkpointing: b
         model.zero_grad(set_to_none=True)
     units = sum(1 for m in model.modules() if type(m).__name__ == "FullyShardedDataParallel")
     return {**{k: counter.counts[k] for k in KEYS}, "units": units}
+
+
+def clip_operations(layers: int, method: str, targets, fsdp: bool, world_size: int = 2) -> tuple[int, int]:
+    """(operations, local gradients) of one gradient clipping after a backward: FSDP1's
+    ``clip_grad_norm_`` on the wrapped model (rank 0 of ``world_size``), or torch's
+    ``nn.utils.clip_grad_norm_`` over the trainable parameters of the unwrapped one."""
+    import torch
+
+    fake_group(world_size)
+    model = tiny_llama(layers, method, False, targets, tied=False)
+    model = fsdp1_wrapped(model, method) if fsdp else model
+    ids = torch.randint(0, 128, (1, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    counter = launch_counter()
+    with counter:
+        if fsdp:
+            model.clip_grad_norm_(1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+    return counter.counts["forward"], sum(1 for p in model.parameters() if p.grad is not None)
 
 
 def fsdp1_added(layers: int, method: str, targets, checkpointing: bool = False, world_size: int = 2) -> dict[str, int]:

@@ -52,6 +52,19 @@ fms-acceleration rows fms-hf-tuning v2.5.0 ``sft_trainer.py`` sets the same poli
 is one host operation, like a checkpoint hook.
 ASSUMPTION: FSDP1's Python per hook is priced as one operation; timed on the CPU, a hook costs more
 than an aten operator does (docs/throughput.md), so this is a floor. FSDP2 is not counted here.
+
+FSDP1's gradient clipping (``fsdp1_clip_operations``): the Trainer's ``accelerator.clip_grad_norm_``
+hands an FSDP1 model to ``FullyShardedDataParallel.clip_grad_norm_`` (accelerate 1.0.1
+``accelerator.py``), which loops over the rank's local gradients one by one (torch
+``distributed/fsdp/fully_sharded_data_parallel.py`` ``_get_grad_norm``: a ``vector_norm`` per
+gradient; then ``grad.mul_(clip_coef_clamped.to(grad.device, grad.dtype))`` per gradient): 3
+operations per local gradient where the unwrapped clip is a few ``_foreach`` launches (in
+``STEP_BACKWARD``). It runs after the host has waited for backward (transformers 4.48.1
+``trainer.py``: ``torch.isnan(tr_loss_step) or torch.isinf(tr_loss_step)`` reads the loss on the
+host every micro-batch), so it is counted with the optimizer step. Local gradients: every adapter
+tensor under PEFT (each ``lora_A``/``lora_B`` is a unit of its own, split over all ranks); for a
+full fine-tune the tensors of the rank's shard of each unit's flat parameter, about T/N plus one
+straddling a shard boundary per unit (counted: ``tests/test_fsdp1_host.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +72,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardplan.formulas.activations import checkpointed_layers
+from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 
 # Launch counts per decoder layer (see the module docstring for each).
@@ -76,6 +90,7 @@ STEP_FORWARD, STEP_BACKWARD = 31, 32
 # reduction (2 operations + 2 hooks) when it holds trainable parameters (the full fine-tune)
 FSDP1_HOOKS_FORWARD, FSDP1_HOOKS_BACKWARD, FSDP1_GATHER, FSDP1_REDUCE = 2, 2, 1, 2
 FSDP1_ROOT_BACKWARD, FSDP1_ROOT_REDUCE = 1, 4
+FSDP1_CLIP_PER_GRAD = 3  # vector_norm, the coefficient's .to, mul_ (FSDP1 clip_grad_norm_)
 ADAM_TENSORS_PER_LAUNCH = 36  # torch ``MultiTensorApply.cuh`` depth_to_max_tensors[3] (depth 4)
 ADAM_OPS = 9  # _foreach_add_(steps), mul_(decay), lerp_, mul_, addcmul_, sqrt, div_, add_, addcdiv_
 # Host seconds per dispatched operation, fitted on the train split of the GPU runs only
@@ -125,7 +140,7 @@ def step_operations(c):
     in backward (reentrant checkpointing runs the forward under no_grad: nothing saved, no hooks)."""
     forward, backward, optimizer, hooks = _launches_and_hooks(c)
     fsdp_f, fsdp_b = fsdp1_operations(c)
-    return forward + hooks + fsdp_f, backward + 2 * hooks + fsdp_b, optimizer
+    return forward + hooks + fsdp_f, backward + 2 * hooks + fsdp_b, optimizer + fsdp1_clip_operations(c)
 
 
 def fsdp1_operations(c):
@@ -144,6 +159,20 @@ def fsdp1_operations(c):
         + FSDP1_ROOT_BACKWARD + FSDP1_ROOT_REDUCE * full
     on = np.asarray(c.engine) == st.FSDP1
     return np.where(on, forward, 0.0), np.where(on, backward, 0.0)
+
+
+def fsdp1_clip_operations(c):
+    """Host operations of FSDP1's ``clip_grad_norm_`` (module docstring): 3 per local gradient; local
+    gradients = the 2·L·(adapted Linears) adapter tensors under PEFT, min(T, T/N + units) for a full
+    fine-tune (T parameter tensors, N the shard degree); 0 for other engines."""
+    layers = np.asarray(c.num_layers, dtype=np.float64)
+    full = np.asarray(c.method) == st.FULL
+    n_p = np.maximum(st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)[0], 1)
+    tensors = np.asarray(c.param_tensors, dtype=np.float64)
+    local = np.where(full, np.minimum(tensors, tensors / n_p + layers + 1),
+                     2.0 * np.asarray(c.lora_adapted_linears, dtype=np.float64) * layers)
+    on = (np.asarray(c.engine) == st.FSDP1) & eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy)
+    return np.where(on, FSDP1_CLIP_PER_GRAD * local, 0.0)
 
 
 def optimizer_operations(c):
