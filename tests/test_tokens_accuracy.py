@@ -16,7 +16,11 @@ nearest-rank p90, where interpolation had stated 22.5 %). Session 4: rows whose 
 than the GPU's peak left (``rate_above_peak``), the power limit and torchtitan's foreach AdamW
 lowered them to 7.3 % / 21.8 %; then the fp32 stream of a prepared QLoRA was taken off the 2-GPU
 FSDP rows, where TRL never prepares (``activations.kbit_fp32_stream``): truer and worse, 7.5 % /
-22.0 % (compute-bound 7.1 % / 22.0 %), the cast had been hiding optimism in those rows. The
+22.0 % (compute-bound 7.1 % / 22.0 %), the cast had been hiding optimism in those rows. Session 5:
+the RTX 4090's measured GEMM efficiency (its MAMF maximum, capped at 1) and the migration of paged
+optimizer states the device cannot hold (``throughput.paged_migration_s``) moved TTN013 and TTN017
+into a new offload-bound regime (2 runs): whole set unchanged (7.4 % / 21.9 % on its base), compute-bound
+7.0 % / 21.9 → 21.8 %. The
 guard is those values plus 0.2 percentage points (float noise across numpy builds, not a
 tolerance on the model): any change that makes a regime or the whole set worse fails here, and a
 change that improves it should lower the constants. The issue's median (≤ 8 %) and p90 (≤ 25 %)
@@ -31,7 +35,7 @@ from shardplan.validation import tokens
 
 ROWS = tokens.dev_set_rows()
 SLACK = 0.002
-COMMITTED = {"all": (0.075, 0.220), "compute-bound": (0.071, 0.220), "communication-bound": (0.134, 0.311)}
+COMMITTED = {"all": (0.075, 0.220), "compute-bound": (0.070, 0.218), "communication-bound": (0.134, 0.311)}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
 
 

@@ -565,14 +565,18 @@ def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):
     and the context hold: unified memory oversubscribes, the driver evicting pages to host RAM
     when the GPU runs out (bitsandbytes docs, "Paged optimizers": "automatic page-to-page
     transfers between the CPU and GPU ... to avoid OOM errors"), so they never make a run OOM.
-    ASSUMPTION: the evicted part fits in host RAM (not added to ``host_bytes_per_node``)."""
+    The part the device cannot hold is ``paged_spill_bytes`` (the step time pays for it:
+    ``throughput.paged_migration_s``). ASSUMPTION: the evicted part fits in host RAM (not added to
+    ``host_bytes_per_node``)."""
     reserved = reserved_terms(c, peak_allocated, units, states["grads"], live, allocator, c.expandable_segments)
     # what a whole-weight NF4 load left cached stays reserved into training (nf4_load_cache.py)
     reserved["peak_reserved_bytes"] = np.maximum(reserved["peak_reserved_bytes"],
                                                  states["params"] + nf4_load_cached_bytes(c))
     non_torch = non_torch_device_bytes(c.nccl_buffer_bytes, allocator.cuda_context_bytes)
     room = np.maximum(c.gpu_memory_bytes - reserved["peak_reserved_bytes"] - non_torch, 0)
-    non_torch = non_torch + np.minimum(paged_state_bytes(c, states), room)
+    paged = paged_state_bytes(c, states)
+    resident = np.minimum(paged, room)
+    non_torch = non_torch + resident
     device_total = reserved["peak_reserved_bytes"] + non_torch
     load_peak = load_peak_allocated_bytes(c, n_p) + non_torch
     return dict(
@@ -582,6 +586,9 @@ def _device_totals(c, peak_allocated, units, states, live, allocator, n_p):
         device_total_bytes=device_total,
         load_peak_bytes=np.asarray(load_peak, dtype=np.int64) + np.zeros_like(peak_allocated),
         gpu_memory_bytes=c.gpu_memory_bytes, headroom_bytes=c.gpu_memory_bytes - device_total,
+        # what the device cannot hold of the paged states: the step migrates them (throughput.paged_migration_s)
+        paged_state_bytes=np.asarray(paged + np.zeros_like(peak_allocated), dtype=np.int64),
+        paged_spill_bytes=np.asarray(paged - resident + np.zeros_like(peak_allocated), dtype=np.int64),
     )
 
 

@@ -166,7 +166,7 @@ def master_dtype_bytes(precision):
     return np.where(np.asarray(precision) == st.BF16_PURE, 2, 4)
 
 
-def optimizer_bytes_per_element(optimizer, precision, hidden_size):
+def optimizer_bytes_per_element(optimizer, precision, hidden_size, paged=False):
     """Optimizer state bytes per parameter, in the master dtype (``master_dtype_bytes``).
 
     AdamW: exp_avg + exp_avg_sq (Loshchilov & Hutter 2019); SGD with momentum and Lion: one
@@ -174,13 +174,17 @@ def optimizer_bytes_per_element(optimizer, precision, hidden_size):
     ``momentum_buffer`` only when ``momentum != 0``, and the default is 0); 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states + an fp32 absmax
     per 2048-element block each; Adafactor (Shazeer & Stern 2018) without first moment: a row
     and a column factor per matrix, ≈ 2/h of the matrix in fp32 (ASSUMPTION: square-ish h×h').
+    ``paged`` (bitsandbytes' paged optimizers): a paged AdamW is bitsandbytes' 32-bit one
+    (``PagedAdamW``, ``optim_bits=32``), whose ``Optimizer2State.init_state`` makes both states
+    ``torch.float32`` whatever the parameter dtype (bitsandbytes ``optim/optimizer.py`` @0.43.1): 8 B.
     """
     opt = np.asarray(optimizer)
     master = master_dtype_bytes(precision)
     hidden = np.asarray(hidden_size, dtype=np.float64)
+    adamw = np.where(np.asarray(paged, dtype=bool), 8.0, 2.0 * master)
     return np.select(
         [opt == st.ADAMW, opt == st.SGD, opt == st.LION, opt == st.ADAMW_8BIT, opt == st.ADAFACTOR, opt == st.SGD_PLAIN],
-        [2.0 * master, 1.0 * master, 1.0 * master, 2.0 + 2 * 4 / 2048, master * 2.0 / hidden, 0.0 * master],
+        [adamw, 1.0 * master, 1.0 * master, 2.0 + 2 * 4 / 2048, master * 2.0 / hidden, 0.0 * master],
     )
 
 
@@ -193,17 +197,19 @@ def optimizer_bytes_per_element(optimizer, precision, hidden_size):
 UNFUSED_ADAMW_PASSES = 2 + 3 + 2 + 3 + 2 + 2 + 2 + 4
 
 
-def optimizer_step_bytes_per_element(optimizer, precision, hidden_size, impl=st.OPT_FUSED):
+def optimizer_step_bytes_per_element(optimizer, precision, hidden_size, impl=st.OPT_FUSED, paged=False):
     """HBM (or host DRAM) bytes one optimizer step moves per parameter, in the master dtype.
 
     Fused (one kernel: torch ``_fused_adamw_``, DeepSpeed ``FusedAdam``, the CPU optimizers): it
     reads and writes the master weights and every state (``optimizer_bytes_per_element``) and reads
     the gradient once: AdamW in fp32 2·(4 + 8) + 4 = 28 B. AdamW foreach or for-loop (``impl``):
     every op is its own pass (``UNFUSED_ADAMW_PASSES`` = 20: 80 B in fp32). ASSUMPTION: memory-bound;
-    other optimizers are counted as fused under any ``impl`` (the knob picks AdamW's kernel)."""
+    other optimizers are counted as fused under any ``impl`` (the knob picks AdamW's kernel). A
+    ``paged`` (bitsandbytes) optimizer runs its own one kernel per parameter
+    (``functional.optimizer_update_32bit`` / ``_8bit_blockwise`` @0.43.1), fused whatever ``impl`` says."""
     master = master_dtype_bytes(precision)
-    fused = 2.0 * (master + optimizer_bytes_per_element(optimizer, precision, hidden_size)) + master
-    unfused = (np.asarray(optimizer) == st.ADAMW) & (np.asarray(impl) != st.OPT_FUSED)
+    fused = 2.0 * (master + optimizer_bytes_per_element(optimizer, precision, hidden_size, paged)) + master
+    unfused = (np.asarray(optimizer) == st.ADAMW) & (np.asarray(impl) != st.OPT_FUSED) & ~np.asarray(paged, dtype=bool)
     return np.where(unfused, UNFUSED_ADAMW_PASSES * master, fused)
 
 
@@ -350,7 +356,8 @@ def state_bytes_per_element(c):
     18Ψ/N = 2 + 16) hold 0 gradient bytes."""
     g_bytes = np.where(per_strategy("keeps_grads", c.engine, c.strategy), grad_bytes_per_element(c.engine, c.precision), 0)
     return (param_storage_bytes_per_element(c.engine, c.precision), g_bytes,
-            master_bytes_per_element(c.engine, c.precision), optimizer_bytes_per_element(c.optimizer, c.precision, c.hidden_size))
+            master_bytes_per_element(c.engine, c.precision),
+            optimizer_bytes_per_element(c.optimizer, c.precision, c.hidden_size, c.paged_optimizer))
 
 
 def _zero_partitioned_states(c, trainable, degrees, per_element):

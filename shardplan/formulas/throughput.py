@@ -555,7 +555,8 @@ def optimizer_step_s(c, rates: ComputeRates):
     fp32 fused 28 B/param, foreach / for-loop 80 B/param). Offloaded: the CPU does it
     (``cpu_optimizer_step_s``)."""
     _, _, n_o = st.shard_degrees(c.strategy, c.engine, c.world_size, c.shard_group_size)
-    per_param = optimizer_step_bytes_per_element(c.optimizer, c.precision, c.hidden_size, c.optimizer_impl)
+    per_param = optimizer_step_bytes_per_element(c.optimizer, c.precision, c.hidden_size, c.optimizer_impl,
+                                                 c.paged_optimizer)
     shard = trainable_params(c) / n_o
     return np.where(c.offload == st.OFFLOAD_NONE, shard * per_param / rates.hbm_bytes_per_s, 0.0)
 
@@ -587,6 +588,29 @@ def offload_transfer_s(c, rates: ComputeRates, syncs):
     gathers = c.grad_accum * np.where(reshard, 2, 1)
     params_in = np.where(params_resident, gathers * c.total_params * 4.0 / n_p, 0.0)
     return (grads + params_back + params_in) / rates.host_link_bytes_per_s
+
+
+def paged_migration_s(rates: ComputeRates, paged_bytes, spill_bytes):
+    """Host link seconds per step of bitsandbytes' paged optimizer states when the device cannot hold
+    them all (``memory``'s ``paged_state_bytes`` and ``paged_spill_bytes``).
+
+    Each step touches every paged state once, in the same parameter order: bitsandbytes
+    ``Optimizer8bit.step`` calls ``prefetch_state(p)`` (``functional.prefetch_tensor``:
+    ``cudaMemPrefetchAsync`` to the GPU) before each parameter's update kernel and synchronizes after
+    it (``optim/optimizer.py`` @0.43.1; torchtune's optimizer-in-backward steps one parameter at a
+    time). Pages that do not fit are evicted to host RAM, oldest-resident first: the UVM driver's
+    ``pick_root_chunk_to_evict`` takes the head of ``va_block_used``, where a 2 MiB root chunk is
+    queued when it becomes resident and is not moved when the GPU reads it (its "TODO: Bug 1765193";
+    NVIDIA open-gpu-kernel-modules ``kernel-open/nvidia-uvm/uvm_pmm_gpu.c``). A cyclic sweep over
+    more bytes than the room therefore misses on every chunk, not only on the spilled part: each
+    step brings all paged bytes in and writes all of them back (the update dirtied them). The
+    evicted chunk is the one the incoming data is copied into (``pick_and_evict_root_chunk`` hands
+    it to the allocation), so the two copies of a chunk do not overlap: 2 × paged bytes over the
+    host link (``GPUProfile.host_link``, the same rate CPU offload uses). ASSUMPTION: migration
+    runs at that link's achievable rate and nothing of it hides under compute (the update waits
+    for its prefetch and the step synchronizes)."""
+    spill = np.asarray(spill_bytes, dtype=np.float64)
+    return np.where(spill > 0, 2.0 * np.asarray(paged_bytes, dtype=np.float64), 0.0) / rates.host_link_bytes_per_s
 
 
 def micro_batch_compute_s(c, rates: ComputeRates):
@@ -665,9 +689,11 @@ def compute_only_phases_s(c, rates: ComputeRates):
     return cf_total + cp_f / rates.hbm_bytes_per_s, cb_total + cp_b_gather / rates.hbm_bytes_per_s
 
 
-def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=None, volume=None):
+def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=None, volume=None, memory=None):
     """Every time column for the configurations in ``c`` (Columns; see module docstring).
-    ``sync_every_micro_batch`` None: the configuration's column."""
+    ``sync_every_micro_batch`` None: the configuration's column. ``memory``: ``estimate_memory``'s
+    columns of the same rows, for the paged optimizer states the device cannot hold
+    (``paged_migration_s``); None: none spill."""
     sync_every_micro_batch = c.sync_every_micro_batch if sync_every_micro_batch is None else sync_every_micro_batch
     v = comm_volume(c, sync_every_micro_batch) if volume is None else volume
     t = comm_times(c, links, v)
@@ -679,6 +705,8 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=N
     host_wait = host_wait + np.maximum(host_opt - opt, 0.0)
     cpu_opt = cpu_optimizer_step_s(c, rates)
     offload = offload_transfer_s(c, rates, syncs)
+    if memory is not None:  # paged states migrate over the same host link (module docstring)
+        offload = offload + paged_migration_s(rates, memory["paged_state_bytes"], memory["paged_spill_bytes"])
     step = micro + np.maximum(opt, host_opt) + cpu_opt + offload + t["ag_post_step_s"]
     out = {f"{n}_s": t[f"{n}_s"] for n in COLLECTIVE_OP}
     out.update(compute_s=compute, optimizer_s=opt + cpu_opt, offload_transfer_s=offload, host_wait_s=host_wait,

@@ -41,7 +41,7 @@ def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
     with quiet_numpy():  # overflowed rows are judged by the guard, never shown as warnings
         m = estimate_memory(c)
         verdict = judge(m, c, bands)
-    out = {**m, **time_columns(c, cluster, sync, calibration, bands), **verdict, "fits": verdict["verdict"] == FITS}
+    out = {**m, **time_columns(c, cluster, sync, calibration, bands, memory=m), **verdict, "fits": verdict["verdict"] == FITS}
     overflow = bad_results(c, out)  # an overflowed row is not a candidate (overflow.py)
     out["overflow"] = overflow
     out["valid"] = out["valid"] & ~overflow
@@ -51,19 +51,22 @@ def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
 
 
 def time_columns(c: Columns, cluster: Cluster, sync=None, calibration=None,
-                 bands: AccuracyBands | None = None) -> dict[str, np.ndarray]:
+                 bands: AccuracyBands | None = None, memory=None) -> dict[str, np.ndarray]:
     """Communication volume and time, step time, tokens/s (with its band, ``*_low`` / ``*_high``) and
     MFU of every row of ``c`` on ``cluster``: nameplate link and compute rates, or a calibration's.
-    ``sync``: gradients reduced every micro-batch (None: each row's ``sync_every_micro_batch``)."""
+    ``sync``: gradients reduced every micro-batch (None: each row's ``sync_every_micro_batch``).
+    ``memory``: the rows' ``estimate_memory`` columns where the caller has them (the paged optimizer
+    states the device cannot hold cost step time); computed here otherwise."""
     links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
     with quiet_numpy():
-        return _timed(c, links, rates, sync, bands)
+        memory = estimate_memory(c, breakdown=False) if memory is None else memory
+        return _timed(c, links, rates, sync, bands, memory)
 
 
-def _timed(c, links, rates, sync, bands) -> dict[str, Any]:
+def _timed(c, links, rates, sync, bands, memory) -> dict[str, Any]:
     """``time_columns`` of ``c`` at the given link and compute rates."""
     volume = comm.comm_volume(c, sync)
-    times = throughput.step_time(c, links, rates, sync, volume=volume)
+    times = throughput.step_time(c, links, rates, sync, volume=volume, memory=memory)
     out = {**volume, **times, "calibrated": bool(links.calibrated or rates.calibrated)}
     for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
         out[f"{name}_low"], out[f"{name}_high"] = throughput_band(times[name], bands)
@@ -176,7 +179,7 @@ def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, al
     ``calibration``'s (an overlay, ``calibrate.overlay.load_calibration``)."""
     c = stack_queries([query_values(*_checked_query((spec, cluster, config)))])
     m, verdict, overflow = memory_verdict(c, allocator, bands)
-    times = checked_time_columns(c, cluster, calibration, bands) if time else {"overflow": False}
+    times = checked_time_columns(c, cluster, calibration, bands, memory=m) if time else {"overflow": False}
     return rows_of({**m, **verdict, **times, "overflow": overflow | times["overflow"]}, 1)[0]
 
 
@@ -188,10 +191,10 @@ def query_time(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibr
     return rows_of(checked_time_columns(c, cluster, calibration, bands), 1)[0]
 
 
-def checked_time_columns(c: Columns, cluster: Cluster, calibration, bands) -> dict[str, Any]:
+def checked_time_columns(c: Columns, cluster: Cluster, calibration, bands, memory=None) -> dict[str, Any]:
     """``time_columns`` of ``c``'s rows (each its own sync) with ``overflow`` (the guard on their
     inputs and times)."""
-    times = time_columns(c, cluster, None, calibration, bands)
+    times = time_columns(c, cluster, None, calibration, bands, memory)
     return {**times, "overflow": bad_results(c, times)}
 
 

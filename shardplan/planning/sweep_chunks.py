@@ -175,7 +175,7 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     links = comm.LinkRates(**{f: extra[f] for f in RATE_FIELDS})
     rates = throughput.ComputeRates(**{f: extra[f] for f in COMPUTE_FIELDS + (PEAK_FIELD,)})
     with quiet_numpy():
-        out.update(throughput.step_time(c, links, rates, volume=volume))
+        out.update(throughput.step_time(c, links, rates, volume=volume, memory=out))
     out["tokens_per_s_low"], out["tokens_per_s_high"] = throughput_band(out["tokens_per_s"], bands)
     return out
 
