@@ -63,6 +63,7 @@ def record_columns(record: dict, spec: ModelSpec | None = None) -> Columns:
         reentrant_checkpointing=bool(cfg["gradient_checkpointing"] and cfg["use_reentrant"]),
         quant_state_sharded=False, rope_shared_batch=True,
         fused_dropout=on_cuda(record), autocast=False,  # hf_stack runs no torch.autocast
+        fsdp_mp_policy=True,  # but gives FSDP1/FSDP2 a MixedPrecision policy itself (hf_stack.py)
         optimizer_impl=st.OPT_FOREACH if on_cuda(record) else st.OPT_FOR_LOOP, sdpa_fp32_gqa_math=on_cuda(record),
     )
 

@@ -165,7 +165,8 @@ def lora_adapter_dtype_bytes(c, a):
     only when ``mixed_precision != "no"``, and transformers 4.48.1 ``TrainingArguments`` sets it from
     ``bf16``/``fp16``. A 16-bit model trained without them (fms-acceleration's LoRA rows: bf16 unset,
     ``accelerate.yaml`` ``mixed_precision: 'no'``) all-gathers PEFT's fp32 adapter units in fp32,
-    and PEFT casts each adapted input as on one GPU.
+    and PEFT casts each adapted input as on one GPU. A loop that builds FSDP's policy itself
+    (``fsdp_mp_policy``: shardplan's CPU harness, ``calibrate/hf_stack.py``) casts without autocast.
     Unwrapped / torch-DDP runs keep PEFT's fp32 adapters; what their matmuls save under autocast is
     ``lora_saved_dtype_bytes``. DeepSpeed
     (every stage, its "ddp" = stage 0 included) casts the whole module to the 16-bit dtype
@@ -176,8 +177,8 @@ def lora_adapter_dtype_bytes(c, a):
     ``validate_expected_param_dtype``) and its forward, ``lora_b(lora_a(dropout(x)))``, casts
     nothing: no fp32 copy on the torchtune stack."""
     unwrapped = eng.wrapper_is(eng.W_NONE, c.engine, c.strategy) | eng.wrapper_is(eng.W_DDP, c.engine, c.strategy)
-    fsdp_fp32 = eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy) & (c.stack == st.HF) \
-        & np.logical_not(np.asarray(c.autocast, dtype=bool))
+    policy = np.asarray(c.autocast, dtype=bool) | np.asarray(c.fsdp_mp_policy, dtype=bool)
+    fsdp_fp32 = eng.wrapper_is(eng.W_FSDP, c.engine, c.strategy) & (c.stack == st.HF) & np.logical_not(policy)
     cast = (unwrapped | fsdp_fp32) & (a < 4) & (c.stack != st.TORCHTUNE)
     return np.where(cast, 4, a), cast
 

@@ -165,6 +165,7 @@ class Columns:
     loop_keeps_logits: np.ndarray    # the loop holds its (shifted, fp32) logits through backward (activations.logits_backward_bytes)
     rope_shared_batch: np.ndarray    # RoPE cos/sin computed for one row and broadcast over the batch (HF; tiny harness: b rows)
     autocast: np.ndarray             # torch.autocast (HF Trainer bf16/fp16; FSDP then has MixedPrecision); False: none
+    fsdp_mp_policy: np.ndarray       # the loop gives FSDP a MixedPrecision policy itself, autocast or not (CPU harness)
     fused_dropout: np.ndarray        # CUDA native_dropout (1-byte mask); False: CPU's composite (mask in the input dtype)
     optimizer_impl: np.ndarray       # OPTIMIZER_IMPLS code: fused, foreach (torch's CUDA default), for_loop (CPU default)
     sdpa_fp32_gqa_math: np.ndarray   # fp32 + GQA sends SDPA to its math backend (CUDA); False: CPU's flash kernel
@@ -239,7 +240,7 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     chunked_head=False, loop_keeps_logits=False, nf4_whole_quantize=False, optimizer_impl=st.OPT_FOREACH,
     # mechanism columns: what real stacks on CUDA do (RoPE built from one row of position ids:
     # transformers, torchtitan's freqs_cis; CUDA's fused dropout; foreach AdamW)
-    rope_shared_batch=True, autocast=True, fused_dropout=True, sdpa_fp32_gqa_math=True,
+    rope_shared_batch=True, autocast=True, fsdp_mp_policy=False, fused_dropout=True, sdpa_fp32_gqa_math=True,
     expandable_segments=False,  # the caching allocator's default (allocator.py)
     sync_every_micro_batch=True,  # FSDP's and DeepSpeed's default: no no_sync / set_requires_gradient_sync(False)
 )
