@@ -53,11 +53,14 @@ def test_flash_rate_rises_with_sequence_from_the_papers_low_end():
     assert float(tp.attention_rate_factor(st.TRITON, 512)) == pytest.approx(tp.FLASH_SHORT_SEQ_FACTOR * tp.TRITON_OVER_FLASH2)
 
 
-@pytest.mark.parametrize("factor", [0.5, 2.0])
+@pytest.mark.parametrize("factor", [2.0])
 def test_mis_set_short_sequence_factor_is_worse_on_the_short_sequence_rows(monkeypatch, factor):
     """The llm-foundry rows at ≤ 2k tokens get worse when the short-sequence factor's distance from
-    1 is halved or doubled (median |error| 4.7 % → 5.1 % / 4.8 % on this tree; nothing was fitted
-    on them: the factor is the paper's range). A weak lever: attention is ≤ 10 % of these steps."""
+    1 is doubled (median |error| 3.7 % → 4.7 % at the calibrated window factor; nothing was fitted on
+    them: the factor is the paper's range). Halving it no longer makes them worse: since their
+    16-bit LayerNorm is counted and the window factor calibrated (session 5) it moves them 3.7 →
+    3.5 % (at kernel rates, k = 1, the rows are 15 % optimistic and halving makes them worse, 15.4 →
+    16.7 %). Not a reason to move a sourced constant. A weak lever: attention is ≤ 10 % of these steps."""
     queries = [q for q in _mf_queries() if q.config.seq_len <= 2048]
     sourced = _median_abs(queries)
     monkeypatch.setattr(tp, "FLASH_SHORT_SEQ_FACTOR", 1 - (1 - tp.FLASH_SHORT_SEQ_FACTOR) * factor)

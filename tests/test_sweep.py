@@ -114,6 +114,7 @@ def test_comm_and_throughput_columns_equal_scalar_path(grid):
     comm = pytest.importorskip("shardplan.formulas.comm")
     tp = pytest.importorskip("shardplan.formulas.throughput")
     from shardplan.formulas.columns import columns_for
+    from shardplan.inputs import time_calibration
 
     rng = np.random.default_rng(7)
     sample = grid.iloc[rng.choice(len(grid), size=80, replace=False)]
@@ -126,7 +127,9 @@ def test_comm_and_throughput_columns_equal_scalar_path(grid):
                                 seq_len=int(row.seq_len), grad_accum=int(row.grad_accum))
         c = columns_for(get_model(row.model), cluster, config)
         volume = comm.comm_volume(c)
-        times = tp.step_time(c, comm.link_rates(cluster), tp.compute_rates(cluster), volume=volume)
+        # the sweep answers as fit does: at the calibrated window factor (inputs.time_calibration)
+        rates = tp.compute_rates(cluster, window_factor=time_calibration.window_factor())
+        times = tp.step_time(c, comm.link_rates(cluster), rates, volume=volume)
         for name, value in {**volume, **times}.items():
             got = getattr(row, name)
             assert got == pytest.approx(float(value), rel=1e-12, nan_ok=True), (name, row)

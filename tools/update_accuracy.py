@@ -4,7 +4,8 @@
 (tests/data/published_runs/runs.csv) and writes its table between the markers of the section named
 ``memory-report`` in docs/accuracy.md; the band's unknown-stack fractions fitted on every source into
 shardplan/data/accuracy_bands.json (``validation/bands.py``); the time half (the tokens/s section and
-the throughput band from its 10th/90th percentiles, ``validation/tokens.py``); the collectives table
+the throughput band from its 10th/90th percentiles, ``validation/tokens.py``; the calibrated window
+factor in shardplan/data/time_calibration.json, ``validation/window_factor.py``); the collectives table
 (``validation/collectives.py``); and the headline numbers to
 tests/data/published_runs/accuracy_committed.json, which tests/test_accuracy_report.py compares each
 run with: a change that makes any of them worse fails. ``--check`` only reports whether the files are
@@ -27,6 +28,7 @@ COMMAND = "shardplan accuracy"
 
 
 BANDS = ROOT / "shardplan" / "data" / "accuracy_bands.json"
+TIME_CALIBRATION = ROOT / "shardplan" / "data" / "time_calibration.json"
 
 
 def generated() -> tuple[str, dict, str]:
@@ -59,7 +61,8 @@ def throughput_band(shipped: dict) -> dict:
     derivation = (f"error = predicted / published - 1 of tokens/s/GPU over the {len(rows)} development-set runs with "
                   f"tokens/s that shardplan expresses (median |error| {s['median_abs']:.1%}, signed median "
                   f"{s['signed_median']:+.1%}, p90 {s['p90_abs']:.1%}, nearest-rank quantiles); nothing in the time "
-                  "model is fitted on them, so each error is out of source. Two-sided: low = estimate / (1 + p90 "
+                  "model but the window factor is fitted on them, and each source is predicted with the factor fitted on "
+                  "the other sources (shardplan.validation.window_factor), so each error is out of source. Two-sided: low = estimate / (1 + p90 "
                   f"error) = estimate / (1 + {slower:.3f}); high = estimate x (1 + {faster:.3f}), 1 / (1 + p10 error) "
                   "- 1: runs faster than predicted exist. The middle 80 % of runs lie inside")
     return {**shipped, "slower_than_predicted": round(slower, 3), "faster_than_predicted": round(faster, 3),
@@ -75,6 +78,14 @@ def token_rows() -> tuple:
     from shardplan.validation import tokens
 
     return tuple(tokens.dev_set_rows(RUNS))
+
+
+def window_factor_text() -> str:
+    """shardplan/data/time_calibration.json as fitted on the tokens/s rows predicted at k = 1
+    (``validation/window_factor.py``)."""
+    from shardplan.validation import tokens, window_factor
+
+    return window_factor.calibration_text(tokens.predict(tokens.dev_set_queries(RUNS), window_factor=1.0))
 
 
 def between(doc: str, begin: str, end: str, section: str) -> str:
@@ -95,7 +106,7 @@ def main(argv: list[str]) -> int:
     begin, end = COLLECTIVES
     doc = between(doc, begin, end, f"{begin}\n{collectives.report_markdown().rstrip()}\n{end}")
     committed = json.dumps(numbers, indent=1, sort_keys=True) + "\n"
-    files = ((DOC, doc), (COMMITTED, committed), (BANDS, band_file))
+    files = ((DOC, doc), (COMMITTED, committed), (BANDS, band_file), (TIME_CALIBRATION, window_factor_text()))
     stale = [p.name for p, text in files if not p.exists() or p.read_text() != text]
     if "--check" in argv:
         print("stale: " + ", ".join(stale) if stale else "current")

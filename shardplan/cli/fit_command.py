@@ -17,7 +17,7 @@ FIT_KNOBS = ("engine", "method", "lora_rank", "lora_targets", "precision", "opti
              "seq_len", "micro_batch", "grad_accum", "shard_group_size", "attention", "reduce_dtype", "stack",
              "ce_chunks", "optimizer_in_backward", "activation_offload", "paged_optimizer", "fp32_master",
              "quant_format", "expandable_segments", "checkpoint_wrapper", "use_cache", "kbit_prep", "fused_lm_head", "load_mode",
-             "optimizer_impl", "quant_buffers_sharded")
+             "optimizer_impl", "quant_buffers_sharded", "compile")
 
 
 @with_stack_knobs(after="shard_group_size")

@@ -27,8 +27,9 @@ SWITCHES = {
     "kbit_prep": "QLoRA PEFT kbit prep (fp32)", "expandable_segments": "expandable_segments allocator",
     "fp32_master": "fp32 master (unless bf16-pure)",
     "quant_buffers_sharded": "GPTQ qweight/qzeros sharded by FSDP (fms-acceleration's plugin)",
+    "compile": "torch.compile'd blocks: fused element-wise (stack's)",
 }
-HIDDEN_SWITCHES = ("quant_buffers_sharded",)
+HIDDEN_SWITCHES = ("quant_buffers_sharded", "compile")  # fit --help stays short (tests/test_questions.py)
 
 
 def _switch(knob: str) -> typer.models.OptionInfo:

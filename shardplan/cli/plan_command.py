@@ -18,7 +18,8 @@ from shardplan.support.limits import MAX_PLAN_CONFIGURATIONS
 PLAN_KNOBS = ("method", "strategy", "engine", "ac", "offload", "micro_batch", "shard_group_size", "lora_rank",
               "lora_targets", "precision", "optimizer", "attention", "reduce_dtype", "stack", "seq_len", "ce_chunks",
               "optimizer_in_backward", "activation_offload", "paged_optimizer", "checkpoint_wrapper", "use_cache", "kbit_prep", "fused_lm_head",
-              "expandable_segments", "fp32_master", "quant_format", "load_mode", "optimizer_impl", "quant_buffers_sharded")
+              "expandable_segments", "fp32_master", "quant_format", "load_mode", "optimizer_impl", "quant_buffers_sharded",
+              "compile")
 
 
 @with_stack_knobs(after="optimizer")

@@ -134,6 +134,9 @@ def _validate_one(path: Path) -> str:
         from shardplan.inputs.allocator_profile import AllocatorModel
         load_profile(path, AllocatorModel)
         return f"{path}: ok (AllocatorModel)"
+    if "window_factor" in data:  # the calibrated window factor (inputs/time_calibration.py)
+        from shardplan.inputs.time_calibration import load
+        return f"{path}: ok (window factor {load(path).value:.4f}, calibrated)"
     if data.get("schema") == "shardplan.accuracy/1":
         bands = load_bands(path)
         return f"{path}: ok (accuracy bands, {len(type(bands.classes).model_fields)} term classes)"

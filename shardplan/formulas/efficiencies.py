@@ -2,7 +2,7 @@
 
 Status of each: ``measured`` (fitted on this GPU's committed measurements, shipped with
 shardplan: the H100 GEMM shape fit), ``calibrated`` (the user's calibration overlay measured it on
-their cluster), or ``nameplate`` (the profile's cited figure or a stated ASSUMPTION, not measured
+their cluster; or, for ``window``, fitted on the published runs' tokens/s), or ``nameplate`` (the profile's cited figure or a stated ASSUMPTION, not measured
 for this GPU). ``fit --global-batch-tokens`` prints them under the step time and puts them in its
 JSON (``efficiencies``).
 """
@@ -14,6 +14,7 @@ from typing import Any
 from shardplan.formulas import throughput as tp
 from shardplan.formulas.comm import link_rates
 from shardplan.inputs import strategy as st
+from shardplan.inputs import time_calibration
 
 
 def _entry(name: str, value: float, status: str, source: str) -> dict[str, Any]:
@@ -43,6 +44,16 @@ def _attention(cluster, rates, config: dict[str, Any]) -> dict[str, Any]:
                   "range over sequence length, Triton kernel's speed)")
 
 
+def _window() -> dict[str, Any]:
+    """The calibrated window factor every answer's GPU seconds carry (``inputs.time_calibration``),
+    as the efficiency it stands for: 1 / k."""
+    k = time_calibration.time_calibration()
+    return _entry("window", 1.0 / float(k["value"]), "calibrated",
+                  f"published multi-step tokens/s over a warm GPU's fastest step: 1 / {float(k['value']):.3f}, fitted on "
+                  f"the development set's {len(k['per_source'])} sources and judged leave-one-source-out "
+                  "(shardplan/data/time_calibration.json; no source says what it holds)")
+
+
 def _links(cluster, calibration) -> list[dict[str, Any]]:
     links = link_rates(cluster, calibration)
     tiers = [("intra_node_link", cluster.intra_link, links.intra_alpha_measured)]
@@ -69,4 +80,4 @@ def efficiencies_used(cluster, config: dict[str, Any], gemm_value: float, calibr
            _entry("hbm", float(rates.hbm_bytes_per_s) / nameplate_hbm, hbm_status,
                   "the calibration's element-wise bandwidth" if hbm_status == "calibrated"
                   else f"ASSUMPTION {tp.HBM_EFFICIENCY} of nameplate (throughput.HBM_EFFICIENCY)")]
-    return out + _links(cluster, calibration)
+    return out + [_window()] + _links(cluster, calibration)

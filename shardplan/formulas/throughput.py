@@ -83,6 +83,21 @@ BACKWARD_ELEMENTWISE_FACTOR = 2.0
 # these into ~1 read + 1 write) and 16-bit activations (the counts scale from a = 2).
 RMSNORM_EAGER_BYTES = 36.0
 ROPE_EAGER_BYTES = 20.0
+# A norm that is one 16-bit kernel (``lowp_norm``): llm-foundry's ``LPLayerNorm.forward``
+# (llmfoundry/models/layers/norm.py) casts input, weight and bias to the autocast dtype and runs a
+# single ``F.layer_norm``: read 2 + write 2 = 4 B/element (the per-row mean/rstd are O(1/h)); the
+# benchmark launcher sets it for every table row (scripts/train/benchmarking/submit_benchmarks.py
+# @8c8dd48f: ``norm_type = 'low_precision_layernorm'``). Scaled by a/2 like the others.
+LOWP_NORM_BYTES = 4.0
+# torch.compile of the blocks (torchtitan ``apply_compile``: each TransformerBlock; torchtune
+# ``training.compile``: each layer): inductor fuses the element-wise chain between GEMMs / SDPA
+# into a few kernels. Measured with CPU inductor (torch 2.13; the scheduler's fused nodes'
+# ``get_read_write_buffers_sizes`` plus the complex-multiply fallbacks, GEMMs and SDPA excluded,
+# ``shardplan.calibrate.elementwise_bytes.measure_compiled``) on a torchtitan-style bf16 block,
+# forward + backward: 0.37 (h 256, 8 heads, 2 kv, ffn 768) and 0.40 (h 512, 8 heads, ffn 1536)
+# of the eager bytes. ASSUMPTION: the larger (less fused) figure for every block shape and GPU
+# (the fusion decisions are the shared scheduler's; the Triton backend's heuristics may differ).
+COMPILED_BLOCK_ELEMENTWISE_FRACTION = 0.40
 # Cross-entropy over fp32-upcast logits (torchtitan ``F.cross_entropy(pred.float(), labels)``; HF
 # ``logits.float()``), bytes per vocabulary entry per token: logits written 2, .float() 2+4,
 # log_softmax (max and sum-exp passes + output) 4+4+4, backward: nll grad written 4, log_softmax
@@ -144,14 +159,25 @@ class ComputeRates:
     gemm_shape_cn: np.ndarray = np.nan
     gemm_shape_ck: np.ndarray = np.nan
     gemm_shape_eff_max: np.ndarray = np.nan
+    # k ≥ 1 on every GPU-side second of a step (``window_gpu_s``): 1 is the kernel rates above, what
+    # the fastest step of a warm single GPU runs at; answers use the calibrated window factor
+    # (``inputs.time_calibration``), what published multi-step tokens/s averages ran at
+    window_factor: np.ndarray = 1.0
 
 
-def compute_rates(cluster, calibration=None) -> ComputeRates:
+def window_gpu_s(seconds, rates: ComputeRates):
+    """GPU-side seconds (compute, FSDP's copies, the GPU optimizer step) as a window average runs
+    them: × ``ComputeRates.window_factor``. Host time, the CPU optimizer, PCIe and collectives are
+    not scaled (the factor was fitted on the GPUs' compute time alone)."""
+    return seconds * rates.window_factor
+
+
+def compute_rates(cluster, calibration=None, window_factor=1.0) -> ComputeRates:
     """Coefficients for a cluster's GPU: nameplate and coefficients from the GPU profile (each cited
     there), overlaid by a calibration (``shardplan.calibrate.overlay``) where it measured them: the
     bf16 matmul curve (``ComputeCalibration``: eff_max, m_half, p; and the SM count it read from the
     device) and the element-wise HBM bandwidth (``BandwidthCalibration``, which replaces nameplate ×
-    ``HBM_EFFICIENCY``)."""
+    ``HBM_EFFICIENCY``). ``window_factor``: ``ComputeRates.window_factor`` (1: kernel rates)."""
     from shardplan.inputs.hardware import get_link
     gpu = cluster.gpu
     bf16 = gpu.dense_peak("bf16")
@@ -182,7 +208,8 @@ def compute_rates(cluster, calibration=None) -> ComputeRates:
         hbm_bytes_per_s=np.asarray(hbm),
         host_link_bytes_per_s=np.asarray(host.achievable_bytes_per_s),
         cpu_optimizer_bytes_per_s_per_node=np.asarray(CPU_OPTIMIZER_BYTES_PER_S_PER_NODE), calibrated=calibrated,
-        nccl_sm_fraction=np.asarray(nccl_sm_fraction(sm_count)), **shape)
+        nccl_sm_fraction=np.asarray(nccl_sm_fraction(sm_count)), window_factor=np.asarray(window_factor, dtype=np.float64),
+        **shape)
 
 
 def gemm_shape_fields(gpu) -> dict:
@@ -257,7 +284,11 @@ def flops_per_token(c):
     # op-level SAC recomputes the even mms of each block (activations.op_sac_recomputed_params_per_layer)
     rec_op = frac * 2.0 * c.num_layers * op_sac_recomputed_params_per_layer(c)
     rec_mm = np.select([full_like, c.ac == st.AC_SELECTIVE_OP], [frac * 2.0 * blocks, rec_op], 0.0)
-    rec_attn = np.where(c.ac == st.AC_NONE, 0.0, frac * attn_fwd)
+    # op-level SAC saves SDPA's output when its kernel is in torchtitan's ``_save_list``
+    # (``sac_saves_attention``; parallelize_llama.py @9dec370: flash and efficient), so nothing of
+    # attention is recomputed; block-level modes re-run the whole forward, attention included
+    saved = (c.ac == st.AC_SELECTIVE_OP) & np.asarray(c.sac_saves_attention, dtype=bool)
+    rec_attn = np.where((c.ac == st.AC_NONE) | saved, 0.0, frac * attn_fwd)
     return {"fwd_matmul": fwd_mm, "bwd_matmul": bwd_mm + rec_mm, "fwd_attention": attn_fwd,
             "bwd_attention": attn_bwd + rec_attn, "recompute": rec_mm + rec_attn}
 
@@ -273,27 +304,33 @@ def elementwise_bytes_per_token(c):
     model with learned positions (``rope_dim`` 0: GPT-2, OPT, MPT's ``learned_pos_emb``). Backward moves
     ``BACKWARD_ELEMENTWISE_FACTOR`` × the forward's bytes; recomputed blocks repeat their forward.
     Head: ``CROSS_ENTROPY_BYTES_PER_VOCAB`` · V (fp32 cross-entropy, forward + backward).
-    ASSUMPTION: eager mode, no fused RMSNorm/RoPE/cross-entropy kernels (torch.compile or Liger
-    kernels cut these to ~1 read + 1 write per tensor).
+    ``compile``: the blocks' bytes × ``COMPILED_BLOCK_ELEMENTWISE_FRACTION`` (recompute included:
+    SAC's recomputed element-wise work is compiled with the block); the loss is outside the
+    compiled blocks (torchtitan 9dec370 ``train.py``), and so are adapters, casts and FSDP's copies.
+    ``lowp_norm``: norms at ``LOWP_NORM_BYTES``.
+    ASSUMPTION: no fused RMSNorm/RoPE/cross-entropy kernels otherwise (Liger kernels are not modelled).
     """
     a = stream_dtype_bytes(c)
+    norm = np.where(c.lowp_norm, LOWP_NORM_BYTES, RMSNORM_EAGER_BYTES)
     layer_fwd = layer_forward_elementwise_bytes(a, c.hidden_size, c.q_width, c.kv_width, c.mlp_width,
-                                                c.gated_mlp, np.asarray(c.rope_dim) > 0)
+                                                c.gated_mlp, np.asarray(c.rope_dim) > 0, norm)
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
-    layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac)
+    fused = np.where(c.compile, COMPILED_BLOCK_ELEMENTWISE_FRACTION, 1.0)
+    layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac) * fused
     head = CROSS_ENTROPY_BYTES_PER_VOCAB * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
     return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c) \
         + moe_dispatch_bytes_per_token(c)
 
 
-def layer_forward_elementwise_bytes(a, h, q, kv, i, gated=True, rope=True):
+def layer_forward_elementwise_bytes(a, h, q, kv, i, gated=True, rope=True, norm=RMSNORM_EAGER_BYTES):
     """One block's eager element-wise HBM bytes per token in the forward (``elementwise_bytes_per_token``'s
-    count): 2 RMSNorms, RoPE on q and k, GQA's ``repeat_kv``, the attention output's ``.contiguous()``,
-    2 residual adds and the MLP's activation product, with a the activation bytes."""
+    count): 2 norms of ``norm`` bytes per 16-bit element, RoPE on q and k, GQA's ``repeat_kv``, the
+    attention output's ``.contiguous()``, 2 residual adds and the MLP's activation product, with a the
+    activation bytes."""
     mlp = np.where(gated, 5, 2) * a * np.asarray(i, dtype=np.float64)
     gqa = np.where(np.asarray(q) > np.asarray(kv), 2 * a * (np.asarray(kv) + np.asarray(q)), 0)
     rope_b = np.where(rope, ROPE_EAGER_BYTES * (np.asarray(q) + np.asarray(kv)), 0.0)
-    return (2 * RMSNORM_EAGER_BYTES * np.asarray(h) + rope_b) * (a / 2.0) + gqa + 2 * a * np.asarray(q) \
+    return (2 * np.asarray(norm) * np.asarray(h) + rope_b) * (a / 2.0) + gqa + 2 * a * np.asarray(q) \
         + 6 * a * np.asarray(h) + mlp
 
 
@@ -558,7 +595,7 @@ def optimizer_step_s(c, rates: ComputeRates):
     per_param = optimizer_step_bytes_per_element(c.optimizer, c.precision, c.hidden_size, c.optimizer_impl,
                                                  c.paged_optimizer)
     shard = trainable_params(c) / n_o
-    return np.where(c.offload == st.OFFLOAD_NONE, shard * per_param / rates.hbm_bytes_per_s, 0.0)
+    return np.where(c.offload == st.OFFLOAD_NONE, window_gpu_s(shard * per_param / rates.hbm_bytes_per_s, rates), 0.0)
 
 
 def cpu_optimizer_step_s(c, rates: ComputeRates):
@@ -620,7 +657,8 @@ def micro_batch_compute_s(c, rates: ComputeRates):
     fwd_tok, bwd_tok = compute_time_per_token_s(c, rates)
     dequant = qlora_dequant_s(c, rates)
     head_share = (c.vocab_size * c.hidden_size) / matmul_params_per_token(c)
-    return fwd_tok * tokens_mb + dequant / 2, bwd_tok * tokens_mb + dequant / 2, head_share
+    fwd, bwd = (window_gpu_s(t * tokens_mb + dequant / 2, rates) for t in (fwd_tok, bwd_tok))
+    return fwd, bwd, head_share
 
 
 def per_unit_collective_s(c, t, v, syncs):
@@ -655,7 +693,7 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
     ag_f, ag_b, rs, ar, rep = per_unit_collective_s(c, t, v, syncs)
     # FSDP's copy-out after each all-gather and gradient packing before each reduce-scatter
     # (``fsdp_copy_bytes``), per unit, on the compute stream's time
-    cp_f, cp_b_gather, cp_rs = (x / rates.hbm_bytes_per_s / units for x in fsdp_copy_bytes(c))
+    cp_f, cp_b_gather, cp_rs = (window_gpu_s(x / rates.hbm_bytes_per_s, rates) / units for x in fsdp_copy_bytes(c))
     cf_u = cf + cp_f
     phi = rates.nccl_sm_fraction
     fwd = ag_f + ag_f + (L - 1) * contended_interval_s(cf_u, phi, ag_f) + cf_u + head_f
@@ -686,7 +724,8 @@ def compute_only_phases_s(c, rates: ComputeRates):
     copy-out after each all-gather (gradient packing left out, as for a no_sync micro-batch)."""
     cf_total, cb_total, _ = micro_batch_compute_s(c, rates)
     cp_f, cp_b_gather, _ = fsdp_copy_bytes(c)
-    return cf_total + cp_f / rates.hbm_bytes_per_s, cb_total + cp_b_gather / rates.hbm_bytes_per_s
+    return (cf_total + window_gpu_s(cp_f / rates.hbm_bytes_per_s, rates),
+            cb_total + window_gpu_s(cp_b_gather / rates.hbm_bytes_per_s, rates))
 
 
 def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=None, volume=None, memory=None):

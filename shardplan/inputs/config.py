@@ -95,6 +95,12 @@ class TrainingConfig(BaseModel):
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
     optimizer_impl: str | None = Field(None, description="how the AdamW step runs: fused (one kernel), foreach "
                                        "(torch's CUDA default: multi-tensor passes and a sqrt(v) copy), for_loop")
+    compile: bool | None = Field(None, description="torch.compile of the transformer blocks: inductor fuses their "
+                                 "element-wise kernels (throughput.COMPILED_BLOCK_ELEMENTWISE_FRACTION)")
+    lowp_norm: bool | None = Field(None, description="each norm is one 16-bit kernel (llm-foundry's "
+                                   "low_precision_layernorm), not an fp32-upcast RMSNorm (throughput.LOWP_NORM_BYTES)")
+    sac_saves_attention: bool | None = Field(None, description="op-level SAC saves the SDPA output (torchtitan's "
+                                             "_save_list holds the kernel the run used): no attention recompute")
 
     def __init__(self, **data: Any) -> None:
         # words are resolved by the validator below (``_one_vocabulary``); a bad one's one-line
@@ -130,7 +136,8 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "quant_buffers_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
                                "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head",
-                               "loop_keeps_logits", "nf4_whole_quantize", "autocast")}
+                               "loop_keeps_logits", "nf4_whole_quantize", "autocast", "compile", "lowp_norm",
+                               "sac_saves_attention")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:

@@ -51,6 +51,9 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     loop_keeps_logits=False,  # today's loops drop the logits before backward (torchtune 'del logits' since #1046 / #1235)
     autocast=True,  # the hf stack's Trainer with bf16/fp16 = True (accelerate mixed precision on)
     optimizer_impl="foreach",  # torch.optim.AdamW with neither flag: _default_to_fused_or_foreach picks foreach on CUDA
+    compile=False,  # eager unless a run says it compiles (torchtitan's and torchtune's configs default to eager)
+    lowp_norm=False,  # torchtitan / Hugging Face RMSNorm: fp32 upcast, op by op
+    sac_saves_attention=True,  # torchtitan's op-level SAC _save_list holds SDPA's flash and efficient kernels
 )
 STACK_KNOBS = tuple(ENGINE_DEFAULTS)
 

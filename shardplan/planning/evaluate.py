@@ -25,6 +25,7 @@ from shardplan.formulas.memory import estimate_memory
 from shardplan.formulas.overflow import bad_results, quiet_numpy
 from shardplan.formulas.throughput import compute_rates
 from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_band
+from shardplan.inputs import time_calibration
 from shardplan.inputs.config import TrainingConfig, resolved_knob_values
 from shardplan.inputs.hardware import Cluster
 from shardplan.inputs.model import ModelSpec
@@ -51,13 +52,17 @@ def evaluate_grid(c: Columns, sync, cluster: Cluster, calibration=None,
 
 
 def time_columns(c: Columns, cluster: Cluster, sync=None, calibration=None,
-                 bands: AccuracyBands | None = None, memory=None) -> dict[str, np.ndarray]:
+                 bands: AccuracyBands | None = None, memory=None,
+                 window_factor: float | None = None) -> dict[str, np.ndarray]:
     """Communication volume and time, step time, tokens/s (with its band, ``*_low`` / ``*_high``) and
     MFU of every row of ``c`` on ``cluster``: nameplate link and compute rates, or a calibration's.
     ``sync``: gradients reduced every micro-batch (None: each row's ``sync_every_micro_batch``).
     ``memory``: the rows' ``estimate_memory`` columns where the caller has them (the paged optimizer
-    states the device cannot hold cost step time); computed here otherwise."""
-    links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration)
+    states the device cannot hold cost step time); computed here otherwise. ``window_factor``: the
+    GPU seconds' factor (None: the calibrated one answers use, ``inputs.time_calibration``; 1: kernel
+    rates, a warm GPU's fastest step)."""
+    k = time_calibration.window_factor() if window_factor is None else window_factor
+    links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration, window_factor=k)
     with quiet_numpy():
         memory = estimate_memory(c, breakdown=False) if memory is None else memory
         return _timed(c, links, rates, sync, bands, memory)
@@ -191,10 +196,11 @@ def query_time(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibr
     return rows_of(checked_time_columns(c, cluster, calibration, bands), 1)[0]
 
 
-def checked_time_columns(c: Columns, cluster: Cluster, calibration, bands, memory=None) -> dict[str, Any]:
+def checked_time_columns(c: Columns, cluster: Cluster, calibration, bands, memory=None,
+                         window_factor=None) -> dict[str, Any]:
     """``time_columns`` of ``c``'s rows (each its own sync) with ``overflow`` (the guard on their
     inputs and times)."""
-    times = time_columns(c, cluster, None, calibration, bands, memory)
+    times = time_columns(c, cluster, None, calibration, bands, memory, window_factor)
     return {**times, "overflow": bad_results(c, times)}
 
 

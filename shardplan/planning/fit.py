@@ -248,13 +248,14 @@ def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calib
 
 
 def step_timings(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], calibration=None,
-                 bands: AccuracyBands | None = None) -> list[dict[str, float]]:
+                 bands: AccuracyBands | None = None, window_factor: float | None = None) -> list[dict[str, float]]:
     """``step_timing`` of several configurations of one model on one cluster in one vectorized pass
-    (``evaluate.checked_time_columns``): what ``fit``'s results with time cost together."""
+    (``evaluate.checked_time_columns``): what ``fit``'s results with time cost together.
+    ``window_factor`` None: the calibrated one (``evaluate.time_columns``)."""
     if not configs:
         return []
     c = stack_queries([query_values(spec, cluster, config) for config in configs])
-    rows = rows_of(checked_time_columns(c, cluster, calibration, bands), len(configs))
+    rows = rows_of(checked_time_columns(c, cluster, calibration, bands, window_factor=window_factor), len(configs))
     for i, (config, row) in enumerate(zip(configs, rows)):
         if row["overflow"]:
             check_one(take_row(c, i), row, config)  # the one-line error of an overflowed result

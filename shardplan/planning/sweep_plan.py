@@ -14,6 +14,7 @@ import numpy as np
 from shardplan.formulas import comm, throughput
 from shardplan.formulas.columns import MODEL_FIELDS, cluster_values, model_values
 from shardplan.inputs import strategy as st
+from shardplan.inputs import time_calibration
 from shardplan.inputs.hardware import Cluster, parse_gpus
 from shardplan.inputs.models import resolve_model
 from shardplan.planning.sweep_axes import AXES, Axis, as_list, checked_ints, dedupe, knob_axes
@@ -31,7 +32,8 @@ RATE_FIELDS = ("intra_alpha_s", "intra_bus_bytes_per_s", "inter_alpha_s", "inter
                "inter_net_latency_s")
 COMPUTE_FIELDS = ("gemm_efficiency", "gemm_m_half", "gemm_p", "attention_efficiency", "hbm_bytes_per_s",
                   "host_link_bytes_per_s", "cpu_optimizer_bytes_per_s_per_node", "nccl_sm_fraction",
-                  "gemm_shape_c0", "gemm_shape_cm", "gemm_shape_cn", "gemm_shape_ck", "gemm_shape_eff_max")
+                  "gemm_shape_c0", "gemm_shape_cm", "gemm_shape_cn", "gemm_shape_ck", "gemm_shape_eff_max",
+                  "window_factor")
 PEAK_FIELD = "peak_flops_by_precision"
 
 
@@ -166,7 +168,7 @@ def _fill_cell(table: dict[str, np.ndarray], cell: tuple[int, int, int], cluster
     rates = comm.link_rates(cluster)
     for f in RATE_FIELDS:
         table[f][cell] = float(getattr(rates, f))
-    compute = throughput.compute_rates(cluster)
+    compute = throughput.compute_rates(cluster, window_factor=time_calibration.window_factor())  # as fit answers
     for f in COMPUTE_FIELDS:
         table[f][cell] = float(getattr(compute, f))
     table[PEAK_FIELD][cell] = getattr(compute, PEAK_FIELD)

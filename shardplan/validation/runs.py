@@ -524,6 +524,9 @@ SOURCE_KNOBS = (
     (r"fms-acceleration scripts/benchmarks", {"reentrant_checkpointing": True, "checkpoint_wrapper": False},
      "fms-acceleration scripts/benchmarks @24bdadb: refs/requirements.txt transformers==4.48.1 (reentrant "
      "gradient checkpointing), accelerate.yaml without fsdp_activation_checkpointing"),
+    (r"llm-foundry scripts/train/benchmarking", {"lowp_norm": True},
+     "llm-foundry scripts/train/benchmarking/submit_benchmarks.py @8c8dd48f: norm_type = "
+     "'low_precision_layernorm' (llmfoundry/models/layers/norm.py LPLayerNorm: one 16-bit F.layer_norm)"),
 )
 SINGLE_PROCESS_SOURCES = r"fms-acceleration scripts/benchmarks"
 
@@ -550,7 +553,8 @@ def training_config(row: dict[str, str], cluster: Cluster, assumed: list[str]) -
     stack = _stack(row, assumed)
     dated = _dating(row, stack)
     knobs: dict[str, Any] = {"stack": stack}
-    for part in (_compiled_loss(row, stack, dated), _bnb_keeps_input(stack, dated), _hf_reentrant(stack, dated),
+    for part in (_compiled_loss(row, stack, dated), _compile(row), _sac_attention(stack, dated, cluster),
+                 _bnb_keeps_input(stack, dated), _hf_reentrant(stack, dated),
                  _torchtune_loss(row, stack, dated), _torchtune_nf4(stack, dated),
                  _framework_knobs(row, assumed), _source_knobs(row, assumed), _strategy(row, cluster),
                  _precision_and_method(row, assumed),
@@ -874,6 +878,33 @@ def _compiled_loss(row: dict[str, str], stack: str, dated: _Dating) -> dict[str,
     if since is None or date is None or not re.match(r"yes", row.get("compile", ""), re.I):
         return {}
     return {"fused_ce": True} if date >= since[0] else {}
+
+
+def _compile(row: dict[str, str]) -> dict[str, Any]:
+    """``compile`` as the row's compile column states it ("yes …" / "no"); unstated: the stack's."""
+    text = row.get("compile", "")
+    if re.match(r"yes", text, re.I):
+        return {"compile": True}
+    return {"compile": False} if re.match(r"no\b", text, re.I) else {}
+
+
+# torchtitan revisions whose op-level SAC recomputes attention on sm100: ``models/attention.py`` puts
+# cuDNN SDPA first there from 3b85aa31f (#1196, 2025-05-14) while ``_save_list`` held only the flash
+# and efficient kernels until b39377f9f (#2095, 2025-12-01) added cuDNN's. Elsewhere torchtitan asks
+# for [FLASH, EFFICIENT, MATH] (cuDNN only when ``has_cuda_capability(10, 0)``), and torch builds
+# before 2.9 (#162073) do not default H100 to cuDNN, so the saved kernel is flash.
+TORCHTITAN_CUDNN_RECOMPUTED = ("2025-05-14", "2025-12-01")
+SM100_GPUS = r"^(b200|gb200)"
+
+
+def _sac_attention(stack: str, dated: _Dating, cluster: Cluster) -> dict[str, Any]:
+    """``sac_saves_attention`` False for a torchtitan revision in ``TORCHTITAN_CUDNN_RECOMPUTED`` on
+    an sm100 GPU; nothing elsewhere (saved: the stack default)."""
+    since, until = TORCHTITAN_CUDNN_RECOMPUTED
+    date = dated.revision
+    if stack != "torchtitan" or date is None or not re.match(SM100_GPUS, cluster.gpu.name):
+        return {}
+    return {"sac_saves_attention": False} if since <= date < until else {}
 
 
 def _loss(row: dict[str, str]) -> dict[str, Any]:

@@ -12,9 +12,11 @@ nodes) and per regime of the prediction:
   overlap must hide: multi-node, PCIe cards, large data-parallel degrees);
 * ``compute-bound``: the rest.
 
-No constant of the time model is fitted on these runs (the GEMM shape fit comes from the H100
-probes, link and latency figures from NCCL and the profiles), so every error here is out of
-source. The tokens/s band is two-sided from those errors (``band_quantiles``).
+One constant of the time model is fitted on these runs: the calibrated window factor on a step's
+GPU seconds (``validation/window_factor.py``); each source is predicted with the factor fitted on
+the other sources (``dev_set_rows``), so every error here is out of source. Nothing else is (the
+GEMM shape fit comes from the H100 probes, link and latency figures from NCCL and the profiles).
+The tokens/s band is two-sided from those errors (``band_quantiles``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardplan.inputs import time_calibration
 from shardplan.support.quantiles import error_stats, quantile
 from shardplan.validation.runs import RunQuery, read_runs
 
@@ -40,6 +43,8 @@ class TokensRow:
     regime: str
     published: float
     predicted: float
+    gpu_share: float = 1.0  # GPU seconds (compute + GPU optimizer) / step (window_factor.row_factor)
+    window_factor: float = 1.0  # the factor it was predicted at
 
     @property
     def error(self) -> float:
@@ -69,22 +74,36 @@ def regime(t: dict, offloaded: bool) -> str:
     return "compute-bound"
 
 
-def predict(queries: list[RunQuery]) -> list[TokensRow]:
-    """The rows' predictions, one vectorized ``fit.step_timings`` call per row."""
+def predict(queries: list[RunQuery], window_factor: float | dict[str, float] | None = None) -> list[TokensRow]:
+    """The rows' predictions, one vectorized ``fit.step_timings`` call per row, at ``window_factor``
+    (a number, a source -> number map, or None: the calibrated one answers use)."""
     from shardplan.planning.fit import step_timings
 
     out = []
     for q in queries:
-        t = step_timings(q.spec, q.cluster, [q.config])[0]
+        k = window_factor.get(q.source, 1.0) if isinstance(window_factor, dict) else window_factor
+        t = step_timings(q.spec, q.cluster, [q.config], window_factor=k)[0]
+        gpu = t["compute_s"] + (t["optimizer_s"] if q.config.offload == "none" else 0.0)
         out.append(TokensRow(q.row_id, q.source, run_class(q), regime(t, q.config.offload != "none"),
                              q.measured_tokens_per_s_per_gpu,
-                             t["tokens_per_s_per_gpu"]))
+                             t["tokens_per_s_per_gpu"], gpu / t["step_time_s"],
+                             float(time_calibration.window_factor() if k is None else k)))
     return out
 
 
+def dev_set_queries(path: Path = RUNS) -> list[RunQuery]:
+    """Every expressible row of the runs CSV with a tokens/s number."""
+    return [r for r in read_runs(path) if isinstance(r, RunQuery) and r.measured_tokens_per_s_per_gpu]
+
+
 def dev_set_rows(path: Path = RUNS) -> list[TokensRow]:
-    """Every expressible row of the runs CSV with a tokens/s number, predicted."""
-    return predict([r for r in read_runs(path) if isinstance(r, RunQuery) and r.measured_tokens_per_s_per_gpu])
+    """Every expressible row of the runs CSV with a tokens/s number, predicted out of source: each
+    source at the window factor fitted on the other sources (``window_factor.loso`` of the rows
+    predicted at k = 1)."""
+    from shardplan.validation import window_factor
+
+    queries = dev_set_queries(path)
+    return predict(queries, window_factor.loso(predict(queries, window_factor=1.0)))
 
 
 def stats(errors) -> dict[str, float]:
@@ -127,10 +146,13 @@ def report_markdown(rows: list[TokensRow] | None = None) -> str:
     by_class = grouped(rows, lambda r: r.klass)
     off = [f"{k} ({v['signed_median']:+.1%}, {v['n']} runs)" for k, v in by_class.items()
            if abs(v["signed_median"]) > WORST_SIGNED]
+    loso = ", ".join(f"{s} {k:.3f}" for s, k in sorted({r.source: r.window_factor for r in rows}.items()))
     lines = [BEGIN, "",
              f"{overall['n']} runs with tokens/s: median |error| {overall['median_abs']:.1%}, signed median "
              f"{overall['signed_median']:+.1%}, p90 {overall['p90_abs']:.1%} (error = predicted / published − 1; "
-             "nothing fitted on these runs, so every error is out of source). Band: estimate / "
+             f"each source predicted at the window factor fitted on the other sources — {loso}; answers use the "
+             "one calibrated on all of them, shardplan/data/time_calibration.json — so every error is out of "
+             "source). Band: estimate / "
              f"(1 + {slower:.3f}) … estimate × (1 + {faster:.3f}), the 10th–90th percentiles.", ""]
     lines += _table("regime", grouped(rows, lambda r: r.regime))
     lines += _table("source", grouped(rows, lambda r: r.source))

@@ -1,0 +1,55 @@
+"""The calibrated window factor (``shardplan/data/time_calibration.json``): what a published
+tokens/s — a window average over many steps of a run — takes beyond the kernel rates the time
+model prices (``throughput.ComputeRates.window_factor``; 1 = the fastest step of a warm GPU).
+
+Nothing in the time model's mechanisms says where it comes from; it is *calibrated*: fitted on
+the development set's published tokens/s and judged leave-one-source-out
+(``shardplan.validation.window_factor``, which writes this file; docs/accuracy.md "Time"). Answers
+label it so (``formulas.efficiencies``: ``window … (calibrated)``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError
+
+from shardplan.inputs.profiles import read_json
+from shardplan.support.errors import ShardplanError
+
+TIME_CALIBRATION_FILE = Path(__file__).resolve().parents[1] / "data" / "time_calibration.json"
+
+
+class WindowFactor(BaseModel):
+    """The ``window_factor`` entry: the value answers use, how it was fitted, each source's own
+    factor and the one fitted without it."""
+
+    model_config = ConfigDict(extra="forbid")
+    value: PositiveFloat
+    status: str
+    derivation: str
+    per_source: dict[str, float]
+    loso: dict[str, float]
+
+
+def load(path: Path) -> WindowFactor:
+    """The file's entry, validated (one-line error naming the field)."""
+    data = read_json(path, "time_calibration")
+    try:
+        return WindowFactor.model_validate(data.get("window_factor"))
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in ("window_factor", *first["loc"]))
+        raise ShardplanError(f"{Path(path).name}: {field}", first.get("input"), first["msg"]) from None
+
+
+@lru_cache(maxsize=1)
+def time_calibration() -> dict:
+    """The shipped file's ``window_factor`` entry: value, derivation, per-source and leave-one-out values."""
+    return load(TIME_CALIBRATION_FILE).model_dump()
+
+
+def window_factor() -> float:
+    """The calibrated factor on a step's GPU seconds that answers use (≥ 1 as fitted)."""
+    return float(time_calibration()["value"])
