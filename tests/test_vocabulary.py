@@ -266,3 +266,20 @@ def test_the_names_users_type_reach_a_cluster_end_to_end(capsys, query, label, g
     assert code == 0, err
     answer = json.loads(out)
     assert answer["cluster"]["label"] == label and answer["gpu"]["name"] == gpu
+
+
+def test_compile_query_words_set_the_knob_and_shorten_the_step(capsys):
+    """`compile` is reachable from the query (its --compile switch is left out of --help), and the
+    answer it changes is the step time: inductor's fusion leaves fewer element-wise bytes."""
+    q = "llama-3.1-8b on 8xh100-sxm seq 8192 full_shard"
+    assert parse_query(f"{q} compile").options["compile"] is True
+    assert parse_query(f"{q} torch-compile").options["compile"] is True
+    assert parse_query(f"{q} no-compile").options["compile"] is False
+    assert "compile" not in parse_query(q).options
+    steps = {}
+    for word in ("no-compile", "compile"):
+        code, out, err = run(capsys, "fit", f"{q} {word}", "--strategy", "full_shard",
+                             "--global-batch-tokens", "4M", "--json")
+        assert code == 0, err
+        steps[word] = json.loads(out)["time"]["step_time_s"]
+    assert steps["compile"] < steps["no-compile"]

@@ -18,8 +18,9 @@ WIDE_HELP = "every line whole, however wide (default: $COLUMNS, the terminal, or
 FORCE_HELP = "apply a foreign --calibration; replace a read-only --export file"
 
 # The stack's on/off knobs, each an option --knob/--no-knob left unset (the stack's) when not given:
-# knob -> its --help line. quant_buffers_sharded is one plugin's switch (query word fms-gptq):
-# documented in docs/stacks.md, left out of --help, which stays within 80 lines (tests/test_questions.py)
+# knob -> its --help line. quant_buffers_sharded (query word fms-gptq) and compile (query word compile)
+# are documented in docs/stacks.md and docs/vocabulary.md, left out of --help, which stays within 80
+# lines (tests/test_questions.py)
 SWITCHES = {
     "optimizer_in_backward": "step in backward (stack's)", "activation_offload": "activations to CPU (stack's)",
     "paged_optimizer": "paged 8-bit states (stack's)", "checkpoint_wrapper": "AC by checkpoint_wrapper",

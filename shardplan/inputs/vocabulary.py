@@ -175,6 +175,10 @@ FLAGS: tuple[Flag, ...] = (
          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     Flag(("paged",), (("paged_optimizer", True),),
          "bitsandbytes paged optimizer (Transformers optim='paged_adamw_8bit')", (("optimizer", "adamw-8bit"),)),
+    Flag(("compile", "torch-compile", "compiled"), (("compile", True),),
+         "the blocks run under torch.compile (torchtitan training.compile, torchtune compile: True, "
+         "fms-fsdp use_torch_compile): inductor fuses their element-wise work"),
+    Flag(("no-compile",), (("compile", False),), "eager blocks (no torch.compile)"),
     Flag(("fp32-master",), (("fp32_master", True),), "an fp32 master copy of the weights"),
     Flag(("no-fp32-master",), (("fp32_master", False),), "16-bit weights, no fp32 master copy"),
 )
