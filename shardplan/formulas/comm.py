@@ -636,3 +636,31 @@ def comm_times(c, rates: LinkRates, volume=None, sync_every_micro_batch=None):
         else:
             out[f"{name}_s"] = ring_collective_time_s(op, S, calls, group, c.gpus_per_node, rates)
     return out
+
+
+# NVLS (NVLink SHARP) all-reduce inside one NVSwitch node, NCCL's own model (NVIDIA/nccl
+# ``src/graph/search.cc`` ``ncclTopoSearchTryNvls`` and ``src/graph/tuning.cc``, v2.27.7-1 and
+# v2.29.7-1): without a NIC the NVLS graph has one channel per GPU (head), and a channel takes its
+# bandwidth once on every GPU's NVSwitch link each way and twice on its head's, so each link carries
+# (n + 1)·bw: bwIntra = B/(n + 1), nChannels·bwIntra = n·B/(n + 1). v2.27.7 turns that into
+# algbw = 5/6 of it; from v2.28.3 the bus bandwidth is nChannels·bwIntra·eff·(nCh − 1)/nCh·2
+# (``nvlsEfficiency``: Hopper 0.85, Blackwell 0.74) over the ring's nRanks/nsteps. Both give, in
+# nccl-tests' bus bandwidth (algbw·2(n − 1)/n), 2·eff·(n − 1)/(n + 1)·B with eff = 5/6 (v2.27) or
+# the architecture's. Latency: hwLat NVLink NVLS Simple 25 µs (baseLat 0), v2.27.7-1.
+# ASSUMPTIONS: B is the ring's achievable bus bandwidth (the NVLS graph's link budget is the
+# ring's; NCCL's speed-array rounding of bwIntra, a few %, is left out).
+NCCL_NVLS_EFFICIENCY_2_27 = 5.0 / 6.0
+NCCL_NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}  # v2.28.3-1 … v2.30.7-1
+NCCL_NVLS_LATENCY_S = 25e-6
+
+
+def nvls_all_reduce_bus_bytes_per_s(n, intra_bus_bytes_per_s, efficiency):
+    """nccl-tests bus bandwidth of NCCL's NVLS all-reduce over ``n`` GPUs of one NVSwitch node."""
+    n = np.asarray(n, dtype=np.float64)
+    return 2.0 * np.asarray(efficiency) * (n - 1.0) / (n + 1.0) * np.asarray(intra_bus_bytes_per_s)
+
+
+def nvls_all_reduce_time_s(message_bytes, n, intra_bus_bytes_per_s, efficiency):
+    """NCCL's time for one NVLS all-reduce of ``message_bytes`` (latency + S / algbw)."""
+    bus = nvls_all_reduce_bus_bytes_per_s(n, intra_bus_bytes_per_s, efficiency)
+    return NCCL_NVLS_LATENCY_S + np.asarray(message_bytes, dtype=np.float64) / busbw_to_algbw(bus, "all_reduce", n)

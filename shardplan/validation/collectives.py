@@ -37,9 +37,13 @@ this table, so every error is out of source. Any other harness: NCCL's time alon
 A line's NCCL environment where its source states it (``FABRIC_PROTOCOLS``): Google's
 GPUDirect-TCPXO profile runs NCCL_PROTO=Simple.
 
-Rows NCCL runs with in-network reduction (NVLS, CollNet/SHARP) are reported apart: the model
-prices a ring or a tree. A line that states Ring ran (a per-algorithm job, ``NCCL_NVLS_ENABLE=0``)
-is priced as a ring; the others at NCCL's own choice, Tree included for an all-reduce. Rows whose
+A one-node NVLS all-reduce line is priced with NCCL's own NVLS model (``comm.nvls_all_reduce_time_s``:
+NVLS graph search and tuning.cc, efficiency by the line's NCCL version and GPU architecture) and
+counted in its size regime. The other in-network lines (NVLS across nodes or for an all-gather /
+reduce-scatter, CollNet/SHARP) are reported apart (``IN_NETWORK_UNPRICED``): the model prices them
+as a ring or a tree; they are also counted, so priced, in the "incl. in-network" row of each
+regime. A line that states Ring ran (a per-algorithm job, ``NCCL_NVLS_ENABLE=0``) is priced as a
+ring; the others at NCCL's own choice, Tree included for an all-reduce. Rows whose
 fabric has no profile are listed with the reason (``skipped``).
 """
 
@@ -52,7 +56,18 @@ from pathlib import Path
 
 import numpy as np
 
-from shardplan.formulas.comm import NCCL_PROTOCOLS, OPS, LinkRates, nccl_hops, ring_bus_bytes_per_s, ring_collective_time_s, ring_factor
+from shardplan.formulas.comm import (
+    NCCL_NVLS_EFFICIENCY,
+    NCCL_NVLS_EFFICIENCY_2_27,
+    NCCL_PROTOCOLS,
+    OPS,
+    LinkRates,
+    nccl_hops,
+    nvls_all_reduce_time_s,
+    ring_bus_bytes_per_s,
+    ring_collective_time_s,
+    ring_factor,
+)
 from shardplan.formulas.eager_host import HOST_OP_S
 from shardplan.inputs.hardware import get_link
 from shardplan.support.quantiles import quantile
@@ -87,11 +102,16 @@ FABRICS = {
 # ``axlearn/cloud/gcp/nccl/a3_mega/tuner_config.txtpb`` at 4da5d0ec, "Default A3+ tuning
 # configuration") — NCCL's own model picks Tree there too once Simple is the only protocol.
 FABRIC_PROTOCOLS = {TCPXO: ("simple",)}
-IN_NETWORK = ("nvls", "collnet")
+IN_NETWORK = ("nvls", "collnet")  # the algo column's leading word; 'ring (NCCL_NVLS_ENABLE=0)' is a ring
+# A line without its NCCL version (the ml-engineering 'SHARP' GPU-count sweep) is taken to have run
+# the version its section's other lines state, 2.27.7 (ASSUMPTION).
+NCCL_VERSION_UNSTATED = (2, 27)
 # A quoted bus bandwidth (no time given) rounded so coarsely that half a unit of its last digit is
 # more than the issue's 10 % criterion cannot be held to it (0.01 GB/s is ±50 %).
 ROUNDING_LIMIT = 0.10
 NCCL_TESTS_ONLY = "all, nccl-tests harness"
+NCCL_TESTS_INCL_IN_NETWORK = "all, nccl-tests harness, incl. in-network"
+IN_NETWORK_UNPRICED = "in-network, not priced (NVLS multi-node / all-gather, CollNet)"
 LATENCY_BOUND_SHARE = 0.5
 
 # Host issue time of one NCCL call per GPU a thread drives: NVIDIA/nccl-tests issue #123
@@ -132,6 +152,7 @@ class CollectiveRow:
     forced_ring: bool = False  # the line states Ring ran (not NCCL's free choice): no Tree
     protocols: tuple = NCCL_PROTOCOLS  # NCCL_PROTO of the line's environment (``FABRIC_PROTOCOLS``)
     iters: int = NCCL_TESTS_ITERS  # nccl-tests -n: timed iterations per line
+    nvls_efficiency: float = 0.0  # > 0: NCCL ran (and its model prices) a one-node NVLS all-reduce
 
 
 def _harness(tool: str) -> tuple[str, int]:
@@ -155,6 +176,21 @@ def _forced_ring(algo: str) -> bool:
     selection)' only names the output file, so NCCL chose freely."""
     text = algo.lower()
     return text.startswith("ring") and "default selection" not in text
+
+
+def _in_network(algo: str) -> bool:
+    return algo.lower().startswith(IN_NETWORK)
+
+
+def _nvls_efficiency(row: dict) -> float:
+    """NCCL's NVLS efficiency for a one-node NVLS all-reduce line (``comm.NCCL_NVLS_EFFICIENCY``: 5/6
+    up to v2.27, per architecture from v2.28.3), 0 for any other line."""
+    if not (row["algo"].lower().startswith("nvls") and row["op"] == "all_reduce" and row["n_nodes"] == "1"):
+        return 0.0
+    v = re.search(r"NCCL (\d+)\.(\d+)", row["tool"])
+    version = (int(v.group(1)), int(v.group(2))) if v else NCCL_VERSION_UNSTATED
+    arch = "blackwell" if row["gpu"].lstrip("G").startswith("B") else "hopper"
+    return NCCL_NVLS_EFFICIENCY_2_27 if version < (2, 28) else NCCL_NVLS_EFFICIENCY[arch]
 
 
 def _usable(row: dict) -> str:
@@ -200,8 +236,8 @@ def load_rows(path: Path = DATA) -> tuple[list[CollectiveRow], dict[str, str]]:
             rows.append(CollectiveRow(
                 r["row_id"], r["source"], r["op"], int(r["n_gpus"]), int(r["n_nodes"]), int(r["gpus_per_node"]),
                 float(r["bytes"]), _measured_busbw(r), FABRICS[r["interconnect"]],
-                any(k in r["algo"].lower() for k in IN_NETWORK), *_harness(r["tool"]), _forced_ring(r["algo"]),
-                FABRIC_PROTOCOLS.get(r["interconnect"], NCCL_PROTOCOLS), _iters(r["tool"])))
+                _in_network(r["algo"]), *_harness(r["tool"]), _forced_ring(r["algo"]),
+                FABRIC_PROTOCOLS.get(r["interconnect"], NCCL_PROTOCOLS), _iters(r["tool"]), _nvls_efficiency(r)))
     return rows, skipped
 
 
@@ -234,7 +270,11 @@ def regime(row: CollectiveRow) -> str:
 
 # --- what the harness times ----------------------------------------------------------------------
 def model_time_s(row: CollectiveRow) -> float:
-    """NCCL's time for the row's one call (``comm.ring_collective_time_s``) in the line's environment."""
+    """NCCL's time for the row's one call in the line's environment: its one-node NVLS all-reduce
+    (``comm.nvls_all_reduce_time_s`` on the ring's bus bandwidth), else ``comm.ring_collective_time_s``."""
+    if row.nvls_efficiency:
+        bus = ring_bus_bytes_per_s(row.n, row.per_node, fabric_rates(row.fabric))
+        return float(nvls_all_reduce_time_s(row.size_bytes, row.n, bus, row.nvls_efficiency))
     return float(ring_collective_time_s(row.op, row.size_bytes, 1, row.n, row.per_node, fabric_rates(row.fabric),
                                         not row.forced_ring, row.protocols))
 
@@ -279,17 +319,26 @@ def _stats(values) -> str:
             if len(v) else "0 | – | – | –")
 
 
+def priced(row: CollectiveRow) -> bool:
+    """The model prices what NCCL ran: not an in-network line, or a one-node NVLS all-reduce."""
+    return not row.in_network or row.nvls_efficiency > 0
+
+
 def summary(rows: list[CollectiveRow] | None = None) -> dict[tuple, list[float]]:
-    """{(class, link): errors} with class latency / bandwidth / in-network, (class, "all") over
-    every link and (class, ``NCCL_TESTS_ONLY``) over the lines an nccl-tests binary measured (the
-    issue's criterion; torch's benchmark lines are the rest)."""
+    """{(class, link): errors} with class latency / bandwidth over the lines the model prices as NCCL
+    ran them (``priced``) and ``IN_NETWORK_UNPRICED`` over the rest (priced as a ring or tree), (class,
+    "all") over every link, (class, ``NCCL_TESTS_ONLY``) over the lines an nccl-tests binary measured
+    (the issue's criterion; torch's benchmark lines are the rest) and (regime,
+    ``NCCL_TESTS_INCL_IN_NETWORK``) over every nccl-tests line, the unpriced in-network ones too."""
     if rows is None:
         rows = load_rows()[0]
     e = errors(rows)
     out: dict[tuple, list[float]] = {}
     for r in rows:
-        cls = "in-network (NVLS/SHARP)" if r.in_network else f"{regime(r)}-bound"
-        keys = [(cls, "all"), (cls, link_label(r))] + ([(cls, NCCL_TESTS_ONLY)] if r.harness.startswith("nccl-tests") else [])
+        cls = f"{regime(r)}-bound" if priced(r) else IN_NETWORK_UNPRICED
+        nccl_tests = r.harness.startswith("nccl-tests")
+        keys = [(cls, "all"), (cls, link_label(r))] + ([(cls, NCCL_TESTS_ONLY)] if nccl_tests else [])
+        keys += [(f"{regime(r)}-bound", NCCL_TESTS_INCL_IN_NETWORK)] if nccl_tests else []
         for key in keys:
             out.setdefault(key, []).append(e[r.row_id])
     return out
