@@ -36,9 +36,8 @@ def generated() -> tuple[str, dict, str]:
     every source) of the current tree."""
     from shardplan.formulas.accuracy_bands import load_bands
     from shardplan.validation import accuracy, bands
-    from shardplan.validation.runs import read_runs
 
-    judged, bands_of = accuracy.judge_out_of_source(read_runs(RUNS))
+    judged, bands_of = accuracy.judge_out_of_source(runs())
     data = accuracy.report(judged, bands_of)
     default, stacks = bands.fitted([o for o in judged if isinstance(o, accuracy.Outcome)])
     shipped = bands.with_fractions(load_bands(BANDS), default, stacks,
@@ -73,19 +72,38 @@ COLLECTIVES = ("<!-- collectives:begin -->", "<!-- collectives:end -->")
 
 
 @lru_cache(maxsize=1)
-def token_rows() -> tuple:
-    """The development set's tokens/s rows, predicted once per run (the band and the section read them)."""
+def runs() -> tuple:
+    """The development set read once per run (the memory report and the tokens/s rows use it)."""
+    from shardplan.validation.runs import read_runs
+
+    return tuple(read_runs(RUNS))
+
+
+@lru_cache(maxsize=1)
+def _at_one() -> tuple[list, list]:
+    """The development set's tokens/s queries and their predictions at k = 1, predicted once per
+    run: the window factor's fit and the out-of-source rows both start from them."""
     from shardplan.validation import tokens
 
-    return tuple(tokens.dev_set_rows(RUNS))
+    queries = tokens.with_tokens(runs())
+    return queries, tokens.predict(queries, window_factor=1.0)
+
+
+@lru_cache(maxsize=1)
+def token_rows() -> tuple:
+    """The development set's tokens/s rows, predicted out of source once per run (the band and the
+    section read them)."""
+    from shardplan.validation import tokens
+
+    return tuple(tokens.out_of_source(*_at_one()))
 
 
 def window_factor_text() -> str:
     """shardplan/data/time_calibration.json as fitted on the tokens/s rows predicted at k = 1
     (``validation/window_factor.py``)."""
-    from shardplan.validation import tokens, window_factor
+    from shardplan.validation import window_factor
 
-    return window_factor.calibration_text(tokens.predict(tokens.dev_set_queries(RUNS), window_factor=1.0))
+    return window_factor.calibration_text(_at_one()[1])
 
 
 def between(doc: str, begin: str, end: str, section: str) -> str:

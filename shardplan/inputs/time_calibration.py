@@ -13,10 +13,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError
+from pydantic import BaseModel, ConfigDict, PositiveFloat
 
-from shardplan.inputs.profiles import read_json
-from shardplan.support.errors import ShardplanError
+from shardplan.inputs.profiles import load_profile
 
 TIME_CALIBRATION_FILE = Path(__file__).resolve().parents[1] / "data" / "time_calibration.json"
 
@@ -33,15 +32,17 @@ class WindowFactor(BaseModel):
     loso: dict[str, float]
 
 
+class TimeCalibrationFile(BaseModel):
+    """The file: one ``window_factor`` entry."""
+
+    model_config = ConfigDict(extra="forbid")
+    window_factor: WindowFactor
+
+
 def load(path: Path) -> WindowFactor:
-    """The file's entry, validated (one-line error naming the field)."""
-    data = read_json(path, "time_calibration")
-    try:
-        return WindowFactor.model_validate(data.get("window_factor"))
-    except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(x) for x in ("window_factor", *first["loc"]))
-        raise ShardplanError(f"{Path(path).name}: {field}", first.get("input"), first["msg"]) from None
+    """The file's entry, validated like every shipped profile (``profiles.load_profile``: one-line
+    error naming the field)."""
+    return load_profile(Path(path), TimeCalibrationFile).window_factor
 
 
 @lru_cache(maxsize=1)

@@ -82,28 +82,38 @@ def predict(queries: list[RunQuery], window_factor: float | dict[str, float] | N
     out = []
     for q in queries:
         k = window_factor.get(q.source, 1.0) if isinstance(window_factor, dict) else window_factor
+        k = time_calibration.window_factor() if k is None else float(k)
         t = step_timings(q.spec, q.cluster, [q.config], window_factor=k)[0]
         gpu = t["compute_s"] + (t["optimizer_s"] if q.config.offload == "none" else 0.0)
         out.append(TokensRow(q.row_id, q.source, run_class(q), regime(t, q.config.offload != "none"),
                              q.measured_tokens_per_s_per_gpu,
-                             t["tokens_per_s_per_gpu"], gpu / t["step_time_s"],
-                             float(time_calibration.window_factor() if k is None else k)))
+                             t["tokens_per_s_per_gpu"], gpu / t["step_time_s"], k))
     return out
+
+
+def with_tokens(runs) -> list[RunQuery]:
+    """The expressible rows of ``read_runs``' output that have a tokens/s number."""
+    return [r for r in runs if isinstance(r, RunQuery) and r.measured_tokens_per_s_per_gpu]
 
 
 def dev_set_queries(path: Path = RUNS) -> list[RunQuery]:
     """Every expressible row of the runs CSV with a tokens/s number."""
-    return [r for r in read_runs(path) if isinstance(r, RunQuery) and r.measured_tokens_per_s_per_gpu]
+    return with_tokens(read_runs(path))
+
+
+def out_of_source(queries: list[RunQuery], at_one: list[TokensRow]) -> list[TokensRow]:
+    """``queries`` predicted out of source: each source at the window factor fitted on the other
+    sources (``window_factor.loso``) of the same rows predicted at k = 1 (``at_one``)."""
+    from shardplan.validation import window_factor
+
+    return predict(queries, window_factor.loso(at_one))
 
 
 def dev_set_rows(path: Path = RUNS) -> list[TokensRow]:
-    """Every expressible row of the runs CSV with a tokens/s number, predicted out of source: each
-    source at the window factor fitted on the other sources (``window_factor.loso`` of the rows
-    predicted at k = 1)."""
-    from shardplan.validation import window_factor
-
+    """Every expressible row of the runs CSV with a tokens/s number, predicted out of source
+    (``out_of_source``)."""
     queries = dev_set_queries(path)
-    return predict(queries, window_factor.loso(predict(queries, window_factor=1.0)))
+    return out_of_source(queries, predict(queries, window_factor=1.0))
 
 
 def stats(errors) -> dict[str, float]:
