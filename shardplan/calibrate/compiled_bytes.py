@@ -61,14 +61,10 @@ def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 
     import torch
     import torch._inductor.config as inductor_config
 
-    from shardplan.calibrate.elementwise_bytes import torchtitan_block
+    from shardplan.calibrate.elementwise_bytes import block_inputs
 
-    torch.manual_seed(0)
     torch._dynamo.reset()
-    block = torchtitan_block(h, heads, kv_heads, ffn).to(torch.bfloat16)
-    d = h // heads
-    freqs = torch.polar(torch.ones(tokens, d // 2), torch.rand(tokens, d // 2)).view(1, tokens, 1, d // 2)
-    x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
+    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens)
     records: list[int] = []
     with inductor_config.patch(force_disable_caches=True), fused_bytes_recorder(records):
         y = torch.compile(block, fullgraph=True)(x, freqs)

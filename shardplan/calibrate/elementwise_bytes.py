@@ -97,8 +97,9 @@ def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int):
     return Block()
 
 
-def measure(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64) -> tuple[float, float]:
-    """(forward, backward) element-wise bytes per token of one bf16 block."""
+def block_inputs(h: int, heads: int, kv_heads: int, ffn: int, tokens: int):
+    """(block, x, freqs): one seeded bf16 torchtitan-style block, its input and its RoPE table, the
+    same for the eager count (``measure``) and the compiled one (``compiled_bytes``)."""
     import torch
 
     torch.manual_seed(0)
@@ -106,6 +107,14 @@ def measure(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64) -> tu
     d = h // heads
     freqs = torch.polar(torch.ones(tokens, d // 2), torch.rand(tokens, d // 2)).view(1, tokens, 1, d // 2)
     x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
+    return block, x, freqs
+
+
+def measure(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64) -> tuple[float, float]:
+    """(forward, backward) element-wise bytes per token of one bf16 block."""
+    import torch
+
+    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens)
     counter = byte_counter()
     with counter:
         y = block(x, freqs)
