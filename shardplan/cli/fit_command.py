@@ -88,10 +88,10 @@ def run_fit(args: dict) -> None:
     allocator = overlay.allocator_model() if overlay is not None else None
     bands = load_bands().with_overlay(overlay.accuracy if overlay else None)
     results = fit_strategies(resolved.spec, cluster, config, [strategy_name] if strategy_name else None, notes,
-                             allocator=allocator, bands=bands)
+                             allocator=allocator, bands=bands, time=timed, calibration=overlay)
     results = [r.model_copy(update={"model": resolved.record(r.model)}) for r in results]
     if timed:
-        results = _with_time(results, resolved.spec, cluster, overlay, bands)
+        results = _with_efficiencies(results, cluster, overlay)
     _show(results, args, strategy_name)
 
 
@@ -155,15 +155,12 @@ def _calibration(path: Optional[Path], timed: bool, notes: list[str], cluster, f
     return overlay
 
 
-def _with_time(results: list, spec, cluster, overlay, bands) -> list:
-    """Each result with its step time, tokens/s and MFU (``fit.step_timings``: one vectorized pass)."""
+def _with_efficiencies(results: list, cluster, overlay) -> list:
+    """Each timed result with the efficiencies its step time used (measured, calibrated or nameplate)."""
     from shardplan.formulas.efficiencies import efficiencies_used
-    from shardplan.inputs.config import TrainingConfig
-    from shardplan.planning.fit import step_timings
 
-    times = step_timings(spec, cluster, [TrainingConfig(**r.config) for r in results], overlay, bands)
-    return [r.model_copy(update={"time": t, "efficiencies": efficiencies_used(cluster, r.config, t["gemm_efficiency"], overlay)})
-            for r, t in zip(results, times)]
+    return [r.model_copy(update={"efficiencies": efficiencies_used(cluster, r.config, r.time["gemm_efficiency"], overlay)})
+            for r in results]
 
 
 def _show(results: list, args: dict, strategy_name: Optional[str]) -> None:

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -142,6 +142,13 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple], allocator=None,
                   bands: AccuracyBands | None = None) -> list[FitResult]:
     """``evaluate`` of several configurations of one model, (cluster, config) or (cluster, config,
     notes) each, in one vectorized pass (``planning/evaluate.py``); the same results as one call each."""
+    return _evaluated(spec, queries, allocator, bands)
+
+
+def _evaluated(spec: ModelSpec, queries: Sequence[tuple], allocator, bands, timed_on=None) -> list[FitResult]:
+    """``evaluate_many``; with ``timed_on`` (cluster, calibration), every query on that cluster, each
+    result also carries its ``time`` (``step_timings``' record), priced from the same memory columns
+    (the paged optimizer's spill) and not from a second memory estimate."""
     from shardplan.inputs.stacks import resolved_fields
 
     if isinstance(queries, (str, bytes)) or not hasattr(queries, "__iter__"):
@@ -154,12 +161,13 @@ def evaluate_many(spec: ModelSpec, queries: Sequence[tuple], allocator=None,
         _check_arguments(spec, cluster, config)
         resolved.append(resolved_fields(config, cluster.world_size))
     values = [resolved_query_values(spec, q[0], config) for q, config in zip(queries, resolved)]
-    rows, verdicts, overflow, trainable, row_columns = _judged_rows(values, allocator, bands)
+    judged = _judged_rows(values, allocator, bands, timed_on)
     results = []
     for i, ((cluster, _, notes), config) in enumerate(zip(queries, resolved)):
-        if overflow[i]:
-            check_one(row_columns(i), rows[i], config)  # an overflowed result is an error, never a verdict
-        results.append(_fit_result(spec, cluster, config, rows[i], verdicts[i], list(notes or []), int(trainable[i])))
+        if judged.overflow[i]:  # an overflowed result is an error, never a verdict
+            check_one(judged.columns(i), {**judged.memory[i], **judged.time[i]}, config)
+        results.append(_fit_result(spec, cluster, config, judged.memory[i], judged.verdict[i], list(notes or []),
+                                   int(judged.trainable[i]), _time_record(judged.time[i]) if timed_on else None))
     return results
 
 
@@ -170,18 +178,33 @@ def _with_notes(query: Any) -> tuple[Cluster, TrainingConfig, list[str] | None]:
     return (query[0], query[1], query[2] if len(query) == 3 else None)
 
 
-def _judged_rows(values: list[dict[str, Any]], allocator, bands):
-    """Memory rows, verdict rows, overflow flags and trainable parameters of ``query_values`` rows
-    (one configuration or many, one vectorized batch), and a function giving row i's columns."""
+class _Judged(NamedTuple):
+    """``_judged_rows``' answer: per row, its memory, verdict and time columns (empty when not
+    timed) as dicts, overflow flag and trainable parameters; ``columns(i)``: row i's ``Columns``."""
+
+    memory: list[dict[str, Any]]
+    verdict: list[dict[str, Any]]
+    time: list[dict[str, Any]]
+    overflow: list[bool]
+    trainable: list[int]
+    columns: Callable[[int], Columns]
+
+
+def _judged_rows(values: list[dict[str, Any]], allocator, bands, timed_on=None) -> _Judged:
+    """Memory, verdict (and with ``timed_on``, (cluster, calibration), time) of ``query_values`` rows
+    (one configuration or many, one vectorized batch): one memory estimate, which the time reads."""
     c = stack_queries(values)
     m, judged, overflow = memory_verdict(c, allocator, bands)
     n = len(values)
-    return (rows_of(m, n), rows_of(judged, n), np.broadcast_to(overflow, c.shape).tolist(),
-            np.broadcast_to(trainable_params(c), c.shape).tolist(), lambda i: take_row(c, i))
+    times = checked_time_columns(c, *timed_on, bands, memory=m) if timed_on else {}
+    overflow = overflow | times.get("overflow", False)
+    return _Judged(rows_of(m, n), rows_of(judged, n), rows_of(times, n) if times else [{}] * n,
+                   np.broadcast_to(overflow, c.shape).tolist(), np.broadcast_to(trainable_params(c), c.shape).tolist(),
+                   lambda i: take_row(c, i))
 
 
 def _fit_result(spec: ModelSpec, cluster: Cluster, config, row: dict[str, Any],
-                verdict: dict[str, Any], notes: list[str], trainable: int) -> FitResult:
+                verdict: dict[str, Any], notes: list[str], trainable: int, time: dict[str, float] | None = None) -> FitResult:
     """One row of the memory model and its verdict as the ``FitResult`` record (``config``: the
     configuration's fields with its stack's knobs, ``stacks.resolved_fields``)."""
     from shardplan.inputs.stacks import stack_label
@@ -214,7 +237,7 @@ def _fit_result(spec: ModelSpec, cluster: Cluster, config, row: dict[str, Any],
         ),
         per_node=PerNode(host_bytes=int(row["host_bytes_per_node"]), host_ram_bytes=int(row["host_ram_bytes_per_node"]),
                          host_offloaded_bytes_per_gpu=int(row["host_offloaded_bytes_per_gpu"])),
-        notes=notes,
+        notes=notes, time=time,
     )
 
 
@@ -449,11 +472,14 @@ def _alternatives_of(spec: ModelSpec, cluster: Cluster, configs: list[TrainingCo
 
 
 def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: list[str] | None = None,
-        notes: list[str] | None = None, allocator=None, bands: AccuracyBands | None = None) -> list[FitResult]:
+        notes: list[str] | None = None, allocator=None, bands: AccuracyBands | None = None, *,
+        time: bool = False, calibration=None) -> list[FitResult]:
     """One result per strategy (all valid ones for the engine when ``strategies`` is None; on one
     GPU that is ``single``: no wrapper, as a one-GPU run is launched); alternatives for every one
     that is not ``fits`` (``tight`` included). ``allocator``: an ``allocator_profile.AllocatorModel`` (a
-    calibration overlay's), else the measured defaults; ``bands``: the verdict's band data."""
+    calibration overlay's), else the measured defaults; ``bands``: the verdict's band data. ``time``:
+    each result also carries its step time, tokens/s and MFU (``FitResult.time``, ``step_timings``'
+    record) at nameplate rates or ``calibration``'s (an overlay), from the result's own memory columns."""
     _check_arguments(spec, cluster, config)
     if strategies is not None and (isinstance(strategies, str) or not all(isinstance(x, str) for x in strategies)):
         raise ShardplanError("strategies", safe_repr(strategies)[:60], "expected a list of strategy names")
@@ -472,7 +498,7 @@ def fit(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, strategies: l
         check_config(spec, cluster, cfg)
         rule_notes = contradictions.check(cfg, cluster, spec, searched=searched)  # errors raise here
         queries.append((cluster, cfg, [*(notes or []), *rule_notes]))
-    results = evaluate_many(spec, queries, allocator=allocator, bands=bands)
+    results = _evaluated(spec, queries, allocator, bands, (cluster, calibration) if time else None)
     missing = [i for i, r in enumerate(results) if not r.fits]
     found = _alternatives_of(spec, cluster, [queries[i][1] for i in missing], allocator, bands)
     for i, alts in zip(missing, found):
