@@ -10,7 +10,11 @@ of the forward and backward graphs, plus the non-GEMM fallback kernels (inductor
 for complex arithmetic, so RoPE's complex multiply stays an aten kernel), that is the compiled
 block's element-wise traffic. GEMMs and SDPA are extern kernels and left out, as in the eager count.
 
-    python -m shardplan.calibrate.compiled_bytes [h heads kv ffn]   # compiled / eager bytes per token
+    python -m shardplan.calibrate.compiled_bytes [h heads kv ffn] [--matrix-rope]   # compiled / eager
+
+``--matrix-rope``: the block with fms's 2×2-matrix RoPE (``elementwise_bytes.matrix_rope_qk``),
+plain real arithmetic that inductor fuses with its neighbours
+(``throughput.COMPILED_MATRIX_ROPE_BLOCK_FRACTION``).
 
 ASSUMPTION: the CPU backend's fusion decisions are the scheduler's shared ones; the Triton
 backend's per-device heuristics may fuse somewhat differently (the constant takes the larger
@@ -56,7 +60,7 @@ def fused_bytes_recorder(records: list[int]):
         graph.GraphLowering.codegen = original
 
 
-def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64) -> float:
+def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64, matrix_rope: bool = False) -> float:
     """Compiled element-wise bytes per token of one bf16 block, forward + backward."""
     import torch
     import torch._inductor.config as inductor_config
@@ -64,7 +68,7 @@ def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 
     from shardplan.calibrate.elementwise_bytes import block_inputs
 
     torch._dynamo.reset()
-    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens)
+    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, matrix_rope)
     records: list[int] = []
     with inductor_config.patch(force_disable_caches=True), fused_bytes_recorder(records):
         y = torch.compile(block, fullgraph=True)(x, freqs)
@@ -72,16 +76,21 @@ def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 
     return sum(records) / tokens
 
 
-def fraction(h: int, heads: int, kv_heads: int, ffn: int) -> float:
+def fraction(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: bool = False) -> float:
     """Compiled / eager element-wise bytes of one block, forward + backward."""
     from shardplan.calibrate.elementwise_bytes import measure
 
-    return measure_compiled(h, heads, kv_heads, ffn) / sum(measure(h, heads, kv_heads, ffn))
+    eager = sum(measure(h, heads, kv_heads, ffn, matrix_rope=matrix_rope))
+    return measure_compiled(h, heads, kv_heads, ffn, matrix_rope=matrix_rope) / eager
 
 
 def main(argv: list[str]) -> int:
-    shape = tuple(int(a) for a in argv) if argv else (512, 8, 8, 1536)
-    print(f"h heads kv ffn {shape}: compiled / eager element-wise bytes {fraction(*shape):.3f}")
+    matrix = "--matrix-rope" in argv
+    numbers = [a for a in argv if a != "--matrix-rope"]
+    shape = tuple(int(a) for a in numbers) if numbers else (512, 8, 8, 1536)
+    rope = "fms 2x2-matrix" if matrix else "complex"
+    print(f"h heads kv ffn {shape}, {rope} RoPE: compiled / eager element-wise bytes "
+          f"{fraction(*shape, matrix_rope=matrix):.3f}")
     return 0
 
 

@@ -5,7 +5,12 @@ RMSNorm with its fp32 upcast, ``models/llama/model.py`` ``apply_rotary_emb`` thr
 ``repeat_kv``, SDPA, SwiGLU, two residual adds) runs forward and backward in bf16 on the CPU under
 a ``TorchDispatchMode`` that adds up, for every aten operator autograd actually calls, the bytes of
 its tensor inputs and outputs. The GEMMs and the attention kernel are left out (priced as FLOPs),
-as are views and allocations (no traffic).
+as are views and allocations (no traffic). ``matrix_rope``: the same block with foundation-model-stack's
+RoPE instead (``fms/modules/positions.py`` ``RotaryEmbedding.adjusted_qk`` at v0.0.5: a 2×2 fp32
+rotation per pair, ``freqs[position_ids]`` ``.mul(q.float().view(..., -1, 2).unsqueeze(-2)).sum(5)``
+``.type_as(q)``); the fms LLaMA block's other element-wise code (``LayerNormParameterized`` with
+``use_high_precision_pow``, ``GatedLinearUnit``, the expand-and-flatten of k/v, the output's
+``.contiguous()``, two residual adds) is the torchtitan block's op for op.
 
     python -m shardplan.calibrate.elementwise_bytes     # measured vs modelled, per token per block
 
@@ -53,8 +58,9 @@ def byte_counter():
     return Counting()
 
 
-def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int):
-    """A decoder block as torchtitan's Llama writes it (the element-wise code paths; widths toy)."""
+def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: bool = False):
+    """A decoder block as torchtitan's Llama writes it (the element-wise code paths; widths toy);
+    ``matrix_rope``: fms's 2×2-matrix RoPE (``matrix_rope_qk``) in place of the complex one."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -68,9 +74,12 @@ def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int):
             y = x.float()
             return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
 
-    def rope(x, freqs):  # apply_rotary_emb: view_as_complex(x.float()) * freqs, view_as_real().type_as(x)
+    def complex_rope(x, freqs):  # apply_rotary_emb: view_as_complex(x.float()) * freqs, view_as_real().type_as(x)
         xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
         return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
+
+    def rope_qk(q, k, freqs):
+        return matrix_rope_qk(q, k, freqs) if matrix_rope else (complex_rope(q, freqs), complex_rope(k, freqs))
 
     class Block(nn.Module):
         def __init__(self):
@@ -84,8 +93,7 @@ def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int):
         def forward(self, x, freqs):
             b, t, _ = x.shape
             y = self.n1(x)
-            q = rope(self.wq(y).view(b, t, heads, self.d), freqs)
-            k = rope(self.wk(y).view(b, t, kv_heads, self.d), freqs)
+            q, k = rope_qk(self.wq(y).view(b, t, heads, self.d), self.wk(y).view(b, t, kv_heads, self.d), freqs)
             v = self.wv(y).view(b, t, kv_heads, self.d)
             rep = heads // kv_heads  # repeat_kv: expand + reshape materialises k and v at the query width
             k, v = (z[:, :, :, None, :].expand(b, t, kv_heads, rep, self.d).reshape(b, t, heads, self.d) for z in (k, v))
@@ -97,24 +105,47 @@ def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int):
     return Block()
 
 
-def block_inputs(h: int, heads: int, kv_heads: int, ffn: int, tokens: int):
-    """(block, x, freqs): one seeded bf16 torchtitan-style block, its input and its RoPE table, the
-    same for the eager count (``measure``) and the compiled one (``compiled_bytes``)."""
+def matrix_rope_qk(q, k, table):
+    """fms ``RotaryEmbedding.adjusted_qk`` (v0.0.5, q and k B L H D, the layout from #191 on): the
+    table's rows gathered once at the positions, each pair of q and of k rotated by its 2×2 fp32
+    matrix (a broadcast multiply into a 2×-wide fp32 tensor, summed over its last axis), cast back."""
+    import torch
+
+    positions = torch.arange(0, q.size(1)).repeat(q.size(0), 1)
+    freqs = table[positions].float()
+
+    def rotate(x):
+        pairs = x.float().view(*x.size()[:-1], -1, 2)
+        return freqs[:, -x.size(1):, None].mul(pairs.unsqueeze(-2)).sum(5).flatten(3).type_as(x).view_as(x)
+
+    return rotate(q), rotate(k)
+
+
+def block_inputs(h: int, heads: int, kv_heads: int, ffn: int, tokens: int, matrix_rope: bool = False):
+    """(block, x, freqs): one seeded bf16 torchtitan-style block, its input and its RoPE table (complex,
+    or fms's ``compute_freqs_cis`` stack of cos, -sin, sin, cos viewed as L × D/2 × 2 × 2), the same
+    for the eager count (``measure``) and the compiled one (``compiled_bytes``)."""
     import torch
 
     torch.manual_seed(0)
-    block = torchtitan_block(h, heads, kv_heads, ffn).to(torch.bfloat16)
+    block = torchtitan_block(h, heads, kv_heads, ffn, matrix_rope).to(torch.bfloat16)
     d = h // heads
-    freqs = torch.polar(torch.ones(tokens, d // 2), torch.rand(tokens, d // 2)).view(1, tokens, 1, d // 2)
+    angles = torch.rand(tokens, d // 2)
+    if matrix_rope:
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        freqs = torch.stack([cos, -sin, sin, cos], dim=2).view(tokens, d // 2, 2, 2)
+    else:
+        freqs = torch.polar(torch.ones(tokens, d // 2), angles).view(1, tokens, 1, d // 2)
     x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
     return block, x, freqs
 
 
-def measure(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64) -> tuple[float, float]:
+def measure(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64,
+            matrix_rope: bool = False) -> tuple[float, float]:
     """(forward, backward) element-wise bytes per token of one bf16 block."""
     import torch
 
-    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens)
+    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, matrix_rope)
     counter = byte_counter()
     with counter:
         y = block(x, freqs)

@@ -98,6 +98,23 @@ LOWP_NORM_BYTES = 4.0
 # of the eager bytes. ASSUMPTION: the larger (less fused) figure for every block shape and GPU
 # (the fusion decisions are the shared scheduler's; the Triton backend's heuristics may differ).
 COMPILED_BLOCK_ELEMENTWISE_FRACTION = 0.40
+# RoPE as foundation-model-stack writes it (``matrix_rope``): ``fms/modules/positions.py``
+# ``RotaryEmbedding.adjusted_qk`` (ibm-fms v0.0.3 and v0.0.5, the releases fms-fsdp's runs required)
+# rotates each pair by a 2×2 fp32 matrix: ``freqs[position_ids].mul(q.float().view(..., -1, 2)
+# .unsqueeze(-2)).sum(5).flatten(3).type_as(q)``. Per q/k element, forward: float() 2+4, mul reads
+# the pair 4 and writes the 2×-wide product 8, sum 8+4, type_as 4+2 = 36 B; backward the same chain
+# reversed (type_as 2+4, mul 4+8, sum-to-size 8+4, float 4+2) = 36 B. The complex form the block
+# count holds moves 20 B each way, so every pass (forward, recompute, backward) moves 16 B more per
+# element (measured by ``calibrate.elementwise_bytes.measure(..., matrix_rope=True)``: 17.0-18.5 B
+# forward, 15.2-15.7 backward over four shapes; the rest is the per-layer gather of the fp32 table
+# rows, 24·head_dim B per token, ≤ 6 % of this term at 8+ heads, left out). Scaled by a/2 like the others.
+ROPE_MATRIX_EXTRA_BYTES = 16.0
+# The fms block compiled: its RoPE is plain real arithmetic, so inductor fuses it with the norm and
+# casts around it, where the complex multiply stays an aten fallback kernel (``compiled_bytes``).
+# Measured like COMPILED_BLOCK_ELEMENTWISE_FRACTION (``python -m shardplan.calibrate.compiled_bytes
+# 256 8 2 768 --matrix-rope``): 0.257 (h 256, 8 heads, 2 kv, ffn 768) and 0.228 (h 512, 8 heads,
+# ffn 1536) of the fms block's eager bytes; ASSUMPTION as above: the larger for every shape and GPU.
+COMPILED_MATRIX_ROPE_BLOCK_FRACTION = 0.26
 # Cross-entropy over fp32-upcast logits (torchtitan ``F.cross_entropy(pred.float(), labels)``; HF
 # ``logits.float()``), bytes per vocabulary entry per token: logits written 2, .float() 2+4,
 # log_softmax (max and sum-exp passes + output) 4+4+4, backward: nll grad written 4, log_softmax
@@ -307,7 +324,9 @@ def elementwise_bytes_per_token(c):
     ``compile``: the blocks' bytes × ``COMPILED_BLOCK_ELEMENTWISE_FRACTION`` (recompute included:
     SAC's recomputed element-wise work is compiled with the block); the loss is outside the
     compiled blocks (torchtitan 9dec370 ``train.py``), and so are adapters, casts and FSDP's copies.
-    ``lowp_norm``: norms at ``LOWP_NORM_BYTES``.
+    ``lowp_norm``: norms at ``LOWP_NORM_BYTES``. ``matrix_rope``: each pass over q and k moves
+    ``ROPE_MATRIX_EXTRA_BYTES`` more per element, and compiled blocks keep
+    ``COMPILED_MATRIX_ROPE_BLOCK_FRACTION`` of their bytes.
     ASSUMPTION: no fused RMSNorm/RoPE/cross-entropy kernels otherwise (Liger kernels are not modelled).
     """
     a = stream_dtype_bytes(c)
@@ -315,8 +334,12 @@ def elementwise_bytes_per_token(c):
     layer_fwd = layer_forward_elementwise_bytes(a, c.hidden_size, c.q_width, c.kv_width, c.mlp_width,
                                                 c.gated_mlp, np.asarray(c.rope_dim) > 0, norm)
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
-    fused = np.where(c.compile, COMPILED_BLOCK_ELEMENTWISE_FRACTION, 1.0)
-    layers = c.num_layers * layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac) * fused
+    matrix = np.asarray(c.matrix_rope, dtype=bool) & (np.asarray(c.rope_dim) > 0)
+    # forward, backward and the recomputed forward each move the matrix form's extra bytes
+    rope_extra = np.where(matrix, ROPE_MATRIX_EXTRA_BYTES * (a / 2.0) * (c.q_width + c.kv_width), 0.0) * (2 + frac)
+    fused = np.where(c.compile, np.where(matrix, COMPILED_MATRIX_ROPE_BLOCK_FRACTION,
+                                         COMPILED_BLOCK_ELEMENTWISE_FRACTION), 1.0)
+    layers = c.num_layers * (layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac) + rope_extra) * fused
     head = CROSS_ENTROPY_BYTES_PER_VOCAB * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
     return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c) \
         + moe_dispatch_bytes_per_token(c)

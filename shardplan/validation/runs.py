@@ -486,10 +486,12 @@ FRAMEWORK_KNOBS = (
     (r"megatron-deepspeed.*zero-?3|zero-?3.*megatron-deepspeed", {"load_mode": "meta_init"},
      "Megatron-DeepSpeed pretrain_gpt.py model_provider: the model is built inside "
      "deepspeed.zero.Init(enabled=args.zero_stage == 3), which partitions each parameter as it is created"),
-    (r"fms-fsdp", {"load_mode": "rank0_broadcast"},
+    (r"fms-fsdp", {"load_mode": "rank0_broadcast", "matrix_rope": True},
      "fms-fsdp main_training.py: the model is built on the CPU (on the meta device with low_cpu_fsdp) and handed "
      "to FSDP1 with device_id and a per-block auto_wrap_policy, which moves, flattens and shards one unit at a "
-     "time (torch fsdp/_init_utils.py _move_module_to_device): the shard plus one unit on the GPU"),
+     "time (torch fsdp/_init_utils.py _move_module_to_device): the shard plus one unit on the GPU; its LLaMA is "
+     "ibm-fms's (requirements.txt ibm-fms>=0.0.3 @4ffb9bd and @ed74fd5), whose RotaryEmbedding.adjusted_qk "
+     "(fms/modules/positions.py v0.0.3 l.246-262, v0.0.5 l.246-268) rotates q and k by a 2x2 fp32 matrix"),
     # LLaMA-Factory is read as the hf stack (Transformers + PEFT + Trainer), but it is its own entry
     # point: it never calls PEFT's prepare_model_for_kbit_training and does not use TRL's ModelConfig,
     # whose lora_dropout 0.05 is the hf stack's default.
