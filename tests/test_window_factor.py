@@ -74,6 +74,29 @@ def test_answers_carry_the_calibrated_factor_and_say_so():
     assert window and window[0]["status"] == "calibrated" and window[0]["value"] == pytest.approx(1 / k, abs=1e-4)
 
 
+def test_no_stated_factor_means_the_calibrated_one_on_every_path(monkeypatch):
+    # one helper decides it (time_calibration.window_factor): with another shipped value, every
+    # path that states no factor (answers, the sweep, the tokens/s report) follows it, and a stated
+    # factor passes through unchanged
+    import shardplan
+    from shardplan.validation import tokens
+
+    monkeypatch.setattr(time_calibration, "time_calibration", lambda: {"value": 1.4})
+    assert time_calibration.window_factor() == 1.4 and time_calibration.window_factor(1.0) == 1.0
+    spec, cluster = resolve_model("llama-3.1-8b").spec, parse_gpus("8xh100-sxm")
+    config = TrainingConfig(strategy="full_shard", seq_len=4096)
+    answer, kernel = (step_timings(spec, cluster, [config], window_factor=w)[0] for w in (None, 1.0))
+    assert answer["compute_s"] == pytest.approx(1.4 * kernel["compute_s"], rel=1e-9)
+    df = shardplan.sweep(models="llama-3.1-8b", gpus="h100-sxm", gpu_counts=8, strategies="full_shard",
+                         seq_len=4096, progress=False)
+    c = columns("llama-3.1-8b", seq_len=4096, world_size=8)
+    at_one = tp.step_time(c, link_rates(cluster), tp.compute_rates(cluster))
+    assert float(df["compute_s"].iloc[0]) == pytest.approx(1.4 * float(at_one["compute_s"]), rel=1e-9)
+    query = tokens.dev_set_queries()[0]
+    assert [r.window_factor for r in tokens.predict([query])] == [1.4]
+    assert [r.window_factor for r in tokens.predict([query], {query.source: 1.2})] == [1.2]
+
+
 def test_kernel_rates_are_the_default_of_compute_rates():
     # the fastest-step comparisons (tests/test_step_times_h100.py, calibrate.host_fit) call
     # compute_rates without a factor: a warm single GPU's fastest step is what the kernel rates price

@@ -51,6 +51,9 @@ def time_calibration() -> dict:
     return load(TIME_CALIBRATION_FILE).model_dump()
 
 
-def window_factor() -> float:
-    """The calibrated factor on a step's GPU seconds that answers use (≥ 1 as fitted)."""
-    return float(time_calibration()["value"])
+def window_factor(stated: float | None = None) -> float:
+    """The factor on a step's GPU seconds: ``stated`` where the caller states one (1: kernel rates),
+    else the calibrated one answers use (≥ 1 as fitted). The one place where "none stated" means
+    the calibrated factor; ``throughput.compute_rates`` itself defaults to 1, so the kernel-rate
+    comparisons (the H100 campaign) stay at kernel rates."""
+    return float(time_calibration()["value"]) if stated is None else float(stated)

@@ -59,9 +59,9 @@ def time_columns(c: Columns, cluster: Cluster, sync=None, calibration=None,
     ``sync``: gradients reduced every micro-batch (None: each row's ``sync_every_micro_batch``).
     ``memory``: the rows' ``estimate_memory`` columns where the caller has them (the paged optimizer
     states the device cannot hold cost step time); computed here otherwise. ``window_factor``: the
-    GPU seconds' factor (None: the calibrated one answers use, ``inputs.time_calibration``; 1: kernel
-    rates, a warm GPU's fastest step)."""
-    k = time_calibration.window_factor() if window_factor is None else window_factor
+    GPU seconds' factor (None: the calibrated one answers use, ``time_calibration.window_factor``; 1:
+    kernel rates, a warm GPU's fastest step)."""
+    k = time_calibration.window_factor(window_factor)
     links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration, window_factor=k)
     with quiet_numpy():
         memory = estimate_memory(c, breakdown=False) if memory is None else memory

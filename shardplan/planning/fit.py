@@ -274,7 +274,7 @@ def step_timings(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingCo
                  bands: AccuracyBands | None = None, window_factor: float | None = None) -> list[dict[str, float]]:
     """``step_timing`` of several configurations of one model on one cluster in one vectorized pass
     (``evaluate.checked_time_columns``): what ``fit``'s results with time cost together.
-    ``window_factor`` None: the calibrated one (``evaluate.time_columns``)."""
+    ``window_factor`` None: the calibrated one (``time_calibration.window_factor``)."""
     if not configs:
         return []
     c = stack_queries([query_values(spec, cluster, config) for config in configs])

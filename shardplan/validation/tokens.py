@@ -81,8 +81,8 @@ def predict(queries: list[RunQuery], window_factor: float | dict[str, float] | N
 
     out = []
     for q in queries:
-        k = window_factor.get(q.source, 1.0) if isinstance(window_factor, dict) else window_factor
-        k = time_calibration.window_factor() if k is None else float(k)
+        k = time_calibration.window_factor(window_factor.get(q.source, 1.0) if isinstance(window_factor, dict)
+                                           else window_factor)
         t = step_timings(q.spec, q.cluster, [q.config], window_factor=k)[0]
         gpu = t["compute_s"] + (t["optimizer_s"] if q.config.offload == "none" else 0.0)
         out.append(TokensRow(q.row_id, q.source, run_class(q), regime(t, q.config.offload != "none"),
