@@ -16,6 +16,9 @@ block's element-wise traffic. GEMMs and SDPA are extern kernels and left out, as
 plain real arithmetic that inductor fuses with its neighbours
 (``throughput.COMPILED_MATRIX_ROPE_BLOCK_FRACTION``).
 
+The same recorder prices the LoRA adapter path inside a compiled block (``adapter_fraction``:
+``throughput.COMPILED_ADAPTER_ELEMENTWISE_FRACTION``).
+
 ASSUMPTION: the CPU backend's fusion decisions are the scheduler's shared ones; the Triton
 backend's per-device heuristics may fuse somewhat differently (the constant takes the larger
 measured fraction).
@@ -29,6 +32,9 @@ from contextlib import contextmanager
 # extern kernels priced elsewhere (GEMMs, attention) or moving nothing (views: view_as_complex /
 # view_as_real alias their input, as in the eager count)
 NOT_ELEMENTWISE = ("mm", "addmm", "bmm", "flash", "attention", "view")
+# the Linears torchtune's Llama 3.1 8B LoRA configs adapt (9bafd16fc llama3_1/8B_lora_single_device.yaml:
+# lora_attn_modules q_proj, v_proj, output_proj; apply_lora_to_mlp), by the block's names
+LORA_TARGETS = ("wq", "wv", "wo", "w1", "w2", "w3")
 
 
 @contextmanager
@@ -76,6 +82,71 @@ def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 
     return sum(records) / tokens
 
 
+def _compiled_bytes(fn, *inputs) -> int:
+    """Fused + fallback element-wise bytes inductor generates for ``fn(*inputs)`` forward and backward."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    records: list[int] = []
+    with inductor_config.patch(force_disable_caches=True), fused_bytes_recorder(records):
+        y = torch.compile(fn, fullgraph=True)(*inputs)
+        y.backward(torch.ones_like(y))
+    return sum(records)
+
+
+def _eager_bytes(fn, *inputs) -> int:
+    """Eager element-wise bytes of ``fn(*inputs)`` forward and backward (``elementwise_bytes.byte_counter``)."""
+    import torch
+
+    from shardplan.calibrate.elementwise_bytes import byte_counter
+
+    counter = byte_counter()
+    with counter:
+        y = fn(*inputs)
+        y.backward(torch.ones_like(y))
+    return sum(counter.bytes.values())
+
+
+def lora_block(h: int, heads: int, kv_heads: int, ffn: int, tokens: int, adapted=LORA_TARGETS):
+    """(block, x, freqs): ``block_inputs``' block with its weights frozen and the Linears named in
+    ``adapted`` wrapped as torchtune's ``LoRALinear`` (9bafd16fc ``modules/peft/lora.py``: ``out +
+    (alpha / rank) * lora_b(lora_a(dropout(x)))``, dropout 0 = ``nn.Identity``), rank 8, alpha 16."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from shardplan.calibrate.elementwise_bytes import block_inputs
+
+    class LoRALinear(nn.Module):
+        def __init__(self, base: nn.Linear, rank: int = 8, alpha: float = 16.0):
+            super().__init__()
+            self.weight, self.scale = base.weight, alpha / rank
+            self.lora_a = nn.Linear(base.in_features, rank, bias=False, dtype=torch.bfloat16)
+            self.lora_b = nn.Linear(rank, base.out_features, bias=False, dtype=torch.bfloat16)
+
+        def forward(self, x):
+            return F.linear(x, self.weight) + self.scale * self.lora_b(self.lora_a(x))
+
+    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens)
+    block.requires_grad_(False)
+    for name in adapted:
+        setattr(block, name, LoRALinear(getattr(block, name)))
+    return block, x, freqs
+
+
+def adapter_fraction(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64) -> float:
+    """What inductor leaves of the LoRA adapter path's element-wise bytes (``throughput.
+    COMPILED_ADAPTER_ELEMENTWISE_FRACTION``): (compiled adapted block − compiled frozen block) /
+    (eager adapted block − eager frozen block), forward + backward. Both counts leave the GEMMs out,
+    so the rank-r GEMMs' own reads and writes are in neither."""
+    blocks = [lora_block(h, heads, kv_heads, ffn, tokens, adapted) for adapted in ((), LORA_TARGETS)]
+    eager = [_eager_bytes(*b) for b in blocks]
+    blocks = [lora_block(h, heads, kv_heads, ffn, tokens, adapted) for adapted in ((), LORA_TARGETS)]
+    compiled = [_compiled_bytes(*b) for b in blocks]
+    return (compiled[1] - compiled[0]) / (eager[1] - eager[0])
+
+
 def fraction(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: bool = False) -> float:
     """Compiled / eager element-wise bytes of one block, forward + backward."""
     from shardplan.calibrate.elementwise_bytes import measure
@@ -91,6 +162,7 @@ def main(argv: list[str]) -> int:
     rope = "fms 2x2-matrix" if matrix else "complex"
     print(f"h heads kv ffn {shape}, {rope} RoPE: compiled / eager element-wise bytes "
           f"{fraction(*shape, matrix_rope=matrix):.3f}")
+    print(f"  LoRA adapter path (torchtune LoRALinear): compiled / eager {adapter_fraction(*shape):.3f}")
     return 0
 
 

@@ -115,6 +115,17 @@ ROPE_MATRIX_EXTRA_BYTES = 16.0
 # 256 8 2 768 --matrix-rope``): 0.257 (h 256, 8 heads, 2 kv, ffn 768) and 0.228 (h 512, 8 heads,
 # ffn 1536) of the fms block's eager bytes; ASSUMPTION as above: the larger for every shape and GPU.
 COMPILED_MATRIX_ROPE_BLOCK_FRACTION = 0.26
+# LoRA adapters sit inside what torch.compile compiles: torchtune's ``LoRALinear`` is a submodule of
+# each ``TransformerSelfAttentionLayer`` that ``training.compile_model`` compiles (9bafd16fc
+# ``training/_compile.py``; the whole model before torch 2.5, as at 0217d44c2), so the adapter
+# path's element-wise ops (``* scaling``, the add into the base output, their gradients, the
+# input-gradient accumulation) fuse with the block's. Measured as the block measurement above, with
+# torchtune's ``LoRALinear.forward`` (``lora_b(lora_a(dropout(x))) * alpha/rank + out``, dropout 0 =
+# Identity) on q, v, o and the MLP's three Linears of a frozen bf16 block, compiled minus the same block
+# without adapters over eager minus eager (``calibrate.compiled_bytes.adapter_fraction``): 0.42 (h 256,
+# GQA) and 0.44 (h 512), forward 0.35–0.38, backward 0.50. The rank-r GEMMs' own reads and writes
+# (extern kernels) do not fuse. ASSUMPTION: the larger figure, forward and backward alike.
+COMPILED_ADAPTER_ELEMENTWISE_FRACTION = 0.44
 # Cross-entropy over fp32-upcast logits (torchtitan ``F.cross_entropy(pred.float(), labels)``; HF
 # ``logits.float()``), bytes per vocabulary entry per token: logits written 2, .float() 2+4,
 # log_softmax (max and sum-exp passes + output) 4+4+4, backward: nll grad written 4, log_softmax
@@ -322,8 +333,9 @@ def elementwise_bytes_per_token(c):
     ``BACKWARD_ELEMENTWISE_FACTOR`` × the forward's bytes; recomputed blocks repeat their forward.
     Head: ``CROSS_ENTROPY_BYTES_PER_VOCAB`` · V (fp32 cross-entropy, forward + backward).
     ``compile``: the blocks' bytes × ``COMPILED_BLOCK_ELEMENTWISE_FRACTION`` (recompute included:
-    SAC's recomputed element-wise work is compiled with the block); the loss is outside the
-    compiled blocks (torchtitan 9dec370 ``train.py``), and so are adapters, casts and FSDP's copies.
+    SAC's recomputed element-wise work is compiled with the block), the LoRA adapters' element-wise
+    ops × ``COMPILED_ADAPTER_ELEMENTWISE_FRACTION`` (``lora_adapter_bytes_per_token``); the loss is
+    outside the compiled blocks (torchtitan 9dec370 ``train.py``), and so are casts and FSDP's copies.
     ``lowp_norm``: norms at ``LOWP_NORM_BYTES``. ``matrix_rope``: each pass over q and k moves
     ``ROPE_MATRIX_EXTRA_BYTES`` more per element, and compiled blocks keep
     ``COMPILED_MATRIX_ROPE_BLOCK_FRACTION`` of their bytes.
@@ -440,7 +452,9 @@ def lora_adapter_bytes_per_token(c):
     only) and accumulated into x's gradient (3a·in); dropout's backward (2d + m)·in. Recomputed
     blocks repeat the forward. The rank-r tensors (r ≪ in, out) are left out; the rank-r GEMMs'
     FLOPs are in ``flops_per_token``; out widths summed per block are lora_params / (layers · r) −
-    the adapted input widths."""
+    the adapted input widths. Under ``compile`` the element-wise ops (all but the rank-r GEMMs' reads
+    of their inputs and writes of their outputs: d·in + d·out forward, 2d·out + d·in backward) move
+    ``COMPILED_ADAPTER_ELEMENTWISE_FRACTION`` of their eager bytes."""
     from shardplan.formulas.activations import lora_dropout_mask_bytes
     a = stream_dtype_bytes(c)
     d, cast = peft_adapter_cast(c, a)
@@ -450,10 +464,14 @@ def lora_adapter_bytes_per_token(c):
     outs = np.maximum(c.lora_params / (layers * rank) - ins, 0)
     dropout = np.where(np.asarray(c.lora_dropout) > 0, (2 * d + lora_dropout_mask_bytes(c, d)) * ins, 0.0)
     converts = cast * (a + d)  # one dtype conversion of an element, read + write
+    gemm_fwd, gemm_bwd = d * (ins + outs), d * (2 * outs + ins)  # the rank-r GEMMs' own I/O
     fwd = converts * ins + d * ins + dropout + (3 * d + a + d + np.maximum(a, d)) * outs + converts * outs
     bwd = 2 * converts * outs + 4 * d * outs + d * ins + converts * ins + 3 * a * ins + dropout
     frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
-    return np.where(c.method != st.FULL, layers * (fwd * (1 + frac) + bwd), 0.0)
+    fused = np.where(c.compile, COMPILED_ADAPTER_ELEMENTWISE_FRACTION, 1.0)
+    pointwise = (fwd - gemm_fwd) * (1 + frac) + bwd - gemm_bwd
+    per_layer = gemm_fwd * (1 + frac) + gemm_bwd + fused * pointwise
+    return np.where(c.method != st.FULL, layers * per_layer, 0.0)
 
 
 def fsdp_copy_bytes(c):

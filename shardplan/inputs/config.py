@@ -96,7 +96,7 @@ class TrainingConfig(BaseModel):
     optimizer_impl: str | None = Field(None, description="how the AdamW step runs: fused (one kernel), foreach "
                                        "(torch's CUDA default: multi-tensor passes and a sqrt(v) copy), for_loop")
     compile: bool | None = Field(None, description="torch.compile of the transformer blocks: inductor fuses their "
-                                 "element-wise kernels (throughput.COMPILED_BLOCK_ELEMENTWISE_FRACTION)")
+                                 "element-wise kernels, LoRA adapters' included (throughput.COMPILED_*_FRACTION)")
     lowp_norm: bool | None = Field(None, description="each norm is one 16-bit kernel (llm-foundry's "
                                    "low_precision_layernorm), not an fp32-upcast RMSNorm (throughput.LOWP_NORM_BYTES)")
     matrix_rope: bool | None = Field(None, description="RoPE as foundation-model-stack's 2x2 fp32 rotation matrix "
