@@ -291,7 +291,8 @@ def palm_model_flops_per_token(c):
 
 
 def recompute_fraction(c):
-    """Blocks whose forward is recomputed in backward: all (full, selective), 1/k-th (every-k), none."""
+    """Blocks whose forward is recomputed in backward: all (full, selective), 1/k-th (every-k), none
+    (0 without checkpointing: ``checkpointed_layers``)."""
     return checkpointed_layers(c) / np.maximum(c.num_layers, 1)
 
 
@@ -345,7 +346,7 @@ def elementwise_bytes_per_token(c):
     norm = np.where(c.lowp_norm, LOWP_NORM_BYTES, RMSNORM_EAGER_BYTES)
     layer_fwd = layer_forward_elementwise_bytes(a, c.hidden_size, c.q_width, c.kv_width, c.mlp_width,
                                                 c.gated_mlp, np.asarray(c.rope_dim) > 0, norm)
-    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    frac = recompute_fraction(c)
     matrix = np.asarray(c.matrix_rope, dtype=bool) & (np.asarray(c.rope_dim) > 0)
     # forward, backward and the recomputed forward each move the matrix form's extra bytes
     rope_extra = np.where(matrix, ROPE_MATRIX_EXTRA_BYTES * (a / 2.0) * (c.q_width + c.kv_width), 0.0) * (2 + frac)
@@ -388,7 +389,7 @@ def moe_dispatch_bytes_per_token(c):
     a = stream_dtype_bytes(c)
     h = np.asarray(c.hidden_size, dtype=np.float64)
     e, k = np.asarray(c.moe_experts, dtype=np.float64), np.asarray(c.moe_top_k, dtype=np.float64)
-    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    frac = recompute_fraction(c)
     per_block = a * h * ((1 + 7 * k) * (1 + frac) + 4 * e + 11 * k)
     return np.where((np.asarray(c.stack) == st.HF) & (e > 0), c.moe_blocks * per_block, 0.0)
 
@@ -408,7 +409,7 @@ def qlora_stream_cast_bytes_per_token(c):
     up = np.where(c.gated_mlp, 2.0, 1.0)
     ins = np.where(c.fused_qkv, 1.0, 3.0) * h + c.q_width + up * h + c.mlp_width
     outs = c.q_width + 2.0 * c.kv_width + h + up * c.mlp_width + h
-    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    frac = recompute_fraction(c)
     per_layer = (s + half) * (ins + outs) * (2 + frac)
     return np.where((c.method == st.QLORA) & (s > half), c.num_layers * per_layer, 0.0)
 
@@ -467,7 +468,7 @@ def lora_adapter_bytes_per_token(c):
     gemm_fwd, gemm_bwd = d * (ins + outs), d * (2 * outs + ins)  # the rank-r GEMMs' own I/O
     fwd = converts * ins + d * ins + dropout + (3 * d + a + d + np.maximum(a, d)) * outs + converts * outs
     bwd = 2 * converts * outs + 4 * d * outs + d * ins + converts * ins + 3 * a * ins + dropout
-    frac = np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    frac = recompute_fraction(c)
     fused = np.where(c.compile, COMPILED_ADAPTER_ELEMENTWISE_FRACTION, 1.0)
     pointwise = (fwd - gemm_fwd) * (1 + frac) + bwd - gemm_bwd
     per_layer = gemm_fwd * (1 + frac) + gemm_bwd + fused * pointwise
@@ -567,7 +568,7 @@ def compute_time_per_token_s(c, rates: ComputeRates):
     f = flops_per_token(c)
     eff = gemm_efficiency(c, rates)
     ew = elementwise_bytes_per_token(c) / rates.hbm_bytes_per_s
-    share_fwd = 1.0 / (2.0 + BACKWARD_ELEMENTWISE_FACTOR + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c)))
+    share_fwd = 1.0 / (2.0 + BACKWARD_ELEMENTWISE_FACTOR + recompute_fraction(c))
     attn = peak * attention_efficiency(c, rates)
     fwd = f["fwd_matmul"] / (mm_peak * eff) + f["fwd_attention"] / attn + ew * share_fwd
     bwd = f["bwd_matmul"] / (mm_peak * eff) + f["bwd_attention"] / attn + ew * (1 - share_fwd)
@@ -622,7 +623,7 @@ def qlora_dequant_s(c, rates: ComputeRates):
     ``qlora_dequant_bytes_per_weight`` per weight. Per micro-batch. ASSUMPTION: double quantization
     (the QLoRA recipe, ``bnb_4bit_use_double_quant=True``) and the dequantized dtype is the 16-bit
     compute dtype (no ``.to(A.dtype)`` copy)."""
-    uses = 2 + np.where(c.ac == st.AC_NONE, 0.0, recompute_fraction(c))
+    uses = 2 + recompute_fraction(c)
     per_weight = qlora_dequant_bytes_per_weight()
     return np.where(c.method == st.QLORA, c.quantizable_params * per_weight * uses / rates.hbm_bytes_per_s, 0.0)
 
@@ -720,10 +721,10 @@ def per_unit_collective_s(c, t, v, syncs):
             per_call("ar_replica", sync_den * (v["ar_replica_calls"] > 0)))
 
 
-def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
+def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host):
     """Seconds of a step's micro-batches with the per-unit overlap (module docstring): ``syncs`` of
     them reduce gradients, the rest (no_sync) do not; each forward and backward at least its eager
-    host time (``eager_host.host_phase_s``). Also returns the compute seconds of the step (FSDP's own
+    host time (``host``: ``eager_host.host_phase_s``). Also returns the compute seconds of the step (FSDP's own
     copies included) and the seconds the host adds beyond them when nothing is communicated."""
     k = np.asarray(c.grad_accum, dtype=np.float64)
     L = np.asarray(c.num_layers, dtype=np.float64)
@@ -734,7 +735,8 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
     ag_f, ag_b, rs, ar, rep = per_unit_collective_s(c, t, v, syncs)
     # FSDP's copy-out after each all-gather and gradient packing before each reduce-scatter
     # (``fsdp_copy_bytes``), per unit, on the compute stream's time
-    cp_f, cp_b_gather, cp_rs = (window_gpu_s(x / rates.hbm_bytes_per_s, rates) / units for x in fsdp_copy_bytes(c))
+    copies = fsdp_copy_s(c, rates)
+    cp_f, cp_b_gather, cp_rs = (x / units for x in copies)
     cf_u = cf + cp_f
     phi = rates.nccl_sm_fraction
     fwd = ag_f + ag_f + (L - 1) * contended_interval_s(cf_u, phi, ag_f) + cf_u + head_f
@@ -748,14 +750,14 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
 
     zero = np.zeros_like(rs)
     # each phase takes max(host, GPU): eager launches run ahead of the GPU (eager_host module docstring)
-    host_f, host_b, _ = host_phase_s(c)
+    host_f, host_b, _ = host
     fwd = np.maximum(fwd, host_f)
     bwd_sync = np.maximum(backward((rs, ar, rep), cb + cp_b_gather + cp_rs), host_b)
     bwd_nosync = np.maximum(backward((zero, zero, zero), cb + cp_b_gather), host_b)
     micro = syncs * (fwd + bwd_sync) + (k - syncs) * (fwd + bwd_nosync)
     compute = k * (cf_total + cb_total + units * (cp_f + cp_b_gather)) + syncs * units * cp_rs
     # the host's share beyond the compute alone (no communication): what a compute-only run waits
-    f_only, b_only = compute_only_phases_s(c, rates)
+    f_only, b_only = _compute_only((cf_total, cb_total), copies)
     host_wait = k * (np.maximum(host_f - f_only, 0.0) + np.maximum(host_b - b_only, 0.0))
     return micro, compute, host_wait
 
@@ -763,10 +765,19 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs):
 def compute_only_phases_s(c, rates: ComputeRates):
     """(forward, backward) GPU seconds of one micro-batch without communication: compute and FSDP's
     copy-out after each all-gather (gradient packing left out, as for a no_sync micro-batch)."""
-    cf_total, cb_total, _ = micro_batch_compute_s(c, rates)
-    cp_f, cp_b_gather, _ = fsdp_copy_bytes(c)
-    return (cf_total + window_gpu_s(cp_f / rates.hbm_bytes_per_s, rates),
-            cb_total + window_gpu_s(cp_b_gather / rates.hbm_bytes_per_s, rates))
+    return _compute_only(micro_batch_compute_s(c, rates), fsdp_copy_s(c, rates))
+
+
+def _compute_only(compute, copies):
+    """``compute_only_phases_s`` from a micro-batch's (forward, backward) compute seconds and its
+    ``fsdp_copy_s``, which ``micro_batches_s`` has already."""
+    return compute[0] + copies[0], compute[1] + copies[1]
+
+
+def fsdp_copy_s(c, rates: ComputeRates):
+    """(forward copy-out, backward copy-out, gradient packing) GPU seconds per micro-batch of FSDP's
+    own copies (``fsdp_copy_bytes``) at the HBM rate."""
+    return tuple(window_gpu_s(x / rates.hbm_bytes_per_s, rates) for x in fsdp_copy_bytes(c))
 
 
 def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=None, volume=None, memory=None):
@@ -779,9 +790,10 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=N
     t = comm_times(c, links, v)
     reduces = v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0
     syncs = np.asarray(np.where(reduces, sync_count(c, sync_every_micro_batch), 0), dtype=np.float64)
-    micro, compute, host_wait = micro_batches_s(c, rates, t, v, syncs)
+    host = host_phase_s(c)  # (forward, backward, optimizer step) seconds of the eager host
+    micro, compute, host_wait = micro_batches_s(c, rates, t, v, syncs, host)
     opt = optimizer_step_s(c, rates)
-    host_opt = host_phase_s(c)[2]
+    host_opt = host[2]
     host_wait = host_wait + np.maximum(host_opt - opt, 0.0)
     cpu_opt = cpu_optimizer_step_s(c, rates)
     offload = offload_transfer_s(c, rates, syncs)
