@@ -188,14 +188,6 @@ def evaluate_query(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, al
     return rows_of({**m, **verdict, **times, "overflow": overflow | times["overflow"]}, 1)[0]
 
 
-def query_time(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibration=None,
-               bands: AccuracyBands | None = None) -> dict[str, Any]:
-    """The ``time_columns`` of ONE configuration as Python numbers, and ``overflow`` (the guard on
-    its inputs and times): a one-row batch."""
-    c = stack_queries([query_values(*_checked_query((spec, cluster, config)))])
-    return rows_of(checked_time_columns(c, cluster, calibration, bands), 1)[0]
-
-
 def checked_time_columns(c: Columns, cluster: Cluster, calibration, bands, memory=None,
                          window_factor=None) -> dict[str, Any]:
     """``time_columns`` of ``c``'s rows (each its own sync) with ``overflow`` (the guard on their

@@ -27,7 +27,6 @@ from shardplan.planning.evaluate import (
     cached_model_values,
     checked_time_columns,
     memory_verdict,
-    query_time,
     query_values,
     require_query_types,
     resolved_query_values,
@@ -108,10 +107,6 @@ class FitResult(BaseModel):
     time: dict[str, float] | None = None
     # the efficiencies the step time used: name, value, status (measured / calibrated / nameplate), source
     efficiencies: list[dict[str, Any]] | None = None
-
-
-def _columns(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> Columns:
-    return Columns.build(**query_values(spec, cluster, config))
 
 
 def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> None:
@@ -262,18 +257,16 @@ TIME_BAND_FIELDS = tuple(f"{name}_{end}" for name in ("tokens_per_s", "tokens_pe
 def step_timing(spec: ModelSpec, cluster: Cluster, config: TrainingConfig, calibration=None,
                 bands: AccuracyBands | None = None) -> dict[str, float]:
     """Step time, tokens/s and MFU of one configuration, with tokens/s's band (``tokens_per_s_low/high``,
-    ``tokens_per_s_per_gpu_low/high``): ``evaluate.query_time`` (the formulas the planner's grid
+    ``tokens_per_s_per_gpu_low/high``): a one-row ``step_timings`` (the formulas the planner's grid
     runs; gradients reduced as the configuration's ``sync_every_micro_batch`` says)."""
-    times = query_time(spec, cluster, config, calibration, bands)
-    if times["overflow"]:
-        check_one(_columns(spec, cluster, config), times, config)  # the one-line error of an overflowed result
-    return _time_record(times)
+    _check_arguments(spec, cluster, config)
+    return step_timings(spec, cluster, [config], calibration, bands)[0]
 
 
 def step_timings(spec: ModelSpec, cluster: Cluster, configs: Sequence[TrainingConfig], calibration=None,
                  bands: AccuracyBands | None = None, window_factor: float | None = None) -> list[dict[str, float]]:
     """``step_timing`` of several configurations of one model on one cluster in one vectorized pass
-    (``evaluate.checked_time_columns``): what ``fit``'s results with time cost together.
+    (``evaluate.checked_time_columns``; the tokens/s report predicts each published run with it).
     ``window_factor`` None: the calibrated one (``time_calibration.window_factor``)."""
     if not configs:
         return []
