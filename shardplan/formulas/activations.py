@@ -319,6 +319,13 @@ def checkpointed_layers(c):
     return np.select([c.ac == st.AC_NONE, c.ac == st.AC_EVERY_K], [0, every_k], c.num_layers)
 
 
+def recompute_fraction(c):
+    """Share of the blocks whose forward is recomputed in backward (the time model's recompute FLOPs
+    and bytes, the host's checkpoint hooks): all (full, selective), 1/k-th (every-k), none (0
+    without checkpointing)."""
+    return checkpointed_layers(c) / np.maximum(c.num_layers, 1)
+
+
 def kept_layer_bytes_per_token(c, a):
     """What a block holds between its forward and its backward: everything (no AC), its input
     (full AC: ``kept_input_bytes_per_token``), or the matmul/attention outputs and its input (selective)."""

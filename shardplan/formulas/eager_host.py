@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardplan.formulas.activations import checkpointed_layers
+from shardplan.formulas.activations import recompute_fraction
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 
@@ -135,14 +135,10 @@ def _launches_and_hooks(c):
     # checkpoint hooks (a sweep evaluates this over every row)
     layers = np.asarray(c.num_layers, dtype=np.float64)
     fwd, bwd, rec, saved = layer_operations(c)
-    ckpt = checkpointed_share(c)
+    ckpt = recompute_fraction(c)
     forward = STEP_FORWARD + layers * (fwd - ckpt * (LAYER_FORWARD - LAYER_FORWARD_CHECKPOINTED))
     hooks = layers * ckpt * ~np.asarray(c.reentrant_checkpointing, dtype=bool) * saved
     return forward, STEP_BACKWARD + layers * (bwd + ckpt * rec), optimizer_operations(c), hooks
-
-
-def checkpointed_share(c):
-    return np.where(c.ac == st.AC_NONE, 0.0, checkpointed_layers(c) / np.maximum(c.num_layers, 1))
 
 
 def step_operations(c):
@@ -165,7 +161,7 @@ def fsdp1_operations(c):
     gather = FSDP1_GATHER * sharded
     forward = (layer_units + 1) * (FSDP1_HOOKS_FORWARD + gather)
     trainable = np.where(full, layers, layers * leaves)
-    recompute = checkpointed_share(c) * layers * leaves * (FSDP1_HOOKS_FORWARD + gather)
+    recompute = recompute_fraction(c) * layers * leaves * (FSDP1_HOOKS_FORWARD + gather)
     backward = layer_units * (FSDP1_HOOKS_BACKWARD + gather) + FSDP1_REDUCE * trainable + recompute \
         + FSDP1_ROOT_BACKWARD + FSDP1_ROOT_REDUCE * full
     on = np.asarray(c.engine) == st.FSDP1

@@ -47,10 +47,11 @@ def _attention(cluster, rates, config: dict[str, Any]) -> dict[str, Any]:
 def _window() -> dict[str, Any]:
     """The calibrated window factor every answer's GPU seconds carry (``inputs.time_calibration``),
     as the efficiency it stands for: 1 / k."""
-    k = time_calibration.time_calibration()
-    return _entry("window", 1.0 / float(k["value"]), "calibrated",
-                  f"published multi-step tokens/s over a warm GPU's fastest step: 1 / {float(k['value']):.3f}, fitted on "
-                  f"the development set's {len(k['per_source'])} sources and judged leave-one-source-out "
+    k = time_calibration.window_factor()
+    return _entry("window", 1.0 / k, "calibrated",
+                  f"published multi-step tokens/s over a warm GPU's fastest step: 1 / {k:.3f}, fitted on "
+                  f"the development set's {len(time_calibration.time_calibration()['per_source'])} sources and "
+                  "judged leave-one-source-out "
                   "(shardplan/data/time_calibration.json; no source says what it holds)")
 
 

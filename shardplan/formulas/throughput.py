@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardplan.formulas.activations import (
-    checkpointed_layers,
     compute_dtype_bytes,
     op_sac_recomputed_params_per_layer,
+    recompute_fraction,
     stream_dtype_bytes,
 )
 from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes, grad_comm_bytes_per_element, sync_count
@@ -288,12 +288,6 @@ def model_flops_per_token(c):
 def palm_model_flops_per_token(c):
     """PaLM's and torchtitan's model FLOPs per token: 6·N_matmul + 3 × the full attention forward."""
     return train_flops_per_token(matmul_params_per_token(c), attention_forward_flops_per_token(c, causal=False))
-
-
-def recompute_fraction(c):
-    """Blocks whose forward is recomputed in backward: all (full, selective), 1/k-th (every-k), none
-    (0 without checkpointing: ``checkpointed_layers``)."""
-    return checkpointed_layers(c) / np.maximum(c.num_layers, 1)
 
 
 def flops_per_token(c):

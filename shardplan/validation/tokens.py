@@ -1,8 +1,8 @@
 """Tokens/s of published runs against shardplan's step time: the time half of the accuracy report.
 
 Every row of ``tests/data/published_runs/runs.csv`` with a tokens/s number that ``runs.read_runs``
-expresses as a query is predicted with ``fit.step_timings`` (what ``fit --global-batch-tokens``
-answers) and compared: error = predicted / published − 1 (positive: the model is optimistic).
+expresses as a query is predicted with ``fit.step_timings`` (the numbers ``fit
+--global-batch-tokens`` answers: tests/test_fit_time.py) and compared: error = predicted / published − 1 (positive: the model is optimistic).
 
 Grouped per source (the row-id prefix), per class (engine × strategy × method × GPU family ×
 nodes) and per regime of the prediction:
