@@ -108,9 +108,6 @@ def test_compiled_adapters_move_the_fraction_inductor_leaves(targets, ac):
     assert 0 < pointwise < adapters[0]
     assert adapters[1] == pytest.approx(_adapter_gemm_io(eager) + tp.COMPILED_ADAPTER_ELEMENTWISE_FRACTION * pointwise,
                                         rel=1e-9)
-    saved = float(tp.elementwise_bytes_per_token(eager) - tp.elementwise_bytes_per_token(compiled))
-    assert saved == pytest.approx((1 - tp.COMPILED_BLOCK_ELEMENTWISE_FRACTION) * _block_bytes(eager)
-                                  + adapters[0] - adapters[1], rel=1e-9)
 
 
 def test_compiled_adapter_saving_grows_with_the_adapted_widths_and_the_recompute():

@@ -58,9 +58,11 @@ def byte_counter():
     return Counting()
 
 
-def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: bool = False):
+def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: bool = False,
+                     torchtune_rope: bool = False):
     """A decoder block as torchtitan's Llama writes it (the element-wise code paths; widths toy);
-    ``matrix_rope``: fms's 2×2-matrix RoPE (``matrix_rope_qk``) in place of the complex one."""
+    ``matrix_rope``: fms's 2×2-matrix RoPE (``matrix_rope_qk``) in place of the complex one;
+    ``torchtune_rope``: torchtune's real-arithmetic RoPE (``torchtune_rope_qk``)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -79,6 +81,8 @@ def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: b
         return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
 
     def rope_qk(q, k, freqs):
+        if torchtune_rope:
+            return torchtune_rope_qk(q, k, freqs)
         return matrix_rope_qk(q, k, freqs) if matrix_rope else (complex_rope(q, freqs), complex_rope(k, freqs))
 
     class Block(nn.Module):
@@ -121,17 +125,37 @@ def matrix_rope_qk(q, k, table):
     return rotate(q), rotate(k)
 
 
-def block_inputs(h: int, heads: int, kv_heads: int, ffn: int, tokens: int, matrix_rope: bool = False):
+def torchtune_rope_qk(q, k, cache):
+    """torchtune ``RotaryPositionalEmbeddings.forward`` (``modules/position_embeddings.py``; the same in
+    ``Llama3ScaledRoPE``, 0217d44c2 and 9bafd16fc) on q and k (B L H D): each pair rotated with real
+    fp32 arithmetic on the cached cos / sin (L × D/2 × 2), stacked and cast back."""
+    import torch
+
+    def rotate(x):
+        xshaped = x.float().reshape(*x.shape[:-1], -1, 2)
+        rc = cache.view(-1, xshaped.size(1), 1, xshaped.size(3), 2)
+        out = torch.stack([xshaped[..., 0] * rc[..., 0] - xshaped[..., 1] * rc[..., 1],
+                           xshaped[..., 1] * rc[..., 0] + xshaped[..., 0] * rc[..., 1]], -1)
+        return out.flatten(3).type_as(x)
+
+    return rotate(q), rotate(k)
+
+
+def block_inputs(h: int, heads: int, kv_heads: int, ffn: int, tokens: int, matrix_rope: bool = False,
+                 torchtune_rope: bool = False):
     """(block, x, freqs): one seeded bf16 torchtitan-style block, its input and its RoPE table (complex,
-    or fms's ``compute_freqs_cis`` stack of cos, -sin, sin, cos viewed as L × D/2 × 2 × 2), the same
-    for the eager count (``measure``) and the compiled one (``compiled_bytes``)."""
+    fms's ``compute_freqs_cis`` stack of cos, -sin, sin, cos viewed as L × D/2 × 2 × 2, or torchtune's
+    cos / sin cache L × D/2 × 2), the same for the eager count (``measure``) and the compiled one
+    (``compiled_bytes``)."""
     import torch
 
     torch.manual_seed(0)
-    block = torchtitan_block(h, heads, kv_heads, ffn, matrix_rope).to(torch.bfloat16)
+    block = torchtitan_block(h, heads, kv_heads, ffn, matrix_rope, torchtune_rope).to(torch.bfloat16)
     d = h // heads
     angles = torch.rand(tokens, d // 2)
-    if matrix_rope:
+    if torchtune_rope:
+        freqs = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+    elif matrix_rope:
         cos, sin = torch.cos(angles), torch.sin(angles)
         freqs = torch.stack([cos, -sin, sin, cos], dim=2).view(tokens, d // 2, 2, 2)
     else:
@@ -141,11 +165,11 @@ def block_inputs(h: int, heads: int, kv_heads: int, ffn: int, tokens: int, matri
 
 
 def measure(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64,
-            matrix_rope: bool = False) -> tuple[float, float]:
+            matrix_rope: bool = False, torchtune_rope: bool = False) -> tuple[float, float]:
     """(forward, backward) element-wise bytes per token of one bf16 block."""
     import torch
 
-    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, matrix_rope)
+    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, matrix_rope, torchtune_rope)
     counter = byte_counter()
     with counter:
         y = block(x, freqs)

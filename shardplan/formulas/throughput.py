@@ -115,6 +115,19 @@ ROPE_MATRIX_EXTRA_BYTES = 16.0
 # 256 8 2 768 --matrix-rope``): 0.257 (h 256, 8 heads, 2 kv, ffn 768) and 0.228 (h 512, 8 heads,
 # ffn 1536) of the fms block's eager bytes; ASSUMPTION as above: the larger for every shape and GPU.
 COMPILED_MATRIX_ROPE_BLOCK_FRACTION = 0.26
+# RoPE as torchtune writes it (the ``torchtune`` stack): ``RotaryPositionalEmbeddings.forward``
+# (``modules/position_embeddings.py``; ``Llama3ScaledRoPE`` alike; the same code at 0217d44c2 and
+# 9bafd16fc) rotates with real fp32 arithmetic on a cached cos / sin table: ``xshaped =
+# x.float().reshape(..., -1, 2)``, four strided multiplies, a subtract and an add, ``torch.stack``,
+# ``flatten``, ``type_as``. Measured in the block against the complex form the count holds
+# (``calibrate.elementwise_bytes.measure(..., torchtune_rope=True)``): per q/k element 29.0-29.6 B more
+# forward and 71.2-71.5 B more backward (h 256 GQA, h 512). Scaled by a/2 like the others.
+ROPE_TORCHTUNE_EXTRA_FORWARD_BYTES = 29.0
+ROPE_TORCHTUNE_EXTRA_BACKWARD_BYTES = 71.0
+# The torchtune block compiled: its RoPE is real arithmetic and fuses, as fms's does (``python -m
+# shardplan.calibrate.compiled_bytes 256 8 2 768 --torchtune-rope``): 0.235 (h 256, 8 heads, 2 kv,
+# ffn 768) and 0.206 (h 512, ffn 1536) of the torchtune block's eager bytes; ASSUMPTION as above.
+COMPILED_TORCHTUNE_ROPE_BLOCK_FRACTION = 0.24
 # LoRA adapters sit inside what torch.compile compiles: torchtune's ``LoRALinear`` is a submodule of
 # each ``TransformerSelfAttentionLayer`` that ``training.compile_model`` compiles (9bafd16fc
 # ``training/_compile.py``; the whole model before torch 2.5, as at 0217d44c2), so the adapter
@@ -333,7 +346,10 @@ def elementwise_bytes_per_token(c):
     outside the compiled blocks (torchtitan 9dec370 ``train.py``), and so are casts and FSDP's copies.
     ``lowp_norm``: norms at ``LOWP_NORM_BYTES``. ``matrix_rope``: each pass over q and k moves
     ``ROPE_MATRIX_EXTRA_BYTES`` more per element, and compiled blocks keep
-    ``COMPILED_MATRIX_ROPE_BLOCK_FRACTION`` of their bytes.
+    ``COMPILED_MATRIX_ROPE_BLOCK_FRACTION`` of their bytes; the ``torchtune`` stack's RoPE moves
+    ``ROPE_TORCHTUNE_EXTRA_FORWARD_BYTES`` more per element in each forward (and recompute) and
+    ``ROPE_TORCHTUNE_EXTRA_BACKWARD_BYTES`` more in backward, and its compiled blocks keep
+    ``COMPILED_TORCHTUNE_ROPE_BLOCK_FRACTION``.
     ASSUMPTION: no fused RMSNorm/RoPE/cross-entropy kernels otherwise (Liger kernels are not modelled).
     """
     a = stream_dtype_bytes(c)
@@ -341,11 +357,16 @@ def elementwise_bytes_per_token(c):
     layer_fwd = layer_forward_elementwise_bytes(a, c.hidden_size, c.q_width, c.kv_width, c.mlp_width,
                                                 c.gated_mlp, np.asarray(c.rope_dim) > 0, norm)
     frac = recompute_fraction(c)
-    matrix = np.asarray(c.matrix_rope, dtype=bool) & (np.asarray(c.rope_dim) > 0)
+    rope = np.asarray(c.rope_dim) > 0
+    matrix = np.asarray(c.matrix_rope, dtype=bool) & rope
+    tune = (np.asarray(c.stack) == st.TORCHTUNE) & rope & ~matrix
     # forward, backward and the recomputed forward each move the matrix form's extra bytes
-    rope_extra = np.where(matrix, ROPE_MATRIX_EXTRA_BYTES * (a / 2.0) * (c.q_width + c.kv_width), 0.0) * (2 + frac)
-    fused = np.where(c.compile, np.where(matrix, COMPILED_MATRIX_ROPE_BLOCK_FRACTION,
-                                         COMPILED_BLOCK_ELEMENTWISE_FRACTION), 1.0)
+    tune_extra = ROPE_TORCHTUNE_EXTRA_FORWARD_BYTES * (1 + frac) + ROPE_TORCHTUNE_EXTRA_BACKWARD_BYTES
+    per_element = np.select([matrix, tune], [ROPE_MATRIX_EXTRA_BYTES * (2 + frac), tune_extra], 0.0)
+    rope_extra = per_element * (a / 2.0) * (c.q_width + c.kv_width)
+    fused = np.where(c.compile, np.select([matrix, tune], [COMPILED_MATRIX_ROPE_BLOCK_FRACTION,
+                                                           COMPILED_TORCHTUNE_ROPE_BLOCK_FRACTION],
+                                          COMPILED_BLOCK_ELEMENTWISE_FRACTION), 1.0)
     layers = c.num_layers * (layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac) + rope_extra) * fused
     head = CROSS_ENTROPY_BYTES_PER_VOCAB * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
     return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c) \
