@@ -23,11 +23,15 @@ from tests.helpers import columns
 
 
 def _block_bytes(c) -> float:
-    """Eager element-wise bytes of the blocks, forward + backward + recompute (the formula's count)."""
-    layer = tp.layer_forward_elementwise_bytes(stream_dtype_bytes(c), c.hidden_size, c.q_width, c.kv_width,
+    """Eager element-wise bytes of the blocks, forward + backward + recompute (the formula's count),
+    with the stack's RoPE form's extra (``rope_form``: torchtune's fp32 pairs for ``_tune_lora``)."""
+    a = stream_dtype_bytes(c)
+    layer = tp.layer_forward_elementwise_bytes(a, c.hidden_size, c.q_width, c.kv_width,
                                                c.mlp_width, c.gated_mlp, np.asarray(c.rope_dim) > 0)
     frac = np.where(c.ac == st.AC_NONE, 0.0, tp.recompute_fraction(c))
-    return float(c.num_layers * layer * (1 + tp.BACKWARD_ELEMENTWISE_FACTOR + frac))
+    fwd, bwd = tp.ROPE_FORM_EXTRA_BYTES[int(np.asarray(c.rope_form))]
+    rope = (fwd * (1 + frac) + bwd) * (a / 2.0) * (c.q_width + c.kv_width)
+    return float(c.num_layers * (layer * (1 + tp.BACKWARD_ELEMENTWISE_FACTOR + frac) + rope))
 
 
 @pytest.mark.parametrize("ac", [st.AC_NONE, st.AC_FULL, st.AC_SELECTIVE_OP])
@@ -108,6 +112,9 @@ def test_compiled_adapters_move_the_fraction_inductor_leaves(targets, ac):
     assert 0 < pointwise < adapters[0]
     assert adapters[1] == pytest.approx(_adapter_gemm_io(eager) + tp.COMPILED_ADAPTER_ELEMENTWISE_FRACTION * pointwise,
                                         rel=1e-9)
+    saved = float(tp.elementwise_bytes_per_token(eager) - tp.elementwise_bytes_per_token(compiled))
+    fraction = float(tp.compiled_block_fraction(eager.rope_form))  # torchtune's pairs_fp32 form
+    assert saved == pytest.approx((1 - fraction) * _block_bytes(eager) + adapters[0] - adapters[1], rel=1e-9)
 
 
 def test_compiled_adapter_saving_grows_with_the_adapted_widths_and_the_recompute():

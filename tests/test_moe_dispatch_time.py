@@ -48,7 +48,9 @@ def test_no_dispatch_bytes_for_dense_models_or_other_stacks():
     assert float(tp.moe_dispatch_bytes_per_token(_cols("llama-3.1-8b"))) == 0.0
     assert float(tp.moe_dispatch_bytes_per_token(_cols(stack="torchtitan"))) == 0.0
     dense_in_elementwise = float(tp.elementwise_bytes_per_token(_cols())) - float(tp.moe_dispatch_bytes_per_token(_cols()))
-    assert dense_in_elementwise == pytest.approx(float(tp.elementwise_bytes_per_token(_cols(stack="torchtitan"))))
+    # the same block bytes once both rotate q and k as Transformers does (rope_form rotate_half)
+    other = _cols(stack="torchtitan", rope_form="rotate_half")
+    assert dense_in_elementwise == pytest.approx(float(tp.elementwise_bytes_per_token(other)))
 
 
 def test_mixtral_dev_set_rows_closer_with_the_loop(monkeypatch):

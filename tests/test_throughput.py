@@ -10,6 +10,7 @@ from hypothesis import strategies as hs
 from shardplan.formulas.columns import columns_for
 from shardplan.formulas.comm import link_rates
 from shardplan.formulas.throughput import compute_rates, flops_per_token, step_time, training_cost
+from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model
@@ -121,12 +122,14 @@ def test_nccl_sm_fraction_from_sm_count():
 
 
 def test_elementwise_eager_count():
-    """RMSNorm 36 B and RoPE 20 B per element (16-bit), GQA repeat_kv, fp32 cross-entropy 42 B/V."""
+    """RMSNorm 36 B and RoPE 20 B per element (16-bit), GQA repeat_kv, fp32 cross-entropy 42 B/V; the hf
+    stack's rotate_half RoPE moves 8 B more per q/k element in the backward (28 B against 20)."""
     from shardplan.formulas.throughput import elementwise_bytes_per_token
     c, _ = run(seq_len=4096)
     h, q, kv, i, L, V = 4096, 4096, 1024, 14336, 32, SPEC.vocab_size
     layer = 2 * 36 * h + 20 * (q + kv) + 2 * 2 * (kv + q) + 2 * 2 * q + 6 * 2 * h + 5 * 2 * i
-    assert float(elementwise_bytes_per_token(c)) == pytest.approx(L * layer * 3 + 42 * V)
+    assert c.stack == st.HF
+    assert float(elementwise_bytes_per_token(c)) == pytest.approx(L * (layer * 3 + 8 * (q + kv)) + 42 * V)
 
 
 def test_fsdp_copies_by_engine():

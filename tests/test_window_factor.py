@@ -89,7 +89,8 @@ def test_no_stated_factor_means_the_calibrated_one_on_every_path(monkeypatch):
     assert answer["compute_s"] == pytest.approx(1.4 * kernel["compute_s"], rel=1e-9)
     df = shardplan.sweep(models="llama-3.1-8b", gpus="h100-sxm", gpu_counts=8, strategies="full_shard",
                          seq_len=4096, progress=False)
-    c = columns("llama-3.1-8b", seq_len=4096, world_size=8)
+    # the sweep's default stack is hf, whose RoPE is Transformers' rotate_half (the columns' default is complex)
+    c = columns("llama-3.1-8b", seq_len=4096, world_size=8, rope_form=st.ROPE_ROTATE_HALF)
     at_one = tp.step_time(c, link_rates(cluster), tp.compute_rates(cluster))
     assert float(df["compute_s"].iloc[0]) == pytest.approx(1.4 * float(at_one["compute_s"]), rel=1e-9)
     query = tokens.dev_set_queries()[0]

@@ -10,12 +10,11 @@ of the forward and backward graphs, plus the non-GEMM fallback kernels (inductor
 for complex arithmetic, so RoPE's complex multiply stays an aten kernel), that is the compiled
 block's element-wise traffic. GEMMs and SDPA are extern kernels and left out, as in the eager count.
 
-    python -m shardplan.calibrate.compiled_bytes [h heads kv ffn] [--matrix-rope | --torchtune-rope]
+    python -m shardplan.calibrate.compiled_bytes [h heads kv ffn] [--rope-form FORM]   # compiled / eager
 
-``--matrix-rope``: the block with fms's 2×2-matrix RoPE (``elementwise_bytes.matrix_rope_qk``),
-plain real arithmetic that inductor fuses with its neighbours
-(``throughput.COMPILED_MATRIX_ROPE_BLOCK_FRACTION``); ``--torchtune-rope``: the block with torchtune's
-real-arithmetic RoPE (``elementwise_bytes.torchtune_rope_qk``; ``throughput.COMPILED_TORCHTUNE_ROPE_BLOCK_FRACTION``).
+``--rope-form``: the block with another stack's RoPE (``elementwise_bytes.ROPE_QK``: ``matrix``,
+fms's 2×2 matrix; ``pairs_fp32``, torchtune's; ``rotate_half``, Transformers'), plain real
+arithmetic that inductor fuses with its neighbours (``throughput.COMPILED_ROPE_FORM_BLOCK_FRACTION``).
 
 The same recorder prices the LoRA adapter path inside a compiled block (``adapter_fraction``:
 ``throughput.COMPILED_ADAPTER_ELEMENTWISE_FRACTION``).
@@ -67,8 +66,7 @@ def fused_bytes_recorder(records: list[int]):
         graph.GraphLowering.codegen = original
 
 
-def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64, matrix_rope: bool = False,
-                     torchtune_rope: bool = False) -> float:
+def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64, rope_form: str = "complex") -> float:
     """Compiled element-wise bytes per token of one bf16 block, forward + backward."""
     import torch
     import torch._inductor.config as inductor_config
@@ -76,7 +74,7 @@ def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 
     from shardplan.calibrate.elementwise_bytes import block_inputs
 
     torch._dynamo.reset()
-    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, matrix_rope, torchtune_rope)
+    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, rope_form)
     records: list[int] = []
     with inductor_config.patch(force_disable_caches=True), fused_bytes_recorder(records):
         y = torch.compile(block, fullgraph=True)(x, freqs)
@@ -149,22 +147,25 @@ def adapter_fraction(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 
     return (compiled[1] - compiled[0]) / (eager[1] - eager[0])
 
 
-def fraction(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: bool = False,
-             torchtune_rope: bool = False) -> float:
+def fraction(h: int, heads: int, kv_heads: int, ffn: int, rope_form: str = "complex") -> float:
     """Compiled / eager element-wise bytes of one block, forward + backward."""
     from shardplan.calibrate.elementwise_bytes import measure
 
-    rope = dict(matrix_rope=matrix_rope, torchtune_rope=torchtune_rope)
-    return measure_compiled(h, heads, kv_heads, ffn, **rope) / sum(measure(h, heads, kv_heads, ffn, **rope))
+    eager = sum(measure(h, heads, kv_heads, ffn, rope_form=rope_form))
+    return measure_compiled(h, heads, kv_heads, ffn, rope_form=rope_form) / eager
 
 
 def main(argv: list[str]) -> int:
-    matrix, tune = "--matrix-rope" in argv, "--torchtune-rope" in argv
-    numbers = [a for a in argv if not a.startswith("--")]
+    from shardplan.calibrate.elementwise_bytes import ROPE_QK
+
+    form = argv[argv.index("--rope-form") + 1] if "--rope-form" in argv else "complex"
+    if form not in ROPE_QK:
+        from shardplan.support.errors import ShardplanError
+        raise ShardplanError("--rope-form", form, f"not one of {', '.join(ROPE_QK)}")
+    numbers = [a for a in argv if a not in ("--rope-form", form)]
     shape = tuple(int(a) for a in numbers) if numbers else (512, 8, 8, 1536)
-    rope = "torchtune real-arithmetic" if tune else "fms 2x2-matrix" if matrix else "complex"
-    print(f"h heads kv ffn {shape}, {rope} RoPE: compiled / eager element-wise bytes "
-          f"{fraction(*shape, matrix_rope=matrix, torchtune_rope=tune):.3f}")
+    print(f"h heads kv ffn {shape}, {form} RoPE: compiled / eager element-wise bytes "
+          f"{fraction(*shape, rope_form=form):.3f}")
     print(f"  LoRA adapter path (torchtune LoRALinear): compiled / eager {adapter_fraction(*shape):.3f}")
     return 0
 

@@ -5,12 +5,20 @@ RMSNorm with its fp32 upcast, ``models/llama/model.py`` ``apply_rotary_emb`` thr
 ``repeat_kv``, SDPA, SwiGLU, two residual adds) runs forward and backward in bf16 on the CPU under
 a ``TorchDispatchMode`` that adds up, for every aten operator autograd actually calls, the bytes of
 its tensor inputs and outputs. The GEMMs and the attention kernel are left out (priced as FLOPs),
-as are views and allocations (no traffic). ``matrix_rope``: the same block with foundation-model-stack's
-RoPE instead (``fms/modules/positions.py`` ``RotaryEmbedding.adjusted_qk`` at v0.0.5: a 2×2 fp32
-rotation per pair, ``freqs[position_ids]`` ``.mul(q.float().view(..., -1, 2).unsqueeze(-2)).sum(5)``
-``.type_as(q)``); the fms LLaMA block's other element-wise code (``LayerNormParameterized`` with
-``use_high_precision_pow``, ``GatedLinearUnit``, the expand-and-flatten of k/v, the output's
-``.contiguous()``, two residual adds) is the torchtitan block's op for op.
+as are views and allocations (no traffic). ``rope_form`` puts another stack's RoPE in the same block
+(``throughput.ROPE_FORM_EXTRA_BYTES``):
+
+- ``matrix``: foundation-model-stack's (``fms/modules/positions.py`` ``RotaryEmbedding.adjusted_qk``
+  at v0.0.5: a 2×2 fp32 rotation per pair, ``freqs[position_ids]``
+  ``.mul(q.float().view(..., -1, 2).unsqueeze(-2)).sum(5).type_as(q)``); the fms LLaMA block's other
+  element-wise code (``LayerNormParameterized`` with ``use_high_precision_pow``, ``GatedLinearUnit``,
+  the expand-and-flatten of k/v, the output's ``.contiguous()``, two residual adds) is the torchtitan
+  block's op for op;
+- ``rotate_half``: Transformers' Llama/Mistral ``apply_rotary_pos_emb`` (``q * cos + rotate_half(q) * sin``,
+  ``rotate_half`` = ``cat((-x2, x1), -1)``, cos and sin cast to the activations' dtype by
+  ``LlamaRotaryEmbedding.forward``);
+- ``pairs_fp32``: torchtune's ``RotaryPositionalEmbeddings.forward`` (q in fp32 pairs, four products,
+  a difference and a sum against the fp32 cache, ``torch.stack``, ``type_as``).
 
     python -m shardplan.calibrate.elementwise_bytes     # measured vs modelled, per token per block
 
@@ -58,11 +66,9 @@ def byte_counter():
     return Counting()
 
 
-def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: bool = False,
-                     torchtune_rope: bool = False):
-    """A decoder block as torchtitan's Llama writes it (the element-wise code paths; widths toy);
-    ``matrix_rope``: fms's 2×2-matrix RoPE (``matrix_rope_qk``) in place of the complex one;
-    ``torchtune_rope``: torchtune's real-arithmetic RoPE (``torchtune_rope_qk``)."""
+def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int, rope_form: str = "complex"):
+    """A decoder block as torchtitan's Llama writes it (the element-wise code paths; widths toy), with
+    the RoPE of ``rope_form`` (``ROPE_QK``) in place of the complex one."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -76,14 +82,7 @@ def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: b
             y = x.float()
             return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
 
-    def complex_rope(x, freqs):  # apply_rotary_emb: view_as_complex(x.float()) * freqs, view_as_real().type_as(x)
-        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-        return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
-
-    def rope_qk(q, k, freqs):
-        if torchtune_rope:
-            return torchtune_rope_qk(q, k, freqs)
-        return matrix_rope_qk(q, k, freqs) if matrix_rope else (complex_rope(q, freqs), complex_rope(k, freqs))
+    rope_qk = ROPE_QK[rope_form]
 
     class Block(nn.Module):
         def __init__(self):
@@ -109,6 +108,48 @@ def torchtitan_block(h: int, heads: int, kv_heads: int, ffn: int, matrix_rope: b
     return Block()
 
 
+def complex_rope_qk(q, k, freqs):
+    """torchtitan ``apply_rotary_emb``: ``view_as_complex(x.float())`` × freqs, ``view_as_real(...).type_as(x)``."""
+    import torch
+
+    def rotate(x):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
+
+    return rotate(q), rotate(k)
+
+
+def rotate_half_rope_qk(q, k, cos_sin):
+    """Transformers ``apply_rotary_pos_emb`` (Llama, Mistral, Mixtral at v4.48.1; the same code since
+    v4.38): ``q * cos + rotate_half(q) * sin``, ``rotate_half(x) = cat((-x[..., D/2:], x[..., :D/2]), -1)``,
+    cos and sin in the activations' dtype (here B L 1 D against q's B L H D; Transformers' B 1 L D
+    against B H L D moves the same bytes)."""
+    import torch
+
+    cos, sin = cos_sin
+
+    def rotate(x):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    return rotate(q), rotate(k)
+
+
+def pairs_fp32_rope_qk(q, k, cache):
+    """torchtune ``RotaryPositionalEmbeddings.forward`` (``modules/position_embeddings.py``): x as fp32
+    pairs, ``stack([x0 c - x1 s, x1 c + x0 s], -1)`` against the fp32 cos/sin cache, ``.flatten(3).type_as(x)``."""
+    import torch
+
+    def rotate(x):
+        xs = x.float().reshape(*x.shape[:-1], -1, 2)
+        rc = cache.view(-1, xs.size(1), 1, xs.size(3), 2)
+        out = torch.stack([xs[..., 0] * rc[..., 0] - xs[..., 1] * rc[..., 1],
+                           xs[..., 1] * rc[..., 0] + xs[..., 0] * rc[..., 1]], -1)
+        return out.flatten(3).type_as(x)
+
+    return rotate(q), rotate(k)
+
+
 def matrix_rope_qk(q, k, table):
     """fms ``RotaryEmbedding.adjusted_qk`` (v0.0.5, q and k B L H D, the layout from #191 on): the
     table's rows gathered once at the positions, each pair of q and of k rotated by its 2×2 fp32
@@ -125,51 +166,47 @@ def matrix_rope_qk(q, k, table):
     return rotate(q), rotate(k)
 
 
-def torchtune_rope_qk(q, k, cache):
-    """torchtune ``RotaryPositionalEmbeddings.forward`` (``modules/position_embeddings.py``; the same in
-    ``Llama3ScaledRoPE``, 0217d44c2 and 9bafd16fc) on q and k (B L H D): each pair rotated with real
-    fp32 arithmetic on the cached cos / sin (L × D/2 × 2), stacked and cast back."""
+ROPE_QK = {"complex": complex_rope_qk, "rotate_half": rotate_half_rope_qk, "pairs_fp32": pairs_fp32_rope_qk,
+           "matrix": matrix_rope_qk}
+
+
+def rope_table(rope_form: str, tokens: int, d: int):
+    """The RoPE table each form reads, as its stack builds it: torchtitan's complex fp32 ``freqs_cis``;
+    Transformers' cos and sin of ``cat((freqs, freqs), -1)`` cast to bf16; torchtune's fp32 (cos, sin)
+    cache; fms's ``compute_freqs_cis`` stack of cos, -sin, sin, cos viewed as L × D/2 × 2 × 2."""
     import torch
 
-    def rotate(x):
-        xshaped = x.float().reshape(*x.shape[:-1], -1, 2)
-        rc = cache.view(-1, xshaped.size(1), 1, xshaped.size(3), 2)
-        out = torch.stack([xshaped[..., 0] * rc[..., 0] - xshaped[..., 1] * rc[..., 1],
-                           xshaped[..., 1] * rc[..., 0] + xshaped[..., 0] * rc[..., 1]], -1)
-        return out.flatten(3).type_as(x)
+    angles = torch.rand(tokens, d // 2)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if rope_form == "matrix":
+        return torch.stack([cos, -sin, sin, cos], dim=2).view(tokens, d // 2, 2, 2)
+    if rope_form == "rotate_half":
+        emb = torch.cat((angles, angles), dim=-1).view(1, tokens, 1, d)
+        return emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+    if rope_form == "pairs_fp32":
+        return torch.stack([cos, sin], dim=-1)
+    return torch.polar(torch.ones(tokens, d // 2), angles).view(1, tokens, 1, d // 2)
 
-    return rotate(q), rotate(k)
 
-
-def block_inputs(h: int, heads: int, kv_heads: int, ffn: int, tokens: int, matrix_rope: bool = False,
-                 torchtune_rope: bool = False):
-    """(block, x, freqs): one seeded bf16 torchtitan-style block, its input and its RoPE table (complex,
-    fms's ``compute_freqs_cis`` stack of cos, -sin, sin, cos viewed as L × D/2 × 2 × 2, or torchtune's
-    cos / sin cache L × D/2 × 2), the same for the eager count (``measure``) and the compiled one
-    (``compiled_bytes``)."""
+def block_inputs(h: int, heads: int, kv_heads: int, ffn: int, tokens: int, rope_form: str = "complex"):
+    """(block, x, table): one seeded bf16 torchtitan-style block with the RoPE of ``rope_form``, its
+    input and its RoPE table (``rope_table``), the same for the eager count (``measure``) and the
+    compiled one (``compiled_bytes``)."""
     import torch
 
     torch.manual_seed(0)
-    block = torchtitan_block(h, heads, kv_heads, ffn, matrix_rope, torchtune_rope).to(torch.bfloat16)
-    d = h // heads
-    angles = torch.rand(tokens, d // 2)
-    if torchtune_rope:
-        freqs = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
-    elif matrix_rope:
-        cos, sin = torch.cos(angles), torch.sin(angles)
-        freqs = torch.stack([cos, -sin, sin, cos], dim=2).view(tokens, d // 2, 2, 2)
-    else:
-        freqs = torch.polar(torch.ones(tokens, d // 2), angles).view(1, tokens, 1, d // 2)
+    block = torchtitan_block(h, heads, kv_heads, ffn, rope_form).to(torch.bfloat16)
+    table = rope_table(rope_form, tokens, h // heads)
     x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
-    return block, x, freqs
+    return block, x, table
 
 
 def measure(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64,
-            matrix_rope: bool = False, torchtune_rope: bool = False) -> tuple[float, float]:
+            rope_form: str = "complex") -> tuple[float, float]:
     """(forward, backward) element-wise bytes per token of one bf16 block."""
     import torch
 
-    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, matrix_rope, torchtune_rope)
+    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, rope_form)
     counter = byte_counter()
     with counter:
         y = block(x, freqs)

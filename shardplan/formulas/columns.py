@@ -172,7 +172,7 @@ class Columns:
     sync_every_micro_batch: np.ndarray  # gradients reduced every micro-batch; False: no_sync until the last (memory.py)
     compile: np.ndarray              # torch.compile'd blocks: fused element-wise kernels (throughput.elementwise_bytes_per_token)
     lowp_norm: np.ndarray            # norms as one 16-bit kernel (throughput.layer_forward_elementwise_bytes)
-    matrix_rope: np.ndarray          # RoPE as fms's 2x2 fp32 rotation (throughput.elementwise_bytes_per_token)
+    rope_form: np.ndarray            # ROPE_FORMS code: how the stack rotates q and k (throughput.elementwise_bytes_per_token)
     sac_saves_attention: np.ndarray  # op-level SAC keeps SDPA's output: no attention recompute (throughput.flops_per_token)
 
     @classmethod
@@ -247,7 +247,7 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     rope_shared_batch=True, autocast=True, fsdp_mp_policy=False, fused_dropout=True, sdpa_fp32_gqa_math=True,
     expandable_segments=False,  # the caching allocator's default (allocator.py)
     sync_every_micro_batch=True,  # FSDP's and DeepSpeed's default: no no_sync / set_requires_gradient_sync(False)
-    compile=False, lowp_norm=False, matrix_rope=False, sac_saves_attention=True,  # stacks.ENGINE_DEFAULTS
+    compile=False, lowp_norm=False, rope_form=st.ROPE_COMPLEX, sac_saves_attention=True,  # stacks.ENGINE_DEFAULTS
 )
 
 

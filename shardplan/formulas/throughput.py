@@ -98,36 +98,50 @@ LOWP_NORM_BYTES = 4.0
 # of the eager bytes. ASSUMPTION: the larger (less fused) figure for every block shape and GPU
 # (the fusion decisions are the shared scheduler's; the Triton backend's heuristics may differ).
 COMPILED_BLOCK_ELEMENTWISE_FRACTION = 0.40
-# RoPE as foundation-model-stack writes it (``matrix_rope``): ``fms/modules/positions.py``
-# ``RotaryEmbedding.adjusted_qk`` (ibm-fms v0.0.3 and v0.0.5, the releases fms-fsdp's runs required)
-# rotates each pair by a 2×2 fp32 matrix: ``freqs[position_ids].mul(q.float().view(..., -1, 2)
-# .unsqueeze(-2)).sum(5).flatten(3).type_as(q)``. Per q/k element, forward: float() 2+4, mul reads
-# the pair 4 and writes the 2×-wide product 8, sum 8+4, type_as 4+2 = 36 B; backward the same chain
-# reversed (type_as 2+4, mul 4+8, sum-to-size 8+4, float 4+2) = 36 B. The complex form the block
-# count holds moves 20 B each way, so every pass (forward, recompute, backward) moves 16 B more per
-# element (measured by ``calibrate.elementwise_bytes.measure(..., matrix_rope=True)``: 17.0-18.5 B
-# forward, 15.2-15.7 backward over four shapes; the rest is the per-layer gather of the fp32 table
-# rows, 24·head_dim B per token, ≤ 6 % of this term at 8+ heads, left out). Scaled by a/2 like the others.
+# RoPE as each stack's code writes it (``rope_form``, knob_names.ROPE_FORMS), over the complex form
+# ``ROPE_EAGER_BYTES`` counts: extra bytes per q/k element of each forward pass (the recomputed one
+# included) and of the backward, counted op by op from the code and measured on the block of
+# ``calibrate.elementwise_bytes`` (``measure(..., rope_form=...)`` minus the complex block, per q/k
+# element, over its four shapes). Scaled by a/2 like the others. The rest of each measurement is the
+# table's reads, which scale with 1/heads.
+# - ``matrix``, foundation-model-stack: ``fms/modules/positions.py`` ``RotaryEmbedding.adjusted_qk``
+#   (ibm-fms v0.0.3 and v0.0.5, the releases fms-fsdp's runs required) rotates each pair by a 2×2
+#   fp32 matrix, ``freqs[position_ids].mul(q.float().view(..., -1, 2).unsqueeze(-2)).sum(5)
+#   .flatten(3).type_as(q)``. Forward: float() 2+4, mul reads the pair 4 and writes the 2×-wide
+#   product 8, sum 8+4, type_as 4+2 = 36 B; backward the same chain reversed = 36 B; 16 B more each
+#   way than complex (measured 17.0-18.5 forward, 15.2-15.7 backward; the per-layer gather of the fp32
+#   table rows, 24·head_dim B per token, ≤ 6 % of this term at 8+ heads, is left out).
+# - ``rotate_half``, Transformers: ``apply_rotary_pos_emb`` = ``(q * cos) + (rotate_half(q) * sin)``,
+#   ``rotate_half(x) = cat((-x[..., D/2:], x[..., :D/2]), -1)``, with cos and sin cast to the
+#   activations' dtype (``LlamaRotaryEmbedding.forward``: ``cos.to(dtype=x.dtype)``;
+#   models/llama/modeling_llama.py @0022728, the same functions in 4.48.1's Llama/Mistral/Mixtral).
+#   Forward: mul 2+2, neg 1+1 (half), cat 2+2, mul 2+2, add 4+2 = 20 B, the complex form's count
+#   (measured +0.0); backward: two muls 4+4, cat's two slice_backwards 1+2 each, neg 1+1, the add of
+#   the two slices' gradients 4+2, the add of q's two gradients 4+2 = 28 B, 8 B more (measured 6.4-7.3).
+# - ``pairs_fp32``, torchtune: ``modules/position_embeddings.py`` ``RotaryPositionalEmbeddings.forward``
+#   (0217d44c2 l.107-126, 9bafd16fc l.107-127, 1814feb17 l.102-122; ``Llama3ScaledRoPE.forward`` the
+#   same, ``models/llama3_1/_position_embeddings.py`` l.171-191) and its fp32 cache (``theta``
+#   ``.float()``, ``cache = stack([cos, sin], -1)``): ``xshaped = x.float().reshape(..., -1, 2)``,
+#   ``stack([x0·c − x1·s, x1·c + x0·s], -1).flatten(3).type_as(x)``. Forward: float() 2+4, four
+#   products of fp32 halves 2+2 each, sub and add 4+2 each, stack 4+4, type_as 4+2 = 48 B (+28);
+#   backward: type_as 2+4, four products 2+2 each, four select_backwards 2+4 each, three adds 8+4
+#   each, neg 2+2, float() 4+2 = 92 B (+72) (measured +28.3-28.8 forward, +71.2-71.7 backward).
 ROPE_MATRIX_EXTRA_BYTES = 16.0
-# The fms block compiled: its RoPE is plain real arithmetic, so inductor fuses it with the norm and
-# casts around it, where the complex multiply stays an aten fallback kernel (``compiled_bytes``).
-# Measured like COMPILED_BLOCK_ELEMENTWISE_FRACTION (``python -m shardplan.calibrate.compiled_bytes
-# 256 8 2 768 --matrix-rope``): 0.257 (h 256, 8 heads, 2 kv, ffn 768) and 0.228 (h 512, 8 heads,
-# ffn 1536) of the fms block's eager bytes; ASSUMPTION as above: the larger for every shape and GPU.
+ROPE_ROTATE_HALF_BACKWARD_EXTRA_BYTES = 8.0
+ROPE_PAIRS_FORWARD_EXTRA_BYTES, ROPE_PAIRS_BACKWARD_EXTRA_BYTES = 28.0, 72.0
+# (forward, backward) extra per q/k element, indexed by the ROPE_FORMS code
+ROPE_FORM_EXTRA_BYTES = ((0.0, 0.0), (0.0, ROPE_ROTATE_HALF_BACKWARD_EXTRA_BYTES),
+                         (ROPE_PAIRS_FORWARD_EXTRA_BYTES, ROPE_PAIRS_BACKWARD_EXTRA_BYTES),
+                         (ROPE_MATRIX_EXTRA_BYTES, ROPE_MATRIX_EXTRA_BYTES))
+# A compiled block whose RoPE is real arithmetic: inductor fuses it with the norm and casts around
+# it, where the complex multiply stays an aten fallback kernel (``compiled_bytes``). Measured like
+# COMPILED_BLOCK_ELEMENTWISE_FRACTION (``python -m shardplan.calibrate.compiled_bytes 256 8 2 768
+# --rope-form FORM``), compiled / that block's own eager bytes at (h 256, 8 heads, 2 kv, ffn 768) and
+# (h 512, 8 heads, ffn 1536): matrix 0.257 / 0.228, pairs_fp32 0.234 / 0.205, rotate_half
+# 0.294 / 0.275; ASSUMPTION as above: the larger for every shape and GPU.
 COMPILED_MATRIX_ROPE_BLOCK_FRACTION = 0.26
-# RoPE as torchtune writes it (the ``torchtune`` stack): ``RotaryPositionalEmbeddings.forward``
-# (``modules/position_embeddings.py``; ``Llama3ScaledRoPE`` alike; the same code at 0217d44c2 and
-# 9bafd16fc) rotates with real fp32 arithmetic on a cached cos / sin table: ``xshaped =
-# x.float().reshape(..., -1, 2)``, four strided multiplies, a subtract and an add, ``torch.stack``,
-# ``flatten``, ``type_as``. Measured in the block against the complex form the count holds
-# (``calibrate.elementwise_bytes.measure(..., torchtune_rope=True)``): per q/k element 29.0-29.6 B more
-# forward and 71.2-71.5 B more backward (h 256 GQA, h 512). Scaled by a/2 like the others.
-ROPE_TORCHTUNE_EXTRA_FORWARD_BYTES = 29.0
-ROPE_TORCHTUNE_EXTRA_BACKWARD_BYTES = 71.0
-# The torchtune block compiled: its RoPE is real arithmetic and fuses, as fms's does (``python -m
-# shardplan.calibrate.compiled_bytes 256 8 2 768 --torchtune-rope``): 0.235 (h 256, 8 heads, 2 kv,
-# ffn 768) and 0.206 (h 512, ffn 1536) of the torchtune block's eager bytes; ASSUMPTION as above.
-COMPILED_TORCHTUNE_ROPE_BLOCK_FRACTION = 0.24
+COMPILED_PAIRS_ROPE_BLOCK_FRACTION = 0.24
+COMPILED_ROTATE_HALF_BLOCK_FRACTION = 0.30
 # LoRA adapters sit inside what torch.compile compiles: torchtune's ``LoRALinear`` is a submodule of
 # each ``TransformerSelfAttentionLayer`` that ``training.compile_model`` compiles (9bafd16fc
 # ``training/_compile.py``; the whole model before torch 2.5, as at 0217d44c2), so the adapter
@@ -344,12 +358,9 @@ def elementwise_bytes_per_token(c):
     SAC's recomputed element-wise work is compiled with the block), the LoRA adapters' element-wise
     ops × ``COMPILED_ADAPTER_ELEMENTWISE_FRACTION`` (``lora_adapter_bytes_per_token``); the loss is
     outside the compiled blocks (torchtitan 9dec370 ``train.py``), and so are casts and FSDP's copies.
-    ``lowp_norm``: norms at ``LOWP_NORM_BYTES``. ``matrix_rope``: each pass over q and k moves
-    ``ROPE_MATRIX_EXTRA_BYTES`` more per element, and compiled blocks keep
-    ``COMPILED_MATRIX_ROPE_BLOCK_FRACTION`` of their bytes; the ``torchtune`` stack's RoPE moves
-    ``ROPE_TORCHTUNE_EXTRA_FORWARD_BYTES`` more per element in each forward (and recompute) and
-    ``ROPE_TORCHTUNE_EXTRA_BACKWARD_BYTES`` more in backward, and its compiled blocks keep
-    ``COMPILED_TORCHTUNE_ROPE_BLOCK_FRACTION``.
+    ``lowp_norm``: norms at ``LOWP_NORM_BYTES``. ``rope_form``: each forward pass (recompute
+    included) and the backward move ``ROPE_FORM_EXTRA_BYTES`` more per q/k element than the complex
+    form, and compiled blocks keep ``compiled_block_fraction`` of their bytes.
     ASSUMPTION: no fused RMSNorm/RoPE/cross-entropy kernels otherwise (Liger kernels are not modelled).
     """
     a = stream_dtype_bytes(c)
@@ -357,20 +368,25 @@ def elementwise_bytes_per_token(c):
     layer_fwd = layer_forward_elementwise_bytes(a, c.hidden_size, c.q_width, c.kv_width, c.mlp_width,
                                                 c.gated_mlp, np.asarray(c.rope_dim) > 0, norm)
     frac = recompute_fraction(c)
-    rope = np.asarray(c.rope_dim) > 0
-    matrix = np.asarray(c.matrix_rope, dtype=bool) & rope
-    tune = (np.asarray(c.stack) == st.TORCHTUNE) & rope & ~matrix
-    # forward, backward and the recomputed forward each move the matrix form's extra bytes
-    tune_extra = ROPE_TORCHTUNE_EXTRA_FORWARD_BYTES * (1 + frac) + ROPE_TORCHTUNE_EXTRA_BACKWARD_BYTES
-    per_element = np.select([matrix, tune], [ROPE_MATRIX_EXTRA_BYTES * (2 + frac), tune_extra], 0.0)
-    rope_extra = per_element * (a / 2.0) * (c.q_width + c.kv_width)
-    fused = np.where(c.compile, np.select([matrix, tune], [COMPILED_MATRIX_ROPE_BLOCK_FRACTION,
-                                                           COMPILED_TORCHTUNE_ROPE_BLOCK_FRACTION],
-                                          COMPILED_BLOCK_ELEMENTWISE_FRACTION), 1.0)
+    # learned positions rotate nothing: their blocks count as the complex form's (no RoPE bytes at all)
+    form = np.where(np.asarray(c.rope_dim) > 0, np.asarray(c.rope_form, dtype=np.int64), st.ROPE_COMPLEX)
+    extra = np.asarray(ROPE_FORM_EXTRA_BYTES)[form]  # (..., 2): forward, backward
+    # the forward and the recomputed forward move the forward's extra, the backward its own
+    rope_extra = (extra[..., 0] * (1 + frac) + extra[..., 1]) * (a / 2.0) * (c.q_width + c.kv_width)
+    fused = np.where(c.compile, compiled_block_fraction(form), 1.0)
     layers = c.num_layers * (layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac) + rope_extra) * fused
     head = CROSS_ENTROPY_BYTES_PER_VOCAB * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
     return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c) \
         + moe_dispatch_bytes_per_token(c)
+
+
+def compiled_block_fraction(rope_form):
+    """What inductor leaves of a block's eager element-wise bytes, by its ROPE_FORMS code: the complex
+    multiply stays a fallback kernel (``COMPILED_BLOCK_ELEMENTWISE_FRACTION``), the real-arithmetic
+    forms fuse with their neighbours."""
+    by_form = np.array([COMPILED_BLOCK_ELEMENTWISE_FRACTION, COMPILED_ROTATE_HALF_BLOCK_FRACTION,
+                        COMPILED_PAIRS_ROPE_BLOCK_FRACTION, COMPILED_MATRIX_ROPE_BLOCK_FRACTION])
+    return by_form[np.asarray(rope_form, dtype=np.int64)]
 
 
 def layer_forward_elementwise_bytes(a, h, q, kv, i, gated=True, rope=True, norm=RMSNORM_EAGER_BYTES):

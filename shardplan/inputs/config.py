@@ -99,8 +99,9 @@ class TrainingConfig(BaseModel):
                                  "element-wise kernels, LoRA adapters' included (throughput.COMPILED_*_FRACTION)")
     lowp_norm: bool | None = Field(None, description="each norm is one 16-bit kernel (llm-foundry's "
                                    "low_precision_layernorm), not an fp32-upcast RMSNorm (throughput.LOWP_NORM_BYTES)")
-    matrix_rope: bool | None = Field(None, description="RoPE as foundation-model-stack's 2x2 fp32 rotation matrix "
-                                     "(fms RotaryEmbedding.adjusted_qk), not a complex multiply (throughput.ROPE_MATRIX_EXTRA_BYTES)")
+    rope_form: str | None = Field(None, description="how the stack's code rotates q and k: complex (torchtitan), "
+                                  "rotate_half (Transformers), pairs_fp32 (torchtune), matrix (foundation-model-stack) "
+                                  "(throughput.ROPE_FORM_EXTRA_BYTES)")
     sac_saves_attention: bool | None = Field(None, description="op-level SAC saves the SDPA output (torchtitan's "
                                              "_save_list holds the kernel the run used): no attention recompute")
 
@@ -138,13 +139,14 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "quant_buffers_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
                                "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head",
-                               "loop_keeps_logits", "nf4_whole_quantize", "autocast", "compile", "lowp_norm", "matrix_rope",
+                               "loop_keeps_logits", "nf4_whole_quantize", "autocast", "compile", "lowp_norm",
                                "sac_saves_attention")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:
         out["quant_format"] = None
     out["load_mode"] = None if get("load_mode") is None else st.code(st.LOAD_MODES, get("load_mode"), "load_mode")
+    out["rope_form"] = None if get("rope_form") is None else st.code(st.ROPE_FORMS, get("rope_form"), "rope_form")
     impl = get("optimizer_impl")
     out["optimizer_impl"] = None if impl is None else st.code(st.OPTIMIZER_IMPLS, impl, "optimizer_impl")
     if not check_names:

@@ -70,6 +70,11 @@ NF4, GPTQ, AWQ = range(len(QUANT_FORMATS))
 LOAD_MODES = ("full_per_gpu", "rank0_broadcast", "meta_init")
 LOAD_FULL_PER_GPU, LOAD_RANK0_BROADCAST, LOAD_META_INIT = range(len(LOAD_MODES))
 
+# How a stack's code rotates q and k (throughput.elementwise_bytes_per_token): torchtitan's complex
+# multiply, Transformers' rotate_half + cat, torchtune's fp32 pairs, foundation-model-stack's 2x2 matrix.
+ROPE_FORMS = ("complex", "rotate_half", "pairs_fp32", "matrix")
+ROPE_COMPLEX, ROPE_ROTATE_HALF, ROPE_PAIRS_FP32, ROPE_MATRIX = range(len(ROPE_FORMS))
+
 # How the AdamW step runs on the GPU (torch.optim.AdamW fused= / foreach=; torchtitan's
 # ``optimizer.implementation``): model_states.optimizer_step_bytes_per_element, buffers.optimizer_step_temporaries.
 OPTIMIZER_IMPLS = ("fused", "foreach", "for_loop")

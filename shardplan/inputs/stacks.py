@@ -53,7 +53,7 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     optimizer_impl="foreach",  # torch.optim.AdamW with neither flag: _default_to_fused_or_foreach picks foreach on CUDA
     compile=False,  # eager unless a run says it compiles (torchtitan's and torchtune's configs default to eager)
     lowp_norm=False,  # torchtitan / Hugging Face RMSNorm: fp32 upcast, op by op
-    matrix_rope=False,  # torchtitan's complex RoPE (apply_rotary_emb), the form the block count is read from
+    rope_form="complex",  # torchtitan's complex RoPE (apply_rotary_emb), the form the block count is read from
     sac_saves_attention=True,  # torchtitan's op-level SAC _save_list holds SDPA's flash and efficient kernels
 )
 STACK_KNOBS = tuple(ENGINE_DEFAULTS)

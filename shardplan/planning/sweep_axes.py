@@ -34,8 +34,9 @@ STACK_KNOB_AXES = ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backwar
                    "quant_format", "load_mode", "checkpoint_wrapper", "use_cache", "kbit_prep", "fused_lm_head",
                    "optimizer_impl", "quant_saves_input", "quant_head", "untied_head", "chunked_head",
                    "quant_buffers_sharded", "loop_keeps_logits", "nf4_whole_quantize", "autocast", "compile",
-                   "lowp_norm", "matrix_rope", "sac_saves_attention")
-STACK_KNOB_NAMES = {"quant_format": st.QUANT_FORMATS, "load_mode": st.LOAD_MODES, "optimizer_impl": st.OPTIMIZER_IMPLS}
+                   "lowp_norm", "rope_form", "sac_saves_attention")
+STACK_KNOB_NAMES = {"quant_format": st.QUANT_FORMATS, "load_mode": st.LOAD_MODES, "optimizer_impl": st.OPTIMIZER_IMPLS,
+                    "rope_form": st.ROPE_FORMS}
 INTEGER_KNOBS = ("ac_every_k", "micro_batch", "seq_len", "grad_accum")
 
 # Axis order of the product (the last varies fastest) and the DataFrame column each axis fills.
@@ -49,7 +50,8 @@ AXIS_COLUMN = {**{k: k for k in STACK_KNOB_AXES}, "stack": "stack", "models": "m
                "ac_every_k": "ac_every_k", "micro_batch": "micro_batch", "seq_len": "seq_len",
                "grad_accum": "grad_accum", "shard_group_size": "shard_group_size", "attention": "attention",
                "dropout": "dropout", "reduce_dtype": "reduce_dtype", "sync_every_micro_batch": "sync_every_micro_batch"}
-LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS) + ("reduce_dtype", "quant_format", "load_mode", "optimizer_impl")
+LABEL_AXES = ("models", "gpus", "lora_targets") + tuple(CATEGORICAL_KNOBS) + ("reduce_dtype", "quant_format", "load_mode", "optimizer_impl",
+                                                                           "rope_form")
 
 
 def as_list(value: Any) -> list:

@@ -113,7 +113,8 @@ def chunk_columns(plan: SweepPlan, ix: dict[str, Any]) -> tuple[Columns, dict[st
             at = (np.asarray(values["method"]), np.asarray(values["stack"]))
             one = np.asarray(values["world_size"]) == 1
             values[arg] = np.where(one, _STACK_TABLES[True][arg][at], _STACK_TABLES[False][arg][at])
-            if arg not in ("lora_dropout", "ce_chunks", "quant_format", "load_mode", "fp32_master", "optimizer_impl"):
+            if arg not in ("lora_dropout", "ce_chunks", "quant_format", "load_mode", "fp32_master", "optimizer_impl",
+                           "rope_form"):
                 values[arg] = values[arg].astype(bool)
         else:
             values[arg] = plan.axis(arg).codes[ix[arg]]

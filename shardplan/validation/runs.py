@@ -486,7 +486,7 @@ FRAMEWORK_KNOBS = (
     (r"megatron-deepspeed.*zero-?3|zero-?3.*megatron-deepspeed", {"load_mode": "meta_init"},
      "Megatron-DeepSpeed pretrain_gpt.py model_provider: the model is built inside "
      "deepspeed.zero.Init(enabled=args.zero_stage == 3), which partitions each parameter as it is created"),
-    (r"fms-fsdp", {"load_mode": "rank0_broadcast", "matrix_rope": True},
+    (r"fms-fsdp", {"load_mode": "rank0_broadcast", "rope_form": "matrix"},
      "fms-fsdp main_training.py: the model is built on the CPU (on the meta device with low_cpu_fsdp) and handed "
      "to FSDP1 with device_id and a per-block auto_wrap_policy, which moves, flattens and shards one unit at a "
      "time (torch fsdp/_init_utils.py _move_module_to_device): the shard plus one unit on the GPU; its LLaMA is "
