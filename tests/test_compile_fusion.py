@@ -135,3 +135,20 @@ def test_the_adapter_constant_covers_what_inductor_leaves_of_torchtunes_lora_pat
     measured = adapter_fraction(256, 8, 2, 768)
     assert 0.30 <= measured <= tp.COMPILED_ADAPTER_ELEMENTWISE_FRACTION
 
+
+
+@pytest.mark.parametrize("vocab", [32000, 128256])
+def test_a_fused_loss_moves_the_fused_bytes_per_vocabulary_entry(vocab):
+    eager, fused = (columns("llama-3.1-8b", vocab_size=vocab, fused_ce=on) for on in (False, True))
+    saved = float(tp.elementwise_bytes_per_token(eager) - tp.elementwise_bytes_per_token(fused))
+    a = float(stream_dtype_bytes(eager))
+    per_vocab = tp.CROSS_ENTROPY_BYTES_PER_VOCAB - tp.FUSED_CROSS_ENTROPY_BYTES_PER_VOCAB
+    assert saved == pytest.approx(per_vocab * a / 2 * vocab, rel=1e-9)
+
+
+def test_the_fused_loss_constant_is_what_inductor_moves_plus_the_logits_write():
+    pytest.importorskip("torch")
+    from shardplan.calibrate.compiled_bytes import cross_entropy_bytes_per_vocab
+
+    logits_write = 2.0  # the output GEMM writes the 16-bit logits (not an inductor kernel)
+    assert logits_write + cross_entropy_bytes_per_vocab() == pytest.approx(tp.FUSED_CROSS_ENTROPY_BYTES_PER_VOCAB, abs=0.1)

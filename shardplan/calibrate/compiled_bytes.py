@@ -147,6 +147,20 @@ def adapter_fraction(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 
     return (compiled[1] - compiled[0]) / (eager[1] - eager[0])
 
 
+def cross_entropy_bytes_per_vocab(tokens: int = 64, vocab: int = 4000) -> float:
+    """Element-wise bytes per token and vocabulary entry of torchtune's compiled loss
+    (``CEWithChunkedOutputLoss.compute_cross_entropy`` @9bafd16fc: ``F.cross_entropy(logits.float(),
+    labels, reduction="sum")``) on bf16 logits, forward + backward; the logits' own write (the
+    output GEMM's) is not in it."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    logits = torch.randn(tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,))
+    return _compiled_bytes(lambda x: F.cross_entropy(x.float(), labels, reduction="sum"), logits) / (tokens * vocab)
+
+
 def fraction(h: int, heads: int, kv_heads: int, ffn: int, rope_form: str = "complex") -> float:
     """Compiled / eager element-wise bytes of one block, forward + backward."""
     from shardplan.calibrate.elementwise_bytes import measure

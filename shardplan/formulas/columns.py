@@ -174,6 +174,7 @@ class Columns:
     lowp_norm: np.ndarray            # norms as one 16-bit kernel (throughput.layer_forward_elementwise_bytes)
     rope_form: np.ndarray            # ROPE_FORMS code: how the stack rotates q and k (throughput.elementwise_bytes_per_token)
     sac_saves_attention: np.ndarray  # op-level SAC keeps SDPA's output: no attention recompute (throughput.flops_per_token)
+    metric_ce: np.ndarray            # training metrics re-run an eager cross-entropy forward (throughput.elementwise_bytes_per_token)
 
     @classmethod
     def build(cls, **values: Any) -> "Columns":
@@ -247,7 +248,7 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     rope_shared_batch=True, autocast=True, fsdp_mp_policy=False, fused_dropout=True, sdpa_fp32_gqa_math=True,
     expandable_segments=False,  # the caching allocator's default (allocator.py)
     sync_every_micro_batch=True,  # FSDP's and DeepSpeed's default: no no_sync / set_requires_gradient_sync(False)
-    compile=False, lowp_norm=False, rope_form=st.ROPE_COMPLEX, sac_saves_attention=True,  # stacks.ENGINE_DEFAULTS
+    compile=False, lowp_norm=False, rope_form=st.ROPE_COMPLEX, sac_saves_attention=True, metric_ce=False,  # stacks.ENGINE_DEFAULTS
 )
 
 

@@ -158,6 +158,26 @@ COMPILED_ADAPTER_ELEMENTWISE_FRACTION = 0.44
 # log_softmax (max and sum-exp passes + output) 4+4+4, backward: nll grad written 4, log_softmax
 # backward 4+4+4, cast back to 16-bit 4+2 = 42.
 CROSS_ENTROPY_BYTES_PER_VOCAB = 42.0
+# A fused cross-entropy (``fused_ce``: a compiled loss, torchtune ``training.compile_loss`` compiling
+# ``CEWithChunkedOutputLoss.compute_cross_entropy`` = ``F.cross_entropy(logits.float(), ...)``
+# @9bafd16fc; or a fused kernel, flash-attn ``losses/cross_entropy.py`` over ``xentropy_cuda_lib``):
+# the logits written 2, then what inductor's kernels move (``calibrate.compiled_bytes.
+# cross_entropy_bytes_per_vocab``, CPU inductor): 4 forward (the 16-bit logits read by the max and the
+# sum-exp passes) + 4 backward (read 2, 16-bit gradient written 2) = 10. ASSUMPTION: the xentropy
+# kernel moves the same (it saves the 16-bit logits and one fp32 log-sum-exp per row, and its
+# backward reads the logits and writes their gradient).
+FUSED_CROSS_ENTROPY_BYTES_PER_VOCAB = 10.0
+# Training metrics on the logits (``metric_ce``): composer v0.16.3 ``Trainer._train_microbatch``
+# calls ``_eval_train_metrics`` after every micro-batch's backward, under ``torch.no_grad`` and the
+# run's precision context, and updates each train metric on that micro-batch's logits; llm-foundry
+# v0.3.0 ``ComposerMPTCausalLM`` (the MF tables' ``git_branch: v0.3.0``, scripts/train/benchmarking/
+# submit_benchmarks.py) registers ``LanguageCrossEntropy`` and ``LanguagePerplexity`` (its subclass),
+# and each ``update`` runs ``torch.nn.CrossEntropyLoss`` (composer ``metrics/nlp.py``): 2 eager
+# cross-entropy forwards. Under autocast cross_entropy runs in float32 (PyTorch AMP docs, "CUDA ops
+# that can autocast to float32"), so each moves the eager count's forward part: .float() 2+4,
+# log_softmax 4+4+4 = 18 B per vocabulary entry (the nll gather reads one entry per row).
+METRIC_CE_FORWARDS = 2
+METRIC_CE_FORWARD_BYTES_PER_VOCAB = 18.0
 # NCCL runs one CTA (thread block) per channel, resident on an SM for the whole collective (NCCL
 # user guide, NCCL_MIN_NCHANNELS / NCCL_MAX_CTAS: more channels = more CUDA blocks). An FSDP
 # all-gather on an 8×H100 node launched 24 blocks (NVIDIA developer forum, "Compute-Communication
@@ -357,7 +377,9 @@ def elementwise_bytes_per_token(c):
     ``compile``: the blocks' bytes × ``COMPILED_BLOCK_ELEMENTWISE_FRACTION`` (recompute included:
     SAC's recomputed element-wise work is compiled with the block), the LoRA adapters' element-wise
     ops × ``COMPILED_ADAPTER_ELEMENTWISE_FRACTION`` (``lora_adapter_bytes_per_token``); the loss is
-    outside the compiled blocks (torchtitan 9dec370 ``train.py``), and so are casts and FSDP's copies.
+    outside the compiled blocks (torchtitan 9dec370 ``train.py``) unless ``fused_ce`` (compiled or
+    fused: ``FUSED_CROSS_ENTROPY_BYTES_PER_VOCAB``), and so are casts and FSDP's copies. ``metric_ce``:
+    the training metrics' eager cross-entropy forwards (``METRIC_CE_FORWARDS``).
     ``lowp_norm``: norms at ``LOWP_NORM_BYTES``. ``rope_form``: each forward pass (recompute
     included) and the backward move ``ROPE_FORM_EXTRA_BYTES`` more per q/k element than the complex
     form, and compiled blocks keep ``compiled_block_fraction`` of their bytes.
@@ -375,7 +397,11 @@ def elementwise_bytes_per_token(c):
     rope_extra = (extra[..., 0] * (1 + frac) + extra[..., 1]) * (a / 2.0) * (c.q_width + c.kv_width)
     fused = np.where(c.compile, compiled_block_fraction(form), 1.0)
     layers = c.num_layers * (layer_fwd * (1 + BACKWARD_ELEMENTWISE_FACTOR + frac) + rope_extra) * fused
-    head = CROSS_ENTROPY_BYTES_PER_VOCAB * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
+    per_vocab = np.where(np.asarray(c.fused_ce, dtype=bool), FUSED_CROSS_ENTROPY_BYTES_PER_VOCAB,
+                         CROSS_ENTROPY_BYTES_PER_VOCAB)
+    per_vocab = per_vocab + np.where(np.asarray(c.metric_ce, dtype=bool),
+                                     METRIC_CE_FORWARDS * METRIC_CE_FORWARD_BYTES_PER_VOCAB, 0.0)
+    head = per_vocab * compute_dtype_bytes(c.precision) / 2.0 * c.vocab_size
     return layers + head + lora_adapter_bytes_per_token(c) + qlora_stream_cast_bytes_per_token(c) \
         + moe_dispatch_bytes_per_token(c)
 

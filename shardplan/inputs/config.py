@@ -104,6 +104,9 @@ class TrainingConfig(BaseModel):
                                   "(throughput.ROPE_FORM_EXTRA_BYTES)")
     sac_saves_attention: bool | None = Field(None, description="op-level SAC saves the SDPA output (torchtitan's "
                                              "_save_list holds the kernel the run used): no attention recompute")
+    metric_ce: bool | None = Field(None, description="the loop computes training metrics on each micro-batch's logits "
+                                   "(composer's LanguageCrossEntropy + LanguagePerplexity): eager fp32 cross-entropy "
+                                   "forwards (throughput.METRIC_CE_FORWARDS)")
 
     def __init__(self, **data: Any) -> None:
         # words are resolved by the validator below (``_one_vocabulary``); a bad one's one-line
@@ -140,7 +143,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
                                "quant_state_sharded", "quant_buffers_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
                                "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head",
                                "loop_keeps_logits", "nf4_whole_quantize", "autocast", "compile", "lowp_norm",
-                               "sac_saves_attention")}
+                               "sac_saves_attention", "metric_ce")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")
     else:

@@ -55,6 +55,7 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     lowp_norm=False,  # torchtitan / Hugging Face RMSNorm: fp32 upcast, op by op
     rope_form="complex",  # torchtitan's complex RoPE (apply_rotary_emb), the form the block count is read from
     sac_saves_attention=True,  # torchtitan's op-level SAC _save_list holds SDPA's flash and efficient kernels
+    metric_ce=False,  # ASSUMPTION: no loop but composer's computes metrics on training logits
 )
 STACK_KNOBS = tuple(ENGINE_DEFAULTS)
 

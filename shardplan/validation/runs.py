@@ -479,10 +479,12 @@ TORCHTITAN_FUSED_ADAM_SINCE = "2025-02-24"
 # What a framework with no stack profile of its own sets for the stack knobs, read from its code:
 # (pattern over "framework strategy", knobs, source). The plain stack's defaults fill the rest.
 FRAMEWORK_KNOBS = (
-    (r"composer", {"load_mode": "meta_init", "fused_ce": True},
+    (r"composer", {"load_mode": "meta_init", "fused_ce": True, "metric_ce": True},
      "llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml model.init_device: meta (built on the meta device, "
      "FSDP materialises each rank's shard); ComposerMPTCausalLM loss_fn default 'fused_crossentropy' "
-     "(flash_attn.losses.cross_entropy.CrossEntropyLoss)"),
+     "(flash_attn.losses.cross_entropy.CrossEntropyLoss); its train_metrics LanguageCrossEntropy + "
+     "LanguagePerplexity, which composer v0.16.3 Trainer._train_microbatch updates after every micro-batch's backward "
+     "(_eval_train_metrics) with an eager torch CrossEntropyLoss each"),
     (r"megatron-deepspeed.*zero-?3|zero-?3.*megatron-deepspeed", {"load_mode": "meta_init"},
      "Megatron-DeepSpeed pretrain_gpt.py model_provider: the model is built inside "
      "deepspeed.zero.Init(enabled=args.zero_stage == 3), which partitions each parameter as it is created"),
