@@ -109,3 +109,29 @@ def test_mis_set_triton_ratio_is_worse_on_the_long_sequence_rows(monkeypatch, fa
     sourced = _median_abs(queries)
     monkeypatch.setattr(tp, "TRITON_OVER_FLASH2", tp.TRITON_OVER_FLASH2 * factor)
     assert _median_abs(queries) > sourced + 0.05
+
+
+@pytest.mark.parametrize("seq", [512, 2048, 16384, 65536])
+def test_a100_flash_rate_spans_flashattention2s_range_over_sequence(seq):
+    """The A100 profile (no ``attention_efficiency`` of its own: the default) is FlashAttention-2's
+    long-sequence rate, so the short-sequence factor lands on the abstract's 50 % low end at 512
+    tokens and on the §4.1 maxima (73 % fwd / 63 % bwd, FLOPs-weighted) from 16k tokens on, never
+    below the range's low end (both ends scaled twice would give 0.38 at 512)."""
+    a100 = tp.compute_rates(parse_gpus("8xa100-80gb"))
+    eff = float(tp.attention_efficiency(columns(seq_len=seq, attention=st.SDPA), a100))
+    long_end = 3.5 / (1 / 0.73 + 2.5 / 0.63)
+    expected = 0.50 + (long_end - 0.50) * min(1.0, np.log2(seq / 512) / np.log2(16384 / 512))
+    assert eff == pytest.approx(expected, rel=1e-9)
+    assert 0.50 - 1e-12 <= eff <= long_end + 1e-12
+
+
+def test_a100_long_sequence_attention_time_is_the_fa2_maximum_rate():
+    """Doubling the sequence past 16k doubles the attention core's time per token at 0.655 of peak."""
+    a100 = tp.compute_rates(parse_gpus("8xa100-80gb"))
+    times = []
+    for s in (16384, 32768):
+        c = columns(seq_len=s, attention=st.SDPA)
+        f = tp.flops_per_token(c)
+        times.append(float((f["fwd_attention"] + f["bwd_attention"]) / (a100.peak_flops_by_precision[0] * tp.attention_efficiency(c, a100))))
+        assert float(tp.attention_efficiency(c, a100)) == pytest.approx(3.5 / (1 / 0.73 + 2.5 / 0.63))
+    assert times[1] == pytest.approx(2 * times[0], rel=1e-9)

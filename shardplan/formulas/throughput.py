@@ -48,7 +48,7 @@ from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_b
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 from shardplan.inputs.engines import per_engine
-from shardplan.inputs.hardware import DEFAULT_SM_COUNT
+from shardplan.inputs.hardware import DEFAULT_ATTENTION_EFFICIENCY, DEFAULT_SM_COUNT
 from shardplan.inputs.model import attention_flops_per_token, train_flops_per_token
 
 # Per-GPU coefficients are profile data (``shardplan/inputs/hardware.py`` ``GPUProfile``, each number cited in
@@ -201,7 +201,7 @@ TRITON_OVER_FLASH2 = (1 + 2.5) / (1.4 + 2.5 * 2.0)
 # maximum there, "up to 335 TFLOPs/s", §4.1); at FLASH_SEQ_SHORT tokens a flash kernel runs at
 # FLASH_SHORT_SEQ_FACTOR of it. ASSUMPTION: the range's low end is its shortest sequence, its
 # high end the longest, log-linear in between, the same on every GPU and for the Triton kernel.
-FLASH_SHORT_SEQ_FACTOR = 0.50 / ((1 + 2.5) / (1 / 0.73 + 2.5 / 0.63))
+FLASH_SHORT_SEQ_FACTOR = 0.50 / DEFAULT_ATTENTION_EFFICIENCY
 FLASH_SEQ_SHORT, FLASH_SEQ_LONG = 512, 16384
 # bitsandbytes 4-bit quantization blocks: ``quantize_4bit(..., blocksize=64)`` and ``Params4bit``'s
 # default (``nn/modules.py``; Transformers' BitsAndBytesConfig does not change it), and the nested
