@@ -1,6 +1,7 @@
 """Predicted vs measured on the held-out third of the GPU runs of the scripts users launch (issue 25).
 
     python benchmarks/gpu_heldout_report.py          # rewrites the files below and docs/accuracy.md's section
+    python benchmarks/gpu_heldout_report.py --check  # exit 1 when any of them is stale (tests/test_gpu_heldout.py)
 
 Writes, in data/calibration/gpu/userscripts/:
   heldout_errors.json  the summary per counter and per class (tests/test_gpu_heldout.py checks it)
@@ -209,39 +210,52 @@ def section(held: list[dict], train: list[dict], fits: list[dict], refit: tuple[
         END])
 
 
-def main() -> int:
+def outputs() -> tuple[dict, list[dict]]:
+    """Every file this report writes, as {path: text}, and the held-out summary it prints."""
     held = compare_file(gpu_split.FOLDER / gpu_split.HELDOUT_NAME)
     fits = fit_checks(gpu_split.read(gpu_split.FOLDER / gpu_split.HELDOUT_NAME))
     train = compare_file(gpu_split.FOLDER / gpu_split.TRAIN_NAME)
     stats = summary(held) + summary(held, by="class")
-    write_text_atomic(gpu_split.FOLDER / "heldout_errors.json",
-                      json.dumps({"command": COMMAND, "counters": list(COUNTERS), "summary": stats}, indent=1) + "\n")
-    write_text_atomic(gpu_split.FOLDER / "heldout_errors.csv", rows_csv(held))
-    write_text_atomic(gpu_split.FOLDER / "train_errors.csv", rows_csv(train))
-    doc = DOC.read_text()
-    write_text_atomic(gpu_split.FOLDER / "heldout_fit_check.csv", rows_csv(fits))
+    files = {gpu_split.FOLDER / "heldout_errors.json":
+             json.dumps({"command": COMMAND, "counters": list(COUNTERS), "summary": stats}, indent=1) + "\n",
+             gpu_split.FOLDER / "heldout_errors.csv": rows_csv(held),
+             gpu_split.FOLDER / "train_errors.csv": rows_csv(train),
+             gpu_split.FOLDER / "heldout_fit_check.csv": rows_csv(fits)}
     for prefix, name, split_name in (("GPUH", gpu_split.HELDOUT_NAME, "held-out third"),
                                      ("GPUT", gpu_split.TRAIN_NAME, "train split")):
         rows = run_rows(gpu_split.read(gpu_split.FOLDER / name), prefix, split_name)
-        write_text_atomic(gpu_split.FOLDER / f"runs_{name.split('.')[0]}.csv", rows_csv(rows))
+        files[gpu_split.FOLDER / f"runs_{name.split('.')[0]}.csv"] = rows_csv(rows)
     refit = refit_rows(gpu_split.read(gpu_split.FOLDER / gpu_split.HELDOUT_NAME),
                        gpu_split.read(gpu_split.FOLDER / gpu_split.TRAIN_NAME))
-    write_text_atomic(gpu_split.FOLDER / "allocator_refit_train.json", json.dumps(
+    files[gpu_split.FOLDER / "allocator_refit_train.json"] = json.dumps(
         {"fragmentation_per_transient_k": refit[0], "fitted_from": f"data/calibration/gpu/userscripts/{gpu_split.TRAIN_NAME}",
          "how": "shardplan.calibrate.fragmentation_loso.refit_fragmentation: k per allocator group fitted as allocator.json's "
                 "(shardplan.calibrate.fragmentation_loso.fit: least squares of the relative reserved error, slack = reserved - "
                 "allocated - side-stream pools regressed on the largest transient) over the train split only; judged on the "
                 "held-out third in docs/accuracy.md"},
-        indent=1) + "\n")
-    new = section(held, train, fits, refit)
+        indent=1) + "\n"
+    doc, new = DOC.read_text(), section(held, train, fits, refit)
     if BEGIN in doc:
         doc = doc[:doc.index(BEGIN)] + new + doc[doc.index(END) + len(END):]
     else:
         doc = doc.rstrip("\n") + "\n\n## GPU runs of the scripts users launch: held-out third (issue 25)\n\n" + new + "\n"
-    write_text_atomic(DOC, doc)
+    files[DOC] = doc
+    return files, stats
+
+
+def main(argv: list[str]) -> int:
+    """Write the report; with ``--check`` only say whether the committed files are current (exit 1
+    when a model change moved a number and the report was not rerun)."""
+    files, stats = outputs()
+    stale = [p.name for p, text in files.items() if not p.exists() or p.read_text() != text]
+    if "--check" in argv:
+        print("stale: " + ", ".join(stale) if stale else "current")
+        return 1 if stale else 0
+    for path, text in files.items():
+        write_text_atomic(path, text)
     print("\n".join(table(stats, "group")))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

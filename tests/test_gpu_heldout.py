@@ -107,6 +107,22 @@ def test_the_reported_heldout_errors_are_the_records_errors():
         assert now["p90_abs"] == pytest.approx(s["p90_abs"], abs=1e-4)
 
 
+def test_every_file_the_report_writes_is_what_the_records_give_today():
+    """benchmarks/gpu_heldout_report.py's outputs, the fit-check times included (no other test reads
+    those): a change to the time or memory model that moves them must rerun the report. Its time
+    columns were found stale once, after time changes that no test caught."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_heldout_report as report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    files, _ = report.outputs()
+    stale = [p.name for p, text in files.items() if not p.exists() or p.read_text() != text]
+    assert not stale, f"rerun python benchmarks/gpu_heldout_report.py: {stale} moved"
+
+
 def test_train_runs_within_the_heldout_p90():
     """The tolerance is a held-out quantile (p90 of |error| of the allocated peak over the held-out
     third), never the observed maximum: at least 80 % of the train runs lie inside it."""
