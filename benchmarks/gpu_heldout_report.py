@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from shardplan.calibrate import gpu_split  # noqa: E402
 from shardplan.calibrate.gpu_heldout import COUNTERS, compare_file, summary  # noqa: E402
-from shardplan.support.atomic_write import write_text_atomic  # noqa: E402
+from shardplan.support.atomic_write import write_generated  # noqa: E402
 
 DOC = ROOT / "docs" / "accuracy.md"
 BEGIN, END = "<!-- gpu-heldout:begin -->", "<!-- gpu-heldout:end -->"
@@ -247,12 +247,10 @@ def main(argv: list[str]) -> int:
     """Write the report; with ``--check`` only say whether the committed files are current (exit 1
     when a model change moved a number and the report was not rerun)."""
     files, stats = outputs()
-    stale = [p.name for p, text in files.items() if not p.exists() or p.read_text() != text]
+    stale = write_generated(files, check="--check" in argv)
     if "--check" in argv:
         print("stale: " + ", ".join(stale) if stale else "current")
         return 1 if stale else 0
-    for path, text in files.items():
-        write_text_atomic(path, text)
     print("\n".join(table(stats, "group")))
     return 0
 

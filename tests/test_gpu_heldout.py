@@ -118,8 +118,10 @@ def test_every_file_the_report_writes_is_what_the_records_give_today():
         import gpu_heldout_report as report
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    from shardplan.support.atomic_write import write_generated
+
     files, _ = report.outputs()
-    stale = [p.name for p, text in files.items() if not p.exists() or p.read_text() != text]
+    stale = write_generated(files, check=True)
     assert not stale, f"rerun python benchmarks/gpu_heldout_report.py: {stale} moved"
 
 

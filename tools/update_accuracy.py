@@ -113,7 +113,7 @@ def between(doc: str, begin: str, end: str, section: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from shardplan.support.atomic_write import write_text_atomic as write_text
+    from shardplan.support.atomic_write import write_generated
     from shardplan.validation.accuracy import replace_section
 
     table, numbers, band_file = generated()
@@ -124,13 +124,11 @@ def main(argv: list[str]) -> int:
     begin, end = COLLECTIVES
     doc = between(doc, begin, end, f"{begin}\n{collectives.report_markdown().rstrip()}\n{end}")
     committed = json.dumps(numbers, indent=1, sort_keys=True) + "\n"
-    files = ((DOC, doc), (COMMITTED, committed), (BANDS, band_file), (TIME_CALIBRATION, window_factor_text()))
-    stale = [p.name for p, text in files if not p.exists() or p.read_text() != text]
+    files = {DOC: doc, COMMITTED: committed, BANDS: band_file, TIME_CALIBRATION: window_factor_text()}
+    stale = write_generated(files, check="--check" in argv)
     if "--check" in argv:
         print("stale: " + ", ".join(stale) if stale else "current")
         return 1 if stale else 0
-    for path, text in files:
-        write_text(path, text)
     print(f"wrote {', '.join(stale) or 'nothing (current)'}")
     return 0
 

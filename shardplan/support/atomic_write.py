@@ -50,7 +50,7 @@ import stat
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_path", "clean_stale_temps", "read_only", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["atomic_path", "clean_stale_temps", "read_only", "write_bytes_atomic", "write_generated", "write_text_atomic"]
 
 
 _MAX_NAME_BYTES = 255  # one path component on ext4, XFS, APFS, NTFS
@@ -247,3 +247,15 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, force: bool = Fa
 def write_text_atomic(path: str | os.PathLike, text: str, *, force: bool = False) -> Path:
     """Write ``text`` as UTF-8 to ``path`` atomically, newlines as given (no platform translation)."""
     return write_bytes_atomic(path, text.encode("utf-8"), force=force)
+
+
+def write_generated(files: dict[Path, str], check: bool) -> list[str]:
+    """The generated files among ``files`` ({path: text}) whose text on disk differs (or that are
+    missing), by name; each of them written with ``write_text_atomic`` unless ``check`` (the
+    ``--check`` of the tools that regenerate documented numbers: tools/update_accuracy.py,
+    benchmarks/gpu_heldout_report.py)."""
+    stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
+    if not check:
+        for path in stale:
+            write_text_atomic(path, files[path])
+    return [p.name for p in stale]
