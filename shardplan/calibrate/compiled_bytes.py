@@ -14,7 +14,7 @@ block's element-wise traffic. GEMMs and SDPA are extern kernels and left out, as
 
 ``--rope-form``: the block with another stack's RoPE (``elementwise_bytes.ROPE_QK``: ``matrix``,
 fms's 2×2 matrix; ``pairs_fp32``, torchtune's; ``rotate_half``, Transformers'), plain real
-arithmetic that inductor fuses with its neighbours (``throughput.COMPILED_ROPE_FORM_BLOCK_FRACTION``).
+arithmetic that inductor fuses with its neighbours (``throughput.compiled_block_fraction``).
 
 The same recorder prices the LoRA adapter path inside a compiled block (``adapter_fraction``:
 ``throughput.COMPILED_ADAPTER_ELEMENTWISE_FRACTION``).
@@ -68,18 +68,9 @@ def fused_bytes_recorder(records: list[int]):
 
 def measure_compiled(h: int, heads: int, kv_heads: int, ffn: int, tokens: int = 64, rope_form: str = "complex") -> float:
     """Compiled element-wise bytes per token of one bf16 block, forward + backward."""
-    import torch
-    import torch._inductor.config as inductor_config
-
     from shardplan.calibrate.elementwise_bytes import block_inputs
 
-    torch._dynamo.reset()
-    block, x, freqs = block_inputs(h, heads, kv_heads, ffn, tokens, rope_form)
-    records: list[int] = []
-    with inductor_config.patch(force_disable_caches=True), fused_bytes_recorder(records):
-        y = torch.compile(block, fullgraph=True)(x, freqs)
-        y.backward(torch.ones_like(y))
-    return sum(records) / tokens
+    return _compiled_bytes(*block_inputs(h, heads, kv_heads, ffn, tokens, rope_form)) / tokens
 
 
 def _compiled_bytes(fn, *inputs) -> int:

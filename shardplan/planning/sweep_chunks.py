@@ -18,7 +18,7 @@ from shardplan.formulas.memory import BREAKDOWN_TERMS, estimate_memory
 from shardplan.formulas.overflow import bad_results, quiet_numpy
 from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, bounded_verdict, judge, throughput_band
 from shardplan.inputs import strategy as st
-from shardplan.planning.sweep_axes import AXES, CATEGORICAL_KNOBS, INTEGER_KNOBS, STACK_KNOB_AXES
+from shardplan.planning.sweep_axes import AXES, CATEGORICAL_KNOBS, INTEGER_KNOBS, STACK_KNOB_AXES, STACK_KNOB_NAMES
 from shardplan.planning.sweep_plan import CLUSTER_FIELDS, COMPUTE_FIELDS, PEAK_FIELD, RATE_FIELDS, SweepPlan
 
 # The verdict's columns (shardplan/formulas/verdict.py): ``fits`` is the verdict's too (peak + band under capacity).
@@ -36,6 +36,8 @@ class _LazyStackTables(dict):
         return self[single]
 
 
+# stack knobs whose table values are not on/off: the named-value ones (STACK_KNOB_NAMES: codes) and these
+NON_BOOL_STACK_KNOBS = ("lora_dropout", "ce_chunks", "fp32_master")
 _STACK_TABLES = _LazyStackTables()
 
 
@@ -113,8 +115,7 @@ def chunk_columns(plan: SweepPlan, ix: dict[str, Any]) -> tuple[Columns, dict[st
             at = (np.asarray(values["method"]), np.asarray(values["stack"]))
             one = np.asarray(values["world_size"]) == 1
             values[arg] = np.where(one, _STACK_TABLES[True][arg][at], _STACK_TABLES[False][arg][at])
-            if arg not in ("lora_dropout", "ce_chunks", "quant_format", "load_mode", "fp32_master", "optimizer_impl",
-                           "rope_form"):
+            if arg not in (*STACK_KNOB_NAMES, *NON_BOOL_STACK_KNOBS):
                 values[arg] = values[arg].astype(bool)
         else:
             values[arg] = plan.axis(arg).codes[ix[arg]]

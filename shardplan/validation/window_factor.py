@@ -44,26 +44,31 @@ def source_factors(rows) -> dict[str, float]:
 
 def fitted(rows, leave_out: str | None = None) -> float:
     """The median over sources (``leave_out`` excluded) of the source factors; 1 with none left."""
-    factors = [k for s, k in source_factors(rows).items() if s != leave_out]
+    return _median_without(source_factors(rows), leave_out)
+
+
+def _median_without(per_source: dict[str, float], leave_out: str | None) -> float:
+    factors = [k for s, k in per_source.items() if s != leave_out]
     return float(statistics.median(factors)) if factors else 1.0
 
 
 def loso(rows) -> dict[str, float]:
     """Each source's factor fitted on the other sources only."""
-    return {s: fitted(rows, s) for s in source_factors(rows)}
+    per_source = source_factors(rows)
+    return {s: _median_without(per_source, s) for s in per_source}
 
 
 def calibration_entry(rows) -> dict:
     """The ``window_factor`` entry of time_calibration.json from rows predicted at k = 1."""
     per_source = source_factors(rows)
-    value = fitted(rows)
+    value = _median_without(per_source, None)
     return {"value": round(value, 4), "status": "calibrated",
             "derivation": (f"median over the {len(per_source)} development-set sources of each source's median "
                            f"zero-error factor 1 + error x step / GPU seconds, from {len(rows)} rows predicted at "
                            "k = 1 (shardplan.validation.window_factor); each source is judged with the factor "
                            "fitted without it (loso)"),
             "per_source": {s: round(k, 4) for s, k in per_source.items()},
-            "loso": {s: round(k, 4) for s, k in loso(rows).items()}}
+            "loso": {s: round(_median_without(per_source, s), 4) for s in per_source}}
 
 
 def calibration_text(rows) -> str:
