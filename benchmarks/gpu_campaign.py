@@ -358,7 +358,14 @@ def run_one(cfg: dict) -> dict:
     b, s = cfg["micro_batch"], cfg["seq_len"]
     ids = torch.randint(0, config.vocab_size, (b, s), device=dev)
     autocast = cfg["kind"] == "hf" and cfg["method"] == "full" and dev == "cuda"
-    times, step_stats = _train_steps(model, opt, ids, cfg.get("steps", 3), dev, autocast)
+    if cfg.get("duration_s"):  # a sustained run (gpu_sustained.py): clocks sampled all along
+        from gpu_clocks import ClockSampler
+
+        with ClockSampler() as clocks:
+            times, step_stats = _train_steps(model, opt, ids, cfg.get("steps", 3), dev, autocast, cfg["duration_s"])
+        rec.update(clocks.record())
+    else:
+        times, step_stats = _train_steps(model, opt, ids, cfg.get("steps", 3), dev, autocast)
     rec["step_times_s"] = times
     rec["steps"] = step_stats
     if step_stats:
@@ -408,13 +415,17 @@ def _optimizer(kind: str, params: list, dev: str):
                              fused=(kind == "adamw_fused") if dev == "cuda" else None)
 
 
-def _train_steps(model, opt, ids, steps: int, dev: str, autocast: bool) -> tuple[list, list]:
-    """``steps`` training steps, each with the allocator's peaks reset before it; returns the step
-    times and, on CUDA, each step's allocator statistics with its forward / backward peaks."""
+def _train_steps(model, opt, ids, steps: int, dev: str, autocast: bool,
+                 duration_s: float | None = None) -> tuple[list, list]:
+    """``steps`` training steps (at least; with ``duration_s``, on until that many seconds have
+    passed), each with the allocator's peaks reset before it; returns the step times and, on CUDA,
+    each step's allocator statistics with its forward / backward peaks (a sustained run keeps the
+    first three steps' statistics and the last's: its hundreds of steps repeat them)."""
     import torch
 
     times, step_stats = [], []
-    for _ in range(steps):
+    t_start = time.perf_counter()
+    while len(times) < steps or (duration_s and time.perf_counter() - t_start < duration_s):
         if dev == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -433,6 +444,8 @@ def _train_steps(model, opt, ids, steps: int, dev: str, autocast: bool) -> tuple
             st.update(forward_peak_allocated_bytes=fw_peak, backward_peak_allocated_bytes=bw_peak,
                       end_allocated_bytes=torch.cuda.memory_allocated(), end_reserved_bytes=torch.cuda.memory_reserved(),
                       nvml_used=nvml_used_bytes())
+            if duration_s and len(step_stats) > 3:
+                step_stats.pop()
             step_stats.append(st)
         times.append(time.perf_counter() - t)
     return times, step_stats
@@ -685,6 +698,7 @@ def main(argv=None) -> int:
     ap.add_argument("--unmeasured", action="store_true",
                     help="userscripts: only the configurations with no committed ok record")
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--steps", type=int, help="hf / qlora / fsdp: steps per configuration (default: the grid's 3)")
     a = ap.parse_args(argv)
     if a.part == "one":
         cfg = json.loads(a.config)
@@ -725,6 +739,8 @@ def main(argv=None) -> int:
         return 0
     if a.only:
         grid = [grid[i] for i in a.only]
+    if a.steps:
+        grid = [dict(c, steps=a.steps) for c in grid]
     run_grid(grid, a.out / f"{a.part}.jsonl", a.timeout)
     return 0
 

@@ -6,7 +6,9 @@ Nothing in the time model was fitted on these step times, so every error below i
 Tolerance: median |error| ≤ 5 % and 90th percentile ≤ 12 % over the 15 full-parameter runs
 (3.8 % and 10.2 % when committed: W = 4-64, AC none/full, 8B and 70B, seq 4096-8192, foreach and
 fused AdamW). LoRA and the single-GPU Hugging Face runs are listed, not asserted: their eager
-per-module overheads are not modelled (docs/accuracy.md, "Time").
+per-module overheads are not modelled (docs/accuracy.md, "Time"). The measured step is the fastest
+after the first, or the steady step of a 15-step re-run of the configuration where one exists
+(``data/calibration/gpu/sustained/``: LoRA with non-reentrant checkpointing settles only at step 7).
 """
 
 from pathlib import Path
@@ -14,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardplan.calibrate.gpu_compare import campaign_columns, load_records
+from shardplan.calibrate.gpu_compare import compute_step_s, load_records
+from shardplan.calibrate.sustained import campaign_step_s
 from shardplan.formulas import throughput as tp
-from shardplan.formulas.comm import link_rates
-from shardplan.inputs.hardware import parse_gpus
 
 GPU_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration" / "gpu"
 RECORDS = [r for r in load_records(GPU_DIR) if r.get("status") == "ok" and r.get("step_times_s")]
@@ -27,14 +28,13 @@ P90_TOLERANCE = 0.12
 
 
 def predicted_s(record) -> float:
-    cluster = parse_gpus(f"{record['config'].get('world_size', 1)}xh100-sxm")
-    t = tp.step_time(campaign_columns(record), link_rates(cluster), tp.compute_rates(cluster))
-    return float(t["compute_s"] + t["optimizer_s"])
+    return compute_step_s(record)
 
 
 def errors(records) -> np.ndarray:
-    # steady state: the fastest step after the first (which pays allocation and autotuning)
-    return np.array([predicted_s(r) / min(r["step_times_s"][1:]) - 1 for r in records])
+    # steady state: the fastest step after the first (which pays allocation and autotuning), or the
+    # 15-step re-run's steady step where one exists (calibrate/sustained.campaign_step_s)
+    return np.array([predicted_s(r) / campaign_step_s(r) - 1 for r in records])
 
 
 def test_fsdp_full_step_times_within_out_of_sample_tolerance():

@@ -106,6 +106,14 @@ def window_factor_text() -> str:
     return window_factor.calibration_text(_at_one()[1])
 
 
+def sustained_section() -> str:
+    """The one-GPU sustained runs (``calibrate/sustained.py``) with the model's kernel-rate time."""
+    from shardplan.calibrate import sustained
+    from shardplan.calibrate.gpu_compare import compute_step_s
+
+    return sustained.report_markdown(compute_step_s)
+
+
 def between(doc: str, begin: str, end: str, section: str) -> str:
     """``doc`` with its ``begin`` … ``end`` section (markers included) replaced by ``section``."""
     head, rest = doc.split(begin, 1)
@@ -117,12 +125,14 @@ def main(argv: list[str]) -> int:
     from shardplan.validation.accuracy import replace_section
 
     table, numbers, band_file = generated()
+    from shardplan.calibrate import sustained
     from shardplan.validation import collectives, tokens
 
     doc = replace_section(DOC.read_text(), SECTION, table)
     doc = between(doc, tokens.BEGIN, tokens.END, tokens.report_markdown(list(token_rows())))
     begin, end = COLLECTIVES
     doc = between(doc, begin, end, f"{begin}\n{collectives.report_markdown().rstrip()}\n{end}")
+    doc = between(doc, sustained.BEGIN, sustained.END, sustained_section())
     committed = json.dumps(numbers, indent=1, sort_keys=True) + "\n"
     files = {DOC: doc, COMMITTED: committed, BANDS: band_file, TIME_CALIBRATION: window_factor_text()}
     stale = write_generated(files, check="--check" in argv)

@@ -90,6 +90,17 @@ def campaign_columns(record: dict, gpu: str = "h100-sxm") -> Columns:
                                fsdp_mp_policy=np.asarray(True))
 
 
+def compute_step_s(record: dict, gpu: str = "h100-sxm") -> float:
+    """The time model's compute + GPU optimizer seconds for one campaign record at kernel rates
+    (window factor 1): what a compute-only step on the fake process group measures."""
+    from shardplan.formulas import throughput as tp
+    from shardplan.formulas.comm import link_rates
+
+    cluster = parse_gpus(f"{record['config'].get('world_size', 1)}x{gpu}")
+    t = tp.step_time(campaign_columns(record, gpu), link_rates(cluster), tp.compute_rates(cluster))
+    return float(t["compute_s"] + t["optimizer_s"])
+
+
 def compare_record(rec: dict, gpu: str = "h100-sxm") -> dict | None:
     """One row: the configuration, measured and predicted allocated / reserved / device total."""
     if rec.get("status") != "ok":
