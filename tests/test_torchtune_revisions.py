@@ -17,7 +17,7 @@ ROWS = {r.row_id: r for r in read_runs("tests/data/published_runs/runs.csv")}
 
 @pytest.mark.parametrize("row_id,date", [("TTN002", "2024-03-21"), ("TTN001", "2024-03-22"), ("TTN004", "2024-03-28"),
                                          ("TTN006", "2024-04-16"), ("TTN009", "2024-04-18"), ("TTN013", "2024-05-09"),
-                                         ("TTN017", "2024-11-14")])
+                                         ("TTN017", "2024-09-24"), ("TTN019", "2024-09-24")])
 def test_rows_are_dated_by_the_commit_that_wrote_their_number(row_id, date):
     assert runs._dating(ROWS[row_id].row, "torchtune").revision == date
 
@@ -70,6 +70,30 @@ def test_rows_after_it_are_left_to_the_stack(row_id):
     # (the flags table's rows state their loss in the notes: ``runs.LOSS_PATTERNS``)
     config = ROWS[row_id].config
     assert config.loop_keeps_logits is None and config.ce_chunks == runs._loss(ROWS[row_id].row).get("ce_chunks")
+
+
+@pytest.mark.parametrize("row_id,targets", [("TTN019", "qv"), ("TTN021", "all-linear"), ("TTN017", None)])
+def test_the_llama31_table_is_read_with_the_configs_of_the_commit_that_wrote_it(row_id, targets):
+    # 30b8519e8 (#1664) wrote the table the rows read at 9bafd16fc; its 8B_lora_single_device.yaml
+    # adapted q_proj, v_proj only, its 8B_qlora_single_device.yaml q, k, v, output_proj + MLP
+    row = ROWS[row_id]
+    assert runs._dating(row.row, "torchtune").written[0] == "30b8519e8"
+    assert row.config.lora_targets == targets or (targets is None and row.config.method == "full")
+
+
+def test_the_8b_lora_row_reads_fewer_adapters_than_its_later_config():
+    # the row's own text (q_proj, v_proj, output_proj + MLP, the configs from e137afeba on) reads
+    # all-linear; the config that measured it adapts two projections, so fewer trainable parameters
+    row = ROWS["TTN019"]
+    later = runs._lora(row.row["precision"])["lora_targets"]
+    assert later == "all-linear" and row.config.lora_targets == "qv"
+    assert any("30b8519e8" in a and "qv" in a for a in row.assumed)
+
+
+def test_the_70b_lora_row_would_read_its_attention_adapters():
+    # 70B_lora.yaml at 30b8519e8: q, k, v without the MLP; the row is unexpressible for its A100
+    # capacity, so the reading is checked on the raw row
+    assert runs._torchtune_written_at(ROWS["TTN023"].row)[2] == {"lora_targets": "attention"}
 
 
 def test_del_logits_dates_differ_by_recipe():

@@ -743,21 +743,32 @@ TORCHTUNE_REVISION_DATES = (
 )
 # A README number carried unchanged from an earlier commit was measured with the code and configs
 # of the commit that wrote it (``git log -S '<number> GB' -- README.md``): (pattern over the row's
-# commit column and notes, that commit, its date, what its config set that the row's later config
-# does not). 12.01 GB (4 x RTX 4090 full fine-tune) was written by a95c6b931 (#551) while
-# recipes/configs/full_finetune_distributed.yaml built ``torch.optim.SGD`` with ``lr`` only (no
-# momentum: torch.optim.SGD keeps no state); AdamW came with b65426dc1 (#571, 2024-03-24).
+# source locator, commit column and notes, that commit, its date, what its config set that the
+# row's later config does not). 12.01 GB (4 x RTX 4090 full fine-tune) was written by a95c6b931
+# (#551) while recipes/configs/full_finetune_distributed.yaml built ``torch.optim.SGD`` with ``lr``
+# only (no momentum: torch.optim.SGD keeps no state); AdamW came with b65426dc1 (#571, 2024-03-24).
+# The Llama 3.1 "Memory and training speed" table the rows read at 9bafd16fc was written by
+# 30b8519e8 (#1664, 2024-09-24; ``git log -S '| 3083 |' -- README.md``). Its configs:
+# llama3_1/8B_lora_single_device.yaml adapted ``['q_proj', 'v_proj']`` with ``apply_lora_to_mlp:
+# False`` (``qv``), 70B_lora.yaml ``['q_proj', 'k_proj', 'v_proj']`` without the MLP (the nearest
+# target set, ``attention``, adds output_proj's adapter); 8B_qlora_single_device and 405B_qlora
+# adapted q, k, v, output_proj and the MLP (``all-linear``, as read). The q, v, output_proj + MLP
+# sets the rows read came with e137afeba (#1954, 2024-11-07), after the numbers.
 TORCHTUNE_WRITTEN_AT = (
     (r"5f0d64c6b.*Raw 12\.01 GB", "a95c6b931", "2024-03-21", {"optimizer": "sgd-plain"}),
     (r"5f0d64c6b.*Raw (14\.17|17\.18) GB", "a95c6b931", "2024-03-21", {}),
     (r"5f0d64c6b.*Raw 9\.29 GB", "412a4ecd7", "2024-03-22", {}),
     (r"5f0d64c6b.*Raw 15\.97 GB", "5cbc1967b", "2024-03-28", {}),
     (r"7d05579fe.*Raw 8\.57 GB", "20747cd87", "2024-04-18", {}),
+    (r"'Llama 3\.1 8B \| LoRA \|.*9bafd16fc \(first appearance\)", "30b8519e8", "2024-09-24", {"lora_targets": "qv"}),
+    (r"'Llama 3\.1 70B \| LoRA \|.*9bafd16fc \(first appearance\)", "30b8519e8", "2024-09-24",
+     {"lora_targets": "attention"}),
+    (r"9bafd16fc \(first appearance\)", "30b8519e8", "2024-09-24", {}),
 )
 
 
 def _torchtune_written_at(row: dict[str, str]) -> tuple[str, str, dict[str, Any]] | None:
-    text = f"{row.get('source_commit_or_url', '')} {row.get('notes', '')}"
+    text = " ".join(row.get(k, "") for k in ("source_locator", "source_commit_or_url", "notes"))
     return next(((commit, date, knobs) for pattern, commit, date, knobs in TORCHTUNE_WRITTEN_AT
                  if re.search(pattern, text, re.S)), None)
 
