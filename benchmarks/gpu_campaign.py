@@ -473,8 +473,11 @@ def _build_fsdp(cfg: dict, dev: str):
     config._attn_implementation = cfg.get("attention", "sdpa")
     config.use_cache = cfg.get("use_cache", config.use_cache)  # the earlier runs: Transformers' default (True)
     cls = getattr(transformers, mc["config_class"].replace("Config", "ForCausalLM"))
+    # mixed_precision "no" (the fms-acceleration runs' accelerate setting): weights loaded in bf16, no
+    # FSDP mixed-precision policy; otherwise fp32 weights under the policy below
+    native = cfg.get("mixed_precision") == "no"
     with torch.device("meta"):
-        model = cls._from_config(config, dtype=torch.float32)
+        model = cls._from_config(config, dtype=torch.bfloat16 if native else torch.float32)
     if cfg["method"] == "lora":
         model = _apply_peft(model, cfg)
     layers = _layers(model)
@@ -504,10 +507,16 @@ def _build_fsdp(cfg: dict, dev: str):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         strategy = ShardingStrategy.FULL_SHARD if reshard else ShardingStrategy.SHARD_GRAD_OP
-        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({layer_cls}), sharding_strategy=strategy,
-                     mixed_precision=MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                                                    buffer_dtype=torch.float32),
-                     device_id=torch.device(dev, 0) if dev == "cuda" else None,
+        if cfg.get("wrap") == "peft":  # what Trainer installs for a PEFT model (each adapter Linear its own unit)
+            from peft.utils.other import fsdp_auto_wrap_policy
+
+            policy = fsdp_auto_wrap_policy(model)
+        else:
+            policy = ModuleWrapPolicy({layer_cls})
+        model = FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy,
+                     mixed_precision=None if native else MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                                                        buffer_dtype=torch.float32),
+                     device_id=torch.device(dev, 0) if dev == "cuda" else torch.device("cpu"),
                      param_init_fn=lambda m: m.to_empty(device=dev, recurse=False), use_orig_params=cfg["method"] != "full")
     random_init(model, config)
     return model, config
@@ -582,6 +591,17 @@ def fsdp_grid(smoke: bool) -> list[dict]:
         g.append(dict(base, model="Mistral-7B-v0.1", engine="fsdp2", world_size=8, ac="full", micro_batch=1, seq_len=s))
         g.append(dict(base, model="Llama-3.1-70B", engine="fsdp2", world_size=64, ac="full", micro_batch=1, seq_len=s))
     return g
+
+
+def fsdp1_world_grid(smoke: bool) -> list[dict]:
+    """FSDP1 + PEFT LoRA with PEFT's wrap policy at world size 1 (FSDP switches to NO_SHARD) and 2
+    (FULL_SHARD), the same per-GPU micro-batch: on the fake process group the difference is FSDP1's
+    own sharded-path work, no communication (the fms-acceleration 2-GPU rows' excess, docs/accuracy.md)."""
+    model, s = ("smoke", 64) if smoke else ("Mistral-7B-v0.1", 4096)
+    base = dict(kind="fsdp", smoke=smoke, steps=8, method="lora", lora_targets="all-linear", lora_dropout=0.05,
+                param_dtype="bf16", reduce_dtype="fp32", optimizer="adamw_foreach", model=model, engine="fsdp1",
+                ac="full", seq_len=s, wrap="peft", mixed_precision="no", use_cache=False)
+    return [dict(base, world_size=w, micro_batch=mb) for mb, w in ((2, 1), (2, 2), (4, 2), (4, 1))]
 
 
 def wait_for_turn() -> None:
@@ -689,8 +709,8 @@ def load_one(cfg: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=("probes", "hf", "qlora", "fsdp", "load", "one", "loadone", "mkckpt", "list",
-                                     "userscripts"))
+    ap.add_argument("part", choices=("probes", "hf", "qlora", "fsdp", "fsdp1world", "load", "one", "loadone", "mkckpt",
+                                     "list", "userscripts"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--config")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: check the code paths")
@@ -732,7 +752,8 @@ def main(argv=None) -> int:
         run_grid([grid[i] for i in pick], a.out / "userscripts.jsonl", a.timeout, prewarm=True)
         return 0
     grid = {"hf": [c for c in hf_grid(a.smoke) if c["method"] != "qlora"],
-            "qlora": [c for c in hf_grid(a.smoke) if c["method"] == "qlora"], "fsdp": fsdp_grid(a.smoke)}.get(a.part, [])
+            "qlora": [c for c in hf_grid(a.smoke) if c["method"] == "qlora"], "fsdp": fsdp_grid(a.smoke),
+            "fsdp1world": fsdp1_world_grid(a.smoke)}.get(a.part, [])
     if a.part == "list":
         for i, c in enumerate(hf_grid(a.smoke) + fsdp_grid(a.smoke)):
             print(i, c)

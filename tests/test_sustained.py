@@ -105,6 +105,6 @@ def test_the_device_script_runs_its_code_paths_on_the_cpu(tmp_path):
     # on past the grid's three steps, and no step begun after the duration had passed
     assert len(times) > fsdp["config"]["steps"] and sum(times[:-1]) < fsdp["config"]["duration_s"]
     assert len(fsdp["steps"]) <= 4  # a sustained run keeps the first three steps' statistics and the last
-    assert len(gemm["bursts"]) > 1 and gemm["bursts"][-1][0] < gemm["config"]["duration_s"]
+    assert len(gemm["bursts"]) > 1 and gemm["bursts"][-1][0] <= gemm["config"]["duration_s"]  # starts, kept to the ms
     for r in recs:
         assert r["clock_samples"] or r["clock_error"]

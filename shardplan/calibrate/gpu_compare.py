@@ -85,9 +85,10 @@ def campaign_columns(record: dict, gpu: str = "h100-sxm") -> Columns:
     cfg = record["config"]
     c = columns_for(campaign_spec(cfg["model"]), parse_gpus(f"{cfg.get('world_size', 1)}x{gpu}"), training_config(cfg))
     # the campaign's loop autocasts only HF full fine-tunes (gpu_campaign.run_one: autocast = hf and full)
-    # and builds FSDP's MixedPrecision policy itself (gpu_campaign: MixedPrecisionPolicy / MixedPrecision)
+    # and builds FSDP's MixedPrecision policy itself (gpu_campaign: MixedPrecisionPolicy / MixedPrecision),
+    # except where a configuration says mixed_precision "no" (bf16 weights, no policy: fsdp1world)
     return dataclasses.replace(c, autocast=np.asarray(cfg["kind"] == "hf" and cfg["method"] == "full"),
-                               fsdp_mp_policy=np.asarray(True))
+                               fsdp_mp_policy=np.asarray(cfg.get("mixed_precision") != "no"))
 
 
 def compute_step_s(record: dict, gpu: str = "h100-sxm") -> float:
