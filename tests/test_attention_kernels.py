@@ -9,6 +9,7 @@ import pytest
 from shardplan.formulas import throughput as tp
 from shardplan.formulas.activations import attention_saved_bytes_per_token
 from shardplan.inputs import strategy as st
+from shardplan.inputs import time_calibration
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.validation import tokens
 from shardplan.validation.runs import RunQuery, read_runs
@@ -60,11 +61,16 @@ def test_mis_set_short_sequence_factor_is_worse_on_the_short_sequence_rows(monke
     them: the factor is the paper's range). Halving it no longer makes them worse: since their
     16-bit LayerNorm is counted and the window factor calibrated (session 5) it moves them 3.7 →
     3.5 % (at kernel rates, k = 1, the rows are 15 % optimistic and halving makes them worse, 15.4 →
-    16.7 %). Not a reason to move a sourced constant. A weak lever: attention is ≤ 10 % of these steps."""
+    16.7 %). Not a reason to move a sourced constant. A weak lever: attention is ≤ 10 % of these steps.
+    Judged at the factor fitted without llm-foundry (``time_calibration.json`` loso, what the report
+    predicts them at): the all-source factor includes these rows, and since session 7 (1.1765) the
+    doubled factor sits on it within 0.03 points (3.31 → 3.28 %); at MF's own out-of-source factor
+    (1.1814) doubling moves them 3.25 → 3.59 %."""
     queries = [q for q in _mf_queries() if q.config.seq_len <= 2048]
-    sourced = _median_abs(queries)
+    k = time_calibration.time_calibration()["loso"]["MF"]
+    sourced = _median_abs(queries, k)
     monkeypatch.setattr(tp, "FLASH_SHORT_SEQ_FACTOR", 1 - (1 - tp.FLASH_SHORT_SEQ_FACTOR) * factor)
-    assert _median_abs(queries) > sourced
+    assert _median_abs(queries, k) > sourced
 
 
 def test_triton_saves_what_sdpa_flash_saves():
@@ -97,8 +103,8 @@ def test_llm_foundry_rows_run_triton_attention_and_learned_positions():
     assert long_.spec.total_params > short.spec.total_params  # NumParams grows with seq_len, as the tables say
 
 
-def _median_abs(queries):
-    return float(np.median([abs(r.error) for r in tokens.predict(queries)]))
+def _median_abs(queries, window_factor=None):
+    return float(np.median([abs(r.error) for r in tokens.predict(queries, window_factor)]))
 
 
 @pytest.mark.parametrize("factor", [0.5, 2.0])

@@ -50,19 +50,15 @@ recompute. Units: the decoder layers + the root, and under PEFT every ``lora_A``
 (transformers ``Trainer`` → ``update_fsdp_plugin_peft`` → peft ``fsdp_auto_wrap_policy``; in the
 fms-acceleration rows fms-hf-tuning v2.5.0 ``sft_trainer.py`` sets the same policy). Each hook call
 is one host operation, like a checkpoint hook.
-ASSUMPTION: FSDP1's Python per hook is priced as one operation; timed on the CPU, a hook costs more
-than an aten operator does (docs/throughput.md), so this is a floor. FSDP2 is not counted here.
-ASSUMPTION: FSDP1's rate limiter is left out of the per-phase max. With ``limit_all_gathers`` (True in
-accelerate 1.0.1 ``utils/dataclasses.py`` ``FullyShardedDataParallelPlugin``; transformers 4.48.1
-``Trainer`` changes it only when ``fsdp_config`` names it) each ``_unshard`` blocks the host on the free
-event recorded at the reshard two reshards back (torch 2.4.1 ``distributed/fsdp/_runtime_utils.py``
-``_unshard`` / ``_reshard``, ``_limiter_utils._FreeEventQueue``: depth 2, one queue shared by every
-unit), so under PEFT's per-adapter units the host runs at most about two adapter units ahead of the
-GPU inside a layer and a stretch between units costs max(host, GPU). At the counted price the host
-between two adapter units (3 FSDP1 operations, PEFT's, the next base Linear: ≲ 0.5 ms) stays below
-the GPU's (a 4096 → 1024 projection and its adapter at 8k tokens on an A100: ≳ 0.5 ms), so the
-exposure is a few milliseconds a step on the fms-acceleration 2-GPU rows; it would bind only with
-a per-hook host cost several times the counted one (see the floor above).
+ASSUMPTION: FSDP1's Python per hook is priced as one operation here; timed on the CPU, a hook costs
+more than an aten operator does (docs/throughput.md), so this is a floor. What a sharded unit's
+unshard + reshard costs beyond it was measured on an H100 (``fsdp1_limiter.UNIT_SHARDED_HOST_S``) and
+is priced there. FSDP2 is not counted here.
+FSDP1's rate limiter (``limit_all_gathers``) is not in this per-phase max: ``fsdp1_limiter`` prices
+it (each ``_unshard`` blocks the host on the free event of the reshard two reshards back, torch 2.4.1
+``_runtime_utils._unshard``; under PEFT's per-adapter units a layer's host cannot run more than one
+adapted Linear ahead), with a measured host price per sharded unit on top of the counted operations
+here, and ``throughput.micro_batches_s`` takes the larger of the two.
 
 FSDP1's gradient clipping (``fsdp1_clip_operations``): the Trainer's ``accelerator.clip_grad_norm_``
 hands an FSDP1 model to ``FullyShardedDataParallel.clip_grad_norm_`` (accelerate 1.0.1

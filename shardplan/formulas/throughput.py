@@ -44,6 +44,7 @@ from shardplan.formulas.activations import (
 )
 from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes, grad_comm_bytes_per_element, sync_count
 from shardplan.formulas.eager_host import host_phase_s
+from shardplan.formulas.fsdp1_limiter import limiter_exposure_s
 from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element, trainable_params
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
@@ -491,8 +492,8 @@ def peft_adapter_cast(c, a):
     return np.where(cast, d, a), cast.astype(np.float64)
 
 
-def lora_adapter_bytes_per_token(c):
-    """HBM bytes per token of PEFT's adapter path around each adapted Linear (peft
+def lora_adapter_pass_bytes(c):
+    """(forward, backward) HBM bytes per token and block of PEFT's adapter path around its adapted Linears (peft
     ``tuners/lora/layer.py`` ``Linear.forward``, v0.13-v0.17 alike: ``x = x.to(lora_A.weight.dtype)``,
     ``result = result + lora_B(lora_A(dropout(x))) * scaling``, ``result.to(torch_result_dtype)``),
     per adapted Linear of input width in and output width out, with a the activation bytes and d
@@ -525,11 +526,16 @@ def lora_adapter_bytes_per_token(c):
     gemm_fwd, gemm_bwd = d * (ins + outs), d * (2 * outs + ins)  # the rank-r GEMMs' own I/O
     fwd = converts * ins + d * ins + dropout + (3 * d + a + d + np.maximum(a, d)) * outs + converts * outs
     bwd = 2 * converts * outs + 4 * d * outs + d * ins + converts * ins + 3 * a * ins + dropout
-    frac = recompute_fraction(c)
     fused = np.where(c.compile, COMPILED_ADAPTER_ELEMENTWISE_FRACTION, 1.0)
-    pointwise = (fwd - gemm_fwd) * (1 + frac) + bwd - gemm_bwd
-    per_layer = gemm_fwd * (1 + frac) + gemm_bwd + fused * pointwise
-    return np.where(c.method != st.FULL, layers * per_layer, 0.0)
+    return gemm_fwd + fused * (fwd - gemm_fwd), gemm_bwd + fused * (bwd - gemm_bwd)
+
+
+def lora_adapter_bytes_per_token(c):
+    """HBM bytes per token of PEFT's adapter path over all blocks (``lora_adapter_pass_bytes``): the
+    forward, again in each recomputed block, and the backward."""
+    fwd, bwd = lora_adapter_pass_bytes(c)
+    layers = np.maximum(np.asarray(c.num_layers, dtype=np.float64), 1)
+    return np.where(c.method != st.FULL, layers * (fwd * (1 + recompute_fraction(c)) + bwd), 0.0)
 
 
 def fsdp_copy_bytes(c):
@@ -806,17 +812,29 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host):
         return head_b + ag_b + (L - 1) * interval + cb_u + 2 * (rs_ + ar_ + rep_)
 
     zero = np.zeros_like(rs)
-    # each phase takes max(host, GPU): eager launches run ahead of the GPU (eager_host module docstring)
+    f_only, b_only = _compute_only((cf_total, cb_total), copies)
+    # each phase takes max(host, GPU): eager launches run ahead of the GPU (eager_host module docstring),
+    # except where FSDP1's rate limiter holds the host to one adapted Linear ahead (fsdp1_limiter)
     host_f, host_b, _ = host
+    lim_f, lim_b = limiter_exposure_s(c, cf_u, cb + cp_b_gather, limiter_rates(c, rates))
+    host_f, host_b = np.maximum(host_f, f_only + lim_f), np.maximum(host_b, b_only + lim_b)
     fwd = np.maximum(fwd, host_f)
     bwd_sync = np.maximum(backward((rs, ar, rep), cb + cp_b_gather + cp_rs), host_b)
     bwd_nosync = np.maximum(backward((zero, zero, zero), cb + cp_b_gather), host_b)
     micro = syncs * (fwd + bwd_sync) + (k - syncs) * (fwd + bwd_nosync)
     compute = k * (cf_total + cb_total + units * (cp_f + cp_b_gather)) + syncs * units * cp_rs
     # the host's share beyond the compute alone (no communication): what a compute-only run waits
-    f_only, b_only = _compute_only((cf_total, cb_total), copies)
     host_wait = k * (np.maximum(host_f - f_only, 0.0) + np.maximum(host_b - b_only, 0.0))
     return micro, compute, host_wait
+
+
+def limiter_rates(c, rates: ComputeRates):
+    """What ``fsdp1_limiter.position_weights`` prices a layer's positions with: seconds per matmul
+    FLOP, per attention-core FLOP, and PEFT's adapter path (forward, backward) seconds per token."""
+    mm_peak = rates.peak_flops_by_precision[matmul_precision(c)]
+    attn_peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
+    adapter = tuple(x / rates.hbm_bytes_per_s for x in lora_adapter_pass_bytes(c))
+    return 1.0 / (mm_peak * gemm_efficiency(c, rates)), 1.0 / (attn_peak * attention_efficiency(c, rates)), adapter
 
 
 def compute_only_phases_s(c, rates: ComputeRates):
