@@ -30,9 +30,10 @@ two adapter units of an adapted Linear.
 ASSUMPTION: a sharded unit's unshard + reshard costs the host ``UNIT_SHARDED_HOST_S`` beyond its
 counted operations, on every host: the price was calibrated on one H100 fake-process-group pair
 (below) and the A100 rows ran torch 2.4.1 on another host. ASSUMPTION: the exposure of a cycle is
-max(0, host − GPU); an exact host/GPU timeline of the same segments with the depth-2 queue
-(/work/notes/lim7_proto) differs from this sum by ≤ 15 ms a step on the Mistral fms-acceleration
-rows and by +11 % on the fake-PG pair (the price below is calibrated on this sum, not the timeline).
+max(0, host − GPU); a one-operation-at-a-time host/GPU timeline of the same segments with the
+depth-2 queue (a session-7 prototype, not shipped) differs from this sum by ≤ 15 ms a step on the
+Mistral fms-acceleration rows and by +11 % on the fake-PG pair (the price below is calibrated on
+this sum, not on the timeline).
 ASSUMPTION: the limiter is on wherever FSDP1 shards (no ``limit_all_gathers`` knob: its default).
 ASSUMPTION: ``hf`` stack only, where ``eager_host`` counts the host (0 elsewhere).
 """
