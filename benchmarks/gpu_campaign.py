@@ -502,24 +502,32 @@ def _build_fsdp(cfg: dict, dev: str):
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
         model.to_empty(device=dev)
     else:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-        strategy = ShardingStrategy.FULL_SHARD if reshard else ShardingStrategy.SHARD_GRAD_OP
-        if cfg.get("wrap") == "peft":  # what Trainer installs for a PEFT model (each adapter Linear its own unit)
-            from peft.utils.other import fsdp_auto_wrap_policy
-
-            policy = fsdp_auto_wrap_policy(model)
-        else:
-            policy = ModuleWrapPolicy({layer_cls})
-        model = FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy,
-                     mixed_precision=None if native else MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                                                                        buffer_dtype=torch.float32),
-                     device_id=torch.device(dev, 0) if dev == "cuda" else torch.device("cpu"),
-                     param_init_fn=lambda m: m.to_empty(device=dev, recurse=False), use_orig_params=cfg["method"] != "full")
+        mp = None if native else (param_dtype, reduce_dtype)
+        model = _fsdp1(model, cfg, dev, layer_cls, reshard, mp)
     random_init(model, config)
     return model, config
+
+
+def _fsdp1(model, cfg: dict, dev: str, layer_cls, reshard: bool, mp):
+    """FSDP1 over ``model``: a unit per decoder layer, or PEFT's policy (``cfg['wrap'] == 'peft'``,
+    what Trainer installs for a PEFT model: each adapter Linear its own unit); ``mp`` (param, reduce
+    dtypes) or None for no mixed-precision policy."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = ShardingStrategy.FULL_SHARD if reshard else ShardingStrategy.SHARD_GRAD_OP
+    if cfg.get("wrap") == "peft":
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(model)
+    else:
+        policy = ModuleWrapPolicy({layer_cls})
+    precision = None if mp is None else MixedPrecision(param_dtype=mp[0], reduce_dtype=mp[1], buffer_dtype=torch.float32)
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, mixed_precision=precision,
+                device_id=torch.device(dev, 0) if dev == "cuda" else torch.device("cpu"),
+                param_init_fn=lambda m: m.to_empty(device=dev, recurse=False), use_orig_params=cfg["method"] != "full")
 
 
 def random_init(model, config) -> None:
