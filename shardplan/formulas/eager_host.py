@@ -38,7 +38,8 @@ GPU work hides the host: the term vanishes above the crossover.
 ASSUMPTION: only the ``hf`` stack (its module code was counted); torchtitan, torchtune and Lightning
 run their own modules, and a compiled model launches fused kernels; their host time is not modelled.
 ASSUMPTION: a dense MLP; an MoE layer's expert loop (routing, index ops per expert) is counted only
-through its Linears.
+through its Linears here; its per-expert host syncs, which stop the host running ahead, and each
+expert's own operations are priced by ``moe_sync``.
 
 FSDP1 (``fsdp1_operations``; counted by ``shardplan.calibrate.fsdp1_launches``: the same tiny Llama
 under FSDP1 with ``use_orig_params`` on a fake process group, minus the unwrapped model): per unit

@@ -46,6 +46,7 @@ from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_v
 from shardplan.formulas.eager_host import host_phase_s
 from shardplan.formulas.fsdp1_limiter import limiter_exposure_s
 from shardplan.formulas.model_states import master_dtype_bytes, optimizer_step_bytes_per_element, trainable_params
+from shardplan.formulas.moe_sync import sync_exposure_s
 from shardplan.inputs import engines as eng
 from shardplan.inputs import strategy as st
 from shardplan.inputs.engines import per_engine
@@ -443,7 +444,8 @@ def moe_dispatch_bytes_per_token(c):
     (a·h per expert + 3a·h·k in all), and autograd sums the E full-size gradients into the block
     input's (3a·h each): a·h·(4E + 11k). Recomputed blocks repeat the forward. ASSUMPTION: only
     the ``hf`` stack runs this loop (the dev set's other stacks train dense models); the router's
-    fp32 softmax over E logits (E ≪ h) and the per-expert ``torch.where`` host syncs are left out."""
+    fp32 softmax over E logits (E ≪ h) is left out; the per-expert ``torch.where`` host syncs are
+    priced in ``moe_sync``."""
     a = stream_dtype_bytes(c)
     h = np.asarray(c.hidden_size, dtype=np.float64)
     e, k = np.asarray(c.moe_experts, dtype=np.float64), np.asarray(c.moe_top_k, dtype=np.float64)
@@ -817,7 +819,9 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host):
     # except where FSDP1's rate limiter holds the host to one adapted Linear ahead (fsdp1_limiter)
     host_f, host_b, _ = host
     lim_f, lim_b = limiter_exposure_s(c, cf_u, cb + cp_b_gather, limiter_rates(c, rates))
-    host_f, host_b = np.maximum(host_f, f_only + lim_f), np.maximum(host_b, b_only + lim_b)
+    # and where an MoE's expert loop syncs the host once per expert (moe_sync)
+    moe_f, moe_b = sync_exposure_s(c, expert_gemm_s(c, rates))
+    host_f, host_b = np.maximum(host_f, f_only + lim_f + moe_f), np.maximum(host_b, b_only + lim_b + moe_b)
     fwd = np.maximum(fwd, host_f)
     bwd_sync = np.maximum(backward((rs, ar, rep), cb + cp_b_gather + cp_rs), host_b)
     bwd_nosync = np.maximum(backward((zero, zero, zero), cb + cp_b_gather), host_b)
@@ -826,6 +830,17 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host):
     # the host's share beyond the compute alone (no communication): what a compute-only run waits
     host_wait = k * (np.maximum(host_f - f_only, 0.0) + np.maximum(host_b - b_only, 0.0))
     return micro, compute, host_wait
+
+
+def expert_gemm_s(c, rates: ComputeRates):
+    """GPU seconds of one routed expert's GEMMs per micro-batch (``moe_sync``): 2·(2 + gated)·h·i
+    FLOPs for each of tokens·k/E rows (even routing; i = ``mlp_width`` / k, no shared experts) at
+    the GEMM rate, window-scaled; 0 for a dense model."""
+    e, k = np.asarray(c.moe_experts, dtype=np.float64), np.asarray(c.moe_top_k, dtype=np.float64)
+    rows = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64) * k / np.maximum(e, 1)
+    width = np.asarray(c.mlp_width, dtype=np.float64) / np.maximum(k, 1)
+    flops = rows * 2 * (2 + np.asarray(c.gated_mlp, dtype=np.float64)) * np.asarray(c.hidden_size) * width
+    return window_gpu_s(flops * limiter_rates(c, rates)[0], rates)
 
 
 def limiter_rates(c, rates: ComputeRates):
