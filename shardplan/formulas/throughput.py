@@ -818,9 +818,10 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host):
     # each phase takes max(host, GPU): eager launches run ahead of the GPU (eager_host module docstring),
     # except where FSDP1's rate limiter holds the host to one adapted Linear ahead (fsdp1_limiter)
     host_f, host_b, _ = host
-    lim_f, lim_b = limiter_exposure_s(c, cf_u, cb + cp_b_gather, limiter_rates(c, rates))
+    per_position = limiter_rates(c, rates)  # once: the GEMM rate is also what an expert's interval runs at
+    lim_f, lim_b = limiter_exposure_s(c, cf_u, cb + cp_b_gather, per_position)
     # and where an MoE's expert loop syncs the host once per expert (moe_sync)
-    moe_f, moe_b = sync_exposure_s(c, expert_gemm_s(c, rates))
+    moe_f, moe_b = sync_exposure_s(c, expert_gemm_s(c, rates, per_position[0]))
     host_f, host_b = np.maximum(host_f, f_only + lim_f + moe_f), np.maximum(host_b, b_only + lim_b + moe_b)
     fwd = np.maximum(fwd, host_f)
     bwd_sync = np.maximum(backward((rs, ar, rep), cb + cp_b_gather + cp_rs), host_b)
@@ -832,15 +833,17 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host):
     return micro, compute, host_wait
 
 
-def expert_gemm_s(c, rates: ComputeRates):
+def expert_gemm_s(c, rates: ComputeRates, s_per_flop=None):
     """GPU seconds of one routed expert's GEMMs per micro-batch (``moe_sync``): 2·(2 + gated)·h·i
     FLOPs for each of tokens·k/E rows (even routing; i = ``mlp_width`` / k, no shared experts) at
-    the GEMM rate, window-scaled; 0 for a dense model."""
+    the GEMM rate (``s_per_flop``: ``limiter_rates``' first, computed here when not given),
+    window-scaled; 0 for a dense model."""
     e, k = np.asarray(c.moe_experts, dtype=np.float64), np.asarray(c.moe_top_k, dtype=np.float64)
     rows = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64) * k / np.maximum(e, 1)
     width = np.asarray(c.mlp_width, dtype=np.float64) / np.maximum(k, 1)
     flops = rows * 2 * (2 + np.asarray(c.gated_mlp, dtype=np.float64)) * np.asarray(c.hidden_size) * width
-    return window_gpu_s(flops * limiter_rates(c, rates)[0], rates)
+    s_per_flop = limiter_rates(c, rates)[0] if s_per_flop is None else s_per_flop
+    return window_gpu_s(flops * s_per_flop, rates)
 
 
 def limiter_rates(c, rates: ComputeRates):
