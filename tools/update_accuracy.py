@@ -106,14 +106,6 @@ def window_factor_text() -> str:
     return window_factor.calibration_text(_at_one()[1])
 
 
-def sustained_section() -> str:
-    """The one-GPU sustained runs (``calibrate/sustained.py``) with the model's kernel-rate time."""
-    from shardplan.calibrate import sustained
-    from shardplan.calibrate.gpu_compare import compute_step_s
-
-    return sustained.report_markdown(compute_step_s)
-
-
 def between(doc: str, begin: str, end: str, section: str) -> str:
     """``doc`` with its ``begin`` … ``end`` section (markers included) replaced by ``section``."""
     head, rest = doc.split(begin, 1)
@@ -132,7 +124,7 @@ def main(argv: list[str]) -> int:
     doc = between(doc, tokens.BEGIN, tokens.END, tokens.report_markdown(list(token_rows())))
     begin, end = COLLECTIVES
     doc = between(doc, begin, end, f"{begin}\n{collectives.report_markdown().rstrip()}\n{end}")
-    doc = between(doc, sustained.BEGIN, sustained.END, sustained_section())
+    doc = between(doc, sustained.BEGIN, sustained.END, sustained.report_markdown())
     committed = json.dumps(numbers, indent=1, sort_keys=True) + "\n"
     files = {DOC: doc, COMMITTED: committed, BANDS: band_file, TIME_CALIBRATION: window_factor_text()}
     stale = write_generated(files, check="--check" in argv)

@@ -119,9 +119,11 @@ def _label(c: dict) -> str:
     return f"{c['model']} {c['method']} mb {c['micro_batch']} seq {c['seq_len']}, {extra}"
 
 
-def report_markdown(predict_fastest=None) -> str:
-    """The generated section of docs/accuracy.md. ``predict_fastest(record) -> seconds``: the time
-    model's compute + optimizer time at kernel rates for a training record (optional column)."""
+def report_markdown() -> str:
+    """The generated section of docs/accuracy.md, with the time model's compute + optimizer time at
+    kernel rates for the FSDP run (``gpu_compare.compute_step_s``)."""
+    from shardplan.calibrate.gpu_compare import compute_step_s
+
     recs = load()
     env = recs[0]["env"]
     lines = [BEGIN, "",
@@ -145,12 +147,11 @@ def report_markdown(predict_fastest=None) -> str:
         lines.append(head + f"| {w['steps']} | {w['fastest_s']:.4f} | {w['median_s']:.4f} | {w['mean_s']:.4f} "
                      f"| {w['mean_over_fastest']:.3f} | {w['calm_mean_over_fastest']:.3f} | {w['drift']:.3f} "
                      f"| {w['stalls']} " + tail)
-    if predict_fastest is not None:
-        fsdp = next(r for r in recs if r["config"]["kind"] == "fsdp")
-        p, w = predict_fastest(fsdp), window(fsdp["step_times_s"])
-        lines += ["", f"The model at kernel rates (k = 1) gives the FSDP run {p:.4f} s: "
-                  f"{p / w['fastest_s'] - 1:+.1%} against its fastest step, {p / w['mean_s'] - 1:+.1%} against "
-                  f"its {fsdp['config']['duration_s']} s mean."]
+    fsdp = next(r for r in recs if r["config"]["kind"] == "fsdp")
+    p, w = compute_step_s(fsdp), window(fsdp["step_times_s"])
+    lines += ["", f"The model at kernel rates (k = 1) gives the FSDP run {p:.4f} s: "
+              f"{p / w['fastest_s'] - 1:+.1%} against its fastest step, {p / w['mean_s'] - 1:+.1%} against "
+              f"its {fsdp['config']['duration_s']} s mean."]
     lines += ["", "Three-step campaign against a 15-step re-run of the same configuration "
               "(`data/calibration/gpu/sustained/hf_steps15.jsonl`; steady = median from the sixth step):", "",
               "| configuration | campaign fastest of steps 2–3 | re-run steady | campaign / steady | steady from step |",
