@@ -21,11 +21,6 @@ THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap
                  0x100: "display_clocks"}
 
 
-def reasons(mask: int) -> list[str]:
-    """The named reasons set in an NVML throttle bitmask."""
-    return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
-
-
 class ClockSampler:
     """``with ClockSampler(0.25) as s: ...``; ``s.samples`` is a list of
     ``[t_s, sm_mhz, mem_mhz, power_w, temp_c, throttle_mask]`` (t from entering)."""
