@@ -143,6 +143,19 @@ def test_a_rate_above_the_dense_peak_is_refused_and_one_below_is_kept(changes):
     assert "1.02x" in refused.detail
 
 
+def test_a_card_measured_above_its_nameplate_is_held_to_the_measured_rate():
+    # the RTX 4090 runs GEMMs at 1.080 of its datasheet peak (its MAMF maximum): a rate needing 1.05x
+    # the nameplate is what the card was measured to do, 1.10x is beyond it and refused
+    from shardplan.inputs.hardware import get_gpu
+
+    row = _row(gpu="RTX 4090 24GB", precision="LoRA r16 on q_proj v_proj; bf16 frozen base", seq_len="2048")
+    limit = 1.0 / _floor_share(row)
+    assert get_gpu("rtx4090").gemm_efficiency > 1.05
+    assert isinstance(express({**row, "measured_tokens_per_s_per_gpu": f"{1.05 * limit:.3f}"}), RunQuery)
+    refused = express({**row, "measured_tokens_per_s_per_gpu": f"{1.10 * limit:.3f}"})
+    assert isinstance(refused, Unexpressible) and refused.reason == "rate_above_peak"
+
+
 def test_the_flop_floor_scales_with_what_each_run_must_compute():
     from shardplan.inputs.stacks import resolve_stack
     from shardplan.validation.runs import min_flops_per_token
