@@ -382,7 +382,7 @@ def test_profile_coefficients_need_a_source(tmp_path):
     from shardplan.inputs.hardware import DEFAULT_GEMM_EFFICIENCY, GPUProfile, LinkProfile
     from shardplan.inputs.profiles import DATA_DIR
 
-    data = json.loads((DATA_DIR / "hardware_profiles/gpus/l40s.json").read_text())
+    data = json.loads((DATA_DIR / "hardware_profiles/gpus/rtx3090.json").read_text())
     assert GPUProfile.model_validate(data).gemm_efficiency == DEFAULT_GEMM_EFFICIENCY  # not set: the default
     with pytest.raises(ValueError, match="sources lacks gemm_efficiency"):
         GPUProfile.model_validate(dict(data, gemm_efficiency=0.7))
