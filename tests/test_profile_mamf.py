@@ -19,6 +19,12 @@ MEASURED = {
     # stas00/ml-engineering compute/accelerator/README.md @744d01e, MAMF BF16 table (mamf-finder v2);
     # the H100 SXM row's note 'H200 is the same' is the H200's figure
     "h200": (794.5, STAS, "H200 is the same"),
+    # the v2 rows supersede the v1 rows these profiles cited (A100 SXM 267.9, A100 PCIe 256.4,
+    # H100 SXM 792.1): the v1 table did not reset the cache and its author replaced it row by row
+    "h100-sxm": (794.5, STAS, "NVIDIA H100 SXM"),
+    "a100-80gb": (271.2, STAS, "NVIDIA A100 SXM"),
+    "a100-40gb": (271.2, STAS, "NVIDIA A100 SXM"),
+    "a100-80gb-pcie": (252.9, STAS, "NVIDIA A100 PCIe"),
     # the same file @f0cca2f, the v1 table (the only MI250X row, one GCD)
     "mi250x": (147.0, STAS_V1, "AMD MI250X"),
 }

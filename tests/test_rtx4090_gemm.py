@@ -1,7 +1,7 @@
 """The RTX 4090's large-GEMM efficiency is its measured MAMF maximum, not the data-centre default
-(``hardware.DEFAULT_GEMM_EFFICIENCY``, the median of the MAMF table's data-centre cards): 178.5 bf16
-TFLOPS (mag-/gpu_benchmark README, the table the other GPUs' values come from) over the 165.2 dense
-figure is 1.080 (a GeForce card boosts past the clock its nameplate assumes). Until session 8 the
+(``hardware.DEFAULT_GEMM_EFFICIENCY``, the median of the MAMF table's data-centre cards): 178.8 bf16
+TFLOPS (mag-/gpu_benchmark README @2218e0a3, the table the other GPUs' values come from; 178.5 at
+@13f96a42) over the 165.2 dense figure is 1.082 (a GeForce card boosts past the clock its nameplate assumes). Until session 8 the
 profile schema capped it at 1 (achieved <= nameplate), which made every 4090 matmul 8 % slower than
 the card was measured to run; the schema's bound is now ``hardware.MAX_GEMM_EFFICIENCY``."""
 
@@ -15,7 +15,7 @@ from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import DEFAULT_GEMM_EFFICIENCY, MAX_GEMM_EFFICIENCY, GPUProfile, get_gpu, parse_gpus
 from shardplan.inputs.models import get_model
 
-MAMF_TFLOPS = 178.5  # mag-/gpu_benchmark README: 'NVIDIA RTX 4090 | 15360x6784x8192 | 178.5'
+MAMF_TFLOPS = 178.8  # mag-/gpu_benchmark README @2218e0a3: 'NVIDIA GeForce RTX 4090 | 14336x4096x4096 | 178.8'
 
 
 def test_the_profile_holds_the_measured_mamf_maximum_above_the_nameplate():

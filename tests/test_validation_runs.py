@@ -144,7 +144,7 @@ def test_a_rate_above_the_dense_peak_is_refused_and_one_below_is_kept(changes):
 
 
 def test_a_card_measured_above_its_nameplate_is_held_to_the_measured_rate():
-    # the RTX 4090 runs GEMMs at 1.080 of its datasheet peak (its MAMF maximum): a rate needing 1.05x
+    # the RTX 4090 runs GEMMs at 1.082 of its datasheet peak (its MAMF maximum): a rate needing 1.05x
     # the nameplate is what the card was measured to do, 1.10x is beyond it and refused
     from shardplan.inputs.hardware import get_gpu
 

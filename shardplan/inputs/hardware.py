@@ -22,12 +22,15 @@ Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
 # Documented defaults of the optional per-GPU / per-link coefficients (a profile that leaves a
 # field out gets these; a profile that sets one must cite its source like every other number).
-# GEMM: the median of the MAMF table (stas00/ml-engineering ``compute/accelerator/README.md``:
-# A100 SXM 85.9 %, A100 PCIe 82.2 %, H100 SXM 80.1 %, GH200 83.0 %, MI300X 51.1 %).
-DEFAULT_GEMM_EFFICIENCY = 0.822
+# GEMM: the median of the MAMF table's GPU rows (stas00/ml-engineering ``compute/accelerator/README.md``
+# @744d01e, bf16, mamf-finder v2 with per-shape cache resets: A100 SXM 86.9 %, GH200 83.8 %, A100
+# PCIe 81.1 %, H100 SXM 80.3 %, B300 78.6 %, B200 77.6 %, GB200 72.9 %, MI355X 68.0 %, MI325X 60.4 %,
+# MI300X 51.4 %; the Gaudi rows are not GPUs a profile can name). Until session 8 it was the median
+# of the five v1 rows the author has since replaced (0.822).
+DEFAULT_GEMM_EFFICIENCY = 0.781
 # A card may run its GEMMs faster than its nameplate: a datasheet's tensor peak is at the boost clock
 # it names (RTX 4090: 2520 MHz, Ada whitepaper Appendix A), and GeForce boards boost past it under
-# load; the RTX 4090's measured MAMF maximum is 178.5 bf16 TFLOPS, 1.080 of the 165.2 figure
+# load; the RTX 4090's measured MAMF maximum is 178.8 bf16 TFLOPS, 1.082 of the 165.2 figure
 # (mag-/gpu_benchmark README). The bound catches a mistyped efficiency, not a fast card: 1.2 is
 # above any boost over the datasheet clock that a published measurement shows.
 MAX_GEMM_EFFICIENCY = 1.2
@@ -95,7 +98,7 @@ class GPUProfile(_Frozen):
     tdp_watts: PositiveFloat | None = None
     gemm_efficiency: float = Field(DEFAULT_GEMM_EFFICIENCY, gt=0, le=MAX_GEMM_EFFICIENCY,
                                    description="large-GEMM achieved / dense peak (MAMF), above 1 where the card boosts "
-                                               "past its datasheet clock; default 0.822")
+                                               "past its datasheet clock; default 0.781")
     attention_efficiency: float = Field(DEFAULT_ATTENTION_EFFICIENCY, gt=0, le=1,
                                         description="flash/SDPA attention achieved / dense peak at long sequences; default 0.655")
     sm_count: int = Field(DEFAULT_SM_COUNT, gt=0, le=MAX_GPUS, description="streaming multiprocessors (CUs); default 108")
