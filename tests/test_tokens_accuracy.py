@@ -43,7 +43,9 @@ factor fitted mostly on A100 rows rose 1.181 → 1.189 (1.172 → 1.179), so eve
 slower: whole set 3.63 / 11.38 → 3.30 / 11.57 %, compute-bound 3.48 / 11.17 → 3.22 / 11.22 %,
 communication-bound 6.88 / 10.98 → 6.21 / 10.27 %; the rtx4090 qlora class −9.7 → −10.2 %. The
 default for unmeasured cards (the v2 table's median, 0.822 → 0.781) and the 4090's row at the
-table's newer revision (1.080 → 1.082) move none of these numbers beyond rounding. The issue's median (≤ 8 %) and p90 (≤ 25 %)
+table's newer revision (1.080 → 1.082) move none of these numbers beyond rounding. torchtune's QLoRA priced
+at torchao's NF4 dequantization (``nf4_torchao``; compiled: one fused kernel, no backward dequantization)
+moves only the three torchtune QLoRA rows, none of these numbers at the fourth decimal. The issue's median (≤ 8 %) and p90 (≤ 25 %)
 targets are met; "no class with |signed median| > 10 %" is NOT: the doc section lists the classes that miss it.
 """
 

@@ -162,6 +162,7 @@ class Columns:
     untied_head: np.ndarray          # a separate lm_head even where the model ties it (completed_values)
     chunked_head: np.ndarray         # LitGPT's 128-token lm_head chunks, fp32 logits kept (activations.chunked_head_*)
     nf4_whole_quantize: np.ndarray   # torchao <= 0.1 NF4 quantization on the GPU at load, cache kept (nf4_load_cache)
+    nf4_torchao: np.ndarray          # torchao NF4Tensor dequantized by torch ops (throughput.qlora_dequant_s)
     loop_keeps_logits: np.ndarray    # the loop holds its (shifted, fp32) logits through backward (activations.logits_backward_bytes)
     rope_shared_batch: np.ndarray    # RoPE cos/sin computed for one row and broadcast over the batch (HF; tiny harness: b rows)
     autocast: np.ndarray             # torch.autocast (HF Trainer bf16/fp16; FSDP then has MixedPrecision); False: none
@@ -242,7 +243,7 @@ STACK_COLUMN_DEFAULTS: dict[str, Any] = dict(
     fp32_master=True, paged_optimizer=False, lora_dropout=0.0, reentrant_checkpointing=False,
     quant_state_sharded=True, quant_buffers_sharded=False, quant_format=st.NF4, load_mode=st.LOAD_RANK0_BROADCAST, checkpoint_wrapper=False,
     use_cache=False, kbit_prep=False, fused_lm_head=False, quant_saves_input=False, quant_head=False, untied_head=False,
-    chunked_head=False, loop_keeps_logits=False, nf4_whole_quantize=False, optimizer_impl=st.OPT_FOREACH,
+    chunked_head=False, loop_keeps_logits=False, nf4_whole_quantize=False, nf4_torchao=False, optimizer_impl=st.OPT_FOREACH,
     # mechanism columns: what real stacks on CUDA do (RoPE built from one row of position ids:
     # transformers, torchtitan's freqs_cis; CUDA's fused dropout; foreach AdamW)
     rope_shared_batch=True, autocast=True, fsdp_mp_policy=False, fused_dropout=True, sdpa_fp32_gqa_math=True,

@@ -680,17 +680,48 @@ def qlora_dequant_bytes_per_weight(blocksize=QLORA_BLOCKSIZE, nested=True, out_b
     return 0.5 + out_bytes + per_block / np.asarray(blocksize, dtype=np.float64)
 
 
+def torchao_nf4_dequant_bytes_per_weight(compiled, blocksize=QLORA_BLOCKSIZE,
+                                         scaler_blocksize=QLORA_NESTED_BLOCKSIZE):
+    """HBM bytes one dequantization of a torchao ``NF4Tensor`` moves per weight (torchtune's QLoRA:
+    ``LinearNF4`` calls ``weight.to(dtype)``, whose ``_to_copy`` handler runs
+    ``NF4Tensor.get_original_weight``; pytorch/ao v0.1 ``torchao/dtypes/nf4tensor.py`` l.351-375 and
+    l.409-456, the same code at v0.6.1 l.655-679, l.721-747 and l.759-763). Eager, op by op on the n/2 packed
+    bytes (two 4-bit codes each), per weight: ``>> 4`` and ``& 0b1111`` (0.5 B read, 0.5 B written
+    each), their ``.to(torch.long)`` (0.5 + 4 B each), the ``nf4[codes]`` lookups (4 B of int64
+    codes read, 1 B of bf16 written each), the two ``repeated.flatten()`` copies of the per-block
+    scalers expanded to n/2 (1 B written each), the two products (2 B read, 1 B written each) and
+    ``torch.stack`` (2 + 2 B): 33 B; per block of ``blocksize``, ``dequantize_scalers``' int8 /
+    bf16 factor (1 + 2 B; the factor 2 B per ``scaler_blocksize`` blocks), ``+ scaler_mean``
+    (2 + 2 B) and the two copies' scaler reads (2 B each): 11 B. ``compiled``: inductor fuses the
+    whole chain into one kernel that reads the packed byte (0.5 B), the int8 scaler (1 B per block)
+    and its factor and writes the bf16 weight (2 B). Measured on the CPU, torch 2.13 with torchao 0.1
+    and 0.6.1 (``calibrate/nf4_dequant_bytes.py``): eager 33.172, compiled 2.516 B per weight."""
+    per_block = np.where(compiled, 1.0, 11.0) + 2.0 / scaler_blocksize
+    return np.where(compiled, 0.5 + 2.0, 33.0) + per_block / np.asarray(blocksize, dtype=np.float64)
+
+
 def qlora_dequant_s(c, rates: ComputeRates):
-    """QLoRA dequantizes every 4-bit Linear to 16-bit at each use: bitsandbytes ``MatMul4Bit``
+    """QLoRA dequantizes every 4-bit Linear to 16-bit at each use. bitsandbytes ``MatMul4Bit``
     (``autograd/_functions.py`` @0.43.3) calls ``dequantize_4bit`` in its forward (and so again in a
     checkpointed block's recompute) and in its backward for the input gradient
     (``grad_output @ dequantize_4bit(B).t()``): 2 uses, + 1 per recomputed block, each moving
-    ``qlora_dequant_bytes_per_weight`` per weight. Per micro-batch. ASSUMPTION: double quantization
-    (the QLoRA recipe, ``bnb_4bit_use_double_quant=True``) and the dequantized dtype is the 16-bit
-    compute dtype (no ``.to(A.dtype)`` copy)."""
-    uses = 2 + recompute_fraction(c)
-    per_weight = qlora_dequant_bytes_per_weight()
-    return np.where(c.method == st.QLORA, c.quantizable_params * per_weight * uses / rates.hbm_bytes_per_s, 0.0)
+    ``qlora_dequant_bytes_per_weight`` per weight; torch.compile leaves it alone (a custom CUDA
+    op). ``nf4_torchao`` (torchtune): torchao's ``LinearNF4`` (v0.1 ``nf4tensor.py`` l.557-574,
+    v0.6.1 l.929-940) dequantizes in its forward and again in its backward, eager the same 2 uses
+    + recompute at ``torchao_nf4_dequant_bytes_per_weight``; compiled, AOTAutograd's partitioner
+    keeps the fused kernel's bf16 weight for the backward matmul instead of dequantizing again
+    (measured: no dequantization in the backward graph), so 1 use + 1 per recomputed block (a
+    checkpointed block recomputes it once, for that matmul). Per micro-batch. ASSUMPTION: double
+    quantization (the QLoRA recipe, ``bnb_4bit_use_double_quant=True``; torchao always) and the
+    dequantized dtype is the 16-bit compute dtype (no ``.to(A.dtype)`` copy); the compiled bf16
+    weight kept without checkpointing is not in the memory estimate."""
+    recompute = recompute_fraction(c)
+    compiled = np.asarray(c.compile, dtype=bool)
+    torchao = np.asarray(c.nf4_torchao, dtype=bool) & (np.asarray(c.quant_format) == st.NF4)
+    bnb = qlora_dequant_bytes_per_weight() * (2 + recompute)
+    tao = torchao_nf4_dequant_bytes_per_weight(compiled) * (np.where(compiled, 1, 2) + recompute)
+    per_weight = np.where(torchao, tao, bnb)
+    return np.where(c.method == st.QLORA, c.quantizable_params * per_weight / rates.hbm_bytes_per_s, 0.0)
 
 
 def optimizer_step_s(c, rates: ComputeRates):

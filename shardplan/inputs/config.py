@@ -91,6 +91,9 @@ class TrainingConfig(BaseModel):
     nf4_whole_quantize: bool | None = Field(None, description="NF4 weights quantized in one piece on the GPU while "
                                             "loading (torchao <= 0.1), the blocks it caches kept reserved into training "
                                             "(formulas.nf4_load_cache)")
+    nf4_torchao: bool | None = Field(None, description="NF4 weights are torchao NF4Tensors (torchtune's QLoRA), "
+                                     "dequantized by plain torch ops at each use, not by bitsandbytes' kernel "
+                                     "(throughput.torchao_nf4_dequant_bytes_per_weight)")
     quant_format: str | None = Field(None, description="4-bit base format: nf4, gptq, awq")
     load_mode: str | None = Field(None, description="how weights reach the GPUs: full_per_gpu, rank0_broadcast, meta_init")
     optimizer_impl: str | None = Field(None, description="how the AdamW step runs: fused (one kernel), foreach "
@@ -142,7 +145,7 @@ def knob_codes(knobs, check_names: bool = False) -> dict[str, Any]:
                                "fp32_master", "paged_optimizer", "lora_dropout", "reentrant_checkpointing",
                                "quant_state_sharded", "quant_buffers_sharded", "checkpoint_wrapper", "use_cache", "kbit_prep",
                                "fused_lm_head", "quant_saves_input", "quant_head", "untied_head", "chunked_head",
-                               "loop_keeps_logits", "nf4_whole_quantize", "autocast", "compile", "lowp_norm",
+                               "loop_keeps_logits", "nf4_whole_quantize", "nf4_torchao", "autocast", "compile", "lowp_norm",
                                "sac_saves_attention", "metric_ce")}
     if get("quant_format") is not None:
         out["quant_format"] = st.code(st.QUANT_FORMATS, get("quant_format"), "quant_format")

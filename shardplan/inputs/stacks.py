@@ -48,6 +48,7 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     quant_saves_input=False,  # bitsandbytes >= 0.43.2 (PR #1270): MatMul4Bit keeps only the packed weight
     quant_head=False, untied_head=False, chunked_head=False,  # transformers + bitsandbytes: lm_head 16-bit, tied as configured
     nf4_whole_quantize=False,  # torchao >= 0.2 quantizes in 1 Mi-element chunks (6081796bc)
+    nf4_torchao=False,  # 4-bit weights are bitsandbytes' (Params4bit, dequantize_4bit kernel) unless a stack says torchao
     loop_keeps_logits=False,  # today's loops drop the logits before backward (torchtune 'del logits' since #1046 / #1235)
     autocast=True,  # the hf stack's Trainer with bf16/fp16 = True (accelerate mixed precision on)
     optimizer_impl="foreach",  # torch.optim.AdamW with neither flag: _default_to_fused_or_foreach picks foreach on CUDA

@@ -59,6 +59,7 @@ def sweep(models: Any = "llama-3.1-8b", gpus: Any = "h100-sxm", gpu_counts: Any 
           use_cache: Any = None, kbit_prep: Any = None, fused_lm_head: Any = None, optimizer_impl: Any = None,
           quant_saves_input: Any = None, quant_head: Any = None, untied_head: Any = None, chunked_head: Any = None,
           quant_buffers_sharded: Any = None, loop_keeps_logits: Any = None, nf4_whole_quantize: Any = None,
+          nf4_torchao: Any = None,
           autocast: Any = None, compile: Any = None, lowp_norm: Any = None, rope_form: Any = None,
           sac_saves_attention: Any = None, metric_ce: Any = None,
           sync_every_micro_batch: Any = None,

@@ -33,7 +33,7 @@ STACK_KNOB_AXES = ("logits_fp32", "ce_chunks", "fused_ce", "optimizer_in_backwar
                    "paged_optimizer", "lora_dropout", "reentrant_checkpointing", "quant_state_sharded",
                    "quant_format", "load_mode", "checkpoint_wrapper", "use_cache", "kbit_prep", "fused_lm_head",
                    "optimizer_impl", "quant_saves_input", "quant_head", "untied_head", "chunked_head",
-                   "quant_buffers_sharded", "loop_keeps_logits", "nf4_whole_quantize", "autocast", "compile",
+                   "quant_buffers_sharded", "loop_keeps_logits", "nf4_whole_quantize", "nf4_torchao", "autocast", "compile",
                    "lowp_norm", "rope_form", "sac_saves_attention", "metric_ce")
 STACK_KNOB_NAMES = {"quant_format": st.QUANT_FORMATS, "load_mode": st.LOAD_MODES, "optimizer_impl": st.OPTIMIZER_IMPLS,
                     "rope_form": st.ROPE_FORMS}
