@@ -31,7 +31,7 @@ TERM_NOTES = {
     "autocast_weight_copies": "16-bit weight copies autocast saves for backward (DDP)",
     "gathered_params": "DeepSpeed ZeRO-3: one gathered module's 16-bit params + grads (4·L)",
     "comm_buckets": "DeepSpeed reduce bucket (16-bit)",
-    "qlora_dequant": "QLoRA: one Linear dequantized to 16-bit",
+    "qlora_dequant": "QLoRA: dequantized 16-bit weights (one Linear; compiled torchao: those saved for backward)",
     "optimizer_step_temporaries": "foreach AdamW temporaries (sqrt of exp_avg_sq)",
 }
 

@@ -258,6 +258,42 @@ def quant_saved_input_bytes_per_token(c, a):
     return np.where(on, a * (2 * c.hidden_size + c.mlp_width), 0)
 
 
+def nf4_compiled_saved_weight_bytes(c):
+    """Bytes of one block's 4-bit Linear weights, dequantized to the compute dtype, that a compiled
+    torchao NF4 block (``nf4_torchao`` & ``compile``: torchtune's QLoRA) keeps for its backward: a
+    per-block amount, not per token. torchao's ``LinearNF4`` (v0.6.1 ``dtypes/nf4tensor.py``
+    l.929-940) saves the NF4 weight and dequantizes it again for the input gradient
+    (``grad_output @ weight.to(grad_output.dtype)``); compiled, AOTAutograd's min-cut partitioner
+    (torch ``_functorch/partitioners.py``) saves the forward's dequantized weight for the backward
+    matmul instead. Measured on the CPU (torch 2.13, torchao 0.1 and 0.6.1,
+    ``calibrate/nf4_saved_weight.py``, data/calibration/nf4_saved_weight_cpu.jsonl): a torchtune
+    ``LoRALinear`` saves a·out·in bytes besides its input and ``lora_a``'s output, for three weight
+    shapes and two token counts; eager it saves no weight. Without checkpointing every block keeps
+    this until its backward; with torchtune's checkpointing (torch >= 2.5: each layer compiled, the
+    compiled layer checkpointed) the recomputation saves it again, so the block being
+    back-propagated holds it. ASSUMPTION: block Linears alike in every block (quantizable / L); torch
+    < 2.5's whole-model compile with the checkpoint inside the graph re-dequantizes in the backward
+    graph instead (measured: 0 B saved) and is over-counted by this block amount."""
+    on = ((c.method == st.QLORA) & (np.asarray(c.quant_format) == st.NF4)
+          & np.asarray(c.nf4_torchao, dtype=bool) & np.asarray(c.compile, dtype=bool))
+    per_block = compute_dtype_bytes(c.precision) * np.asarray(c.quantizable_params) / np.maximum(c.num_layers, 1)
+    return np.asarray(np.where(on, np.ceil(per_block), 0), dtype=np.int64)
+
+
+def nf4_compiled_held_in_backward_bytes(c):
+    """Of ``nf4_compiled_saved_weight_bytes``, what block k still holds at its MLP product's backward
+    (the backward moments) and at its recomputation's modelled sub-moment (the up projection's LoRA
+    forward): all but the down projection's weight (a·h·i). The compiled backward frees each saved
+    weight after its last use (AOTAutograd ``ctx.maybe_clear_saved_tensors``, inductor's
+    ``args.clear()``; measured on the CPU: in a compiled two-``linear_nf4`` chain the second
+    weight's bf16 copy is gone when the first one's input-gradient matmul starts), and the down
+    projection's input gradient is the block backward's first matmul; in the recomputed forward
+    it is the last one dequantized."""
+    a = compute_dtype_bytes(c.precision)
+    whole = nf4_compiled_saved_weight_bytes(c)
+    return np.asarray(np.where(whole > 0, np.maximum(whole - a * c.hidden_size * c.mlp_width, 0), 0), dtype=np.int64)
+
+
 def first_block_untracked_bytes_per_token(c, a):
     """LoRA/QLoRA without checkpointing: the frozen embedding's output needs no gradient, so the
     first block's input norm saves nothing. With HF gradient checkpointing PEFT users call

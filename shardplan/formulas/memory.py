@@ -17,6 +17,9 @@ docs/calibration.md, data/calibration/predicted_vs_measured.md):
   in k apart from the buffers at the ends, so its maximum is at k ∈ {0, 1, L-2, L-1};
 * LoRA/QLoRA under checkpointing, block k being recomputed at the start of its backward (PEFT's
   transients, ``activations.lora_recompute_bytes_per_token``; no dequantized 4-bit weight then);
+* compiled torchao NF4 (torchtune's QLoRA with ``compile``): each block keeps its dequantized
+  weights from its forward (no AC) or its recomputation (AC) to its backward, in ``qlora_dequant``
+  (``activations.nf4_compiled_saved_weight_bytes``), instead of bitsandbytes' one Linear;
 * FSDP1 at the end of block k's backward (``_fsdp1_gradient_moments``): the flat gradient
   concatenated from its views' gradients, then the post-backward hook's upcast gradient and
   reduce-scatter buffers (``buffers.fsdp1_unit_buffers``);
@@ -58,6 +61,8 @@ from shardplan.formulas.activations import (
     logits_backward_bytes,
     logits_forward_bytes,
     lora_recompute_bytes_per_token,
+    nf4_compiled_held_in_backward_bytes,
+    nf4_compiled_saved_weight_bytes,
     offloaded_activation_bytes,
     position_ids_bytes,
     recompute_extra_bytes_per_token,
@@ -177,6 +182,7 @@ def _block_forward(engine_terms, c, k, units, grads_held, ctx, pre):
             "unsharded_params": np.where(on, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
             "all_gather_buffers": np.where(fsdp1, units["mp_shard_block"], np.where(on, prior + units["all_gather_block"], 0)),
             "root_unsharded": np.where(on, units["root_unsharded"], 0),
+            "qlora_dequant": engine_terms.get("qlora_dequant", 0) + _nf4_saved_weights(c, ctx, k),
         }
     per_token = layers_on_device(c, k) * kept_avg + ctx["forward_working"]
     acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + small
@@ -187,6 +193,7 @@ def _block_forward(engine_terms, c, k, units, grads_held, ctx, pre):
         "unsharded_params": np.where(fsdp, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
         "all_gather_buffers": np.where(fsdp, units["all_gather_block"], 0),
         "root_unsharded": np.where(fsdp, units["root_unsharded"], 0),
+        "qlora_dequant": engine_terms.get("qlora_dequant", 0) + _nf4_saved_weights(c, ctx, k),
     }
 
 
@@ -264,7 +271,17 @@ def _activation_context(c):
         saved=block_activation_bytes(c, full_layer, n_ckpt) + head_activation_bytes(c),
         logits=_logits_bytes(c), rope=rope_bytes(c),
         forward_working=block_forward_working_bytes_per_token(c, a, full_layer, n_ckpt),
+        nf4_block=nf4_compiled_saved_weight_bytes(c), nf4_held=nf4_compiled_held_in_backward_bytes(c),
     )
+
+
+def _nf4_saved_weights(c, acts, k):
+    """Dequantized weights a compiled torchao NF4 model keeps for backward from the k blocks before
+    block k (``activations.nf4_compiled_saved_weight_bytes``): the blocks not checkpointed keep
+    theirs, the checkpointed ones none until their recomputation. Under activation offloading
+    they stay on the GPU (ASSUMPTION: torchtune offloads only with checkpointing on)."""
+    L = np.maximum(c.num_layers, 1)
+    return np.asarray(acts["nf4_block"] * np.maximum(k, 0) * (L - acts["n_ckpt"]) // L, dtype=np.int64)
 
 
 def _backward_context(c, states, n_g, grads_held, acts):
@@ -324,7 +341,8 @@ def _block_backward(engine_terms, c, k, ctx, units, grads_held, recompute=False)
     """The moment inside block k's backward, at its MLP product: ``engine_terms`` (the engine
     buffers alive then, ``_engine_terms``) and FSDP's and unwrapped runs' terms (zeros elsewhere).
     See the module docstring. ``recompute``: the moment a checkpointed LoRA/QLoRA block is being
-    recomputed (no dequantized 4-bit weight is alive then)."""
+    recomputed (no bitsandbytes-dequantized weight is alive then; a compiled torchao block's
+    recomputation has saved its dequantized weights but the down projection's)."""
     fsdp = units["fsdp"]
     fsdp1 = eng.layout_is(eng.FLAT_UNIT, c.engine)
     keep = units["keep_unsharded"]
@@ -345,6 +363,10 @@ def _block_backward(engine_terms, c, k, ctx, units, grads_held, recompute=False)
         "reduce_scatter_buffers": np.where((k < c.num_layers - 1) & np.logical_not(fsdp1), units["reduce_scatter_block"], 0),
         "root_unsharded": units["root_unsharded"],
         "root_grads": units["root_grads"] + ctx["single_root"],
+        # a compiled torchao block holds its saved (or recomputed) dequantized weights instead of
+        # bitsandbytes' one Linear at a time
+        "qlora_dequant": np.where(ctx["nf4_block"] > 0, ctx["nf4_held"], engine_terms.get("qlora_dequant", 0))
+        + _nf4_saved_weights(c, ctx, k),
     }
 
 
@@ -373,6 +395,7 @@ def _fsdp1_gradient_moments(engine_terms, c, k, ctx, units, one, grads_held):
         "grads": grads_held + (c.num_layers - 1 - k) * ctx["per_block_grad"], "activations": acts,
         "all_gather_buffers": np.where((k >= 1) & np.logical_not(keep), units["block_unsharded"], 0),  # block k-1, prefetched
         "root_unsharded": units["root_unsharded"], "root_grads": units["root_grads"],
+        "qlora_dequant": _nf4_saved_weights(c, ctx, k),
     }
     concat = dict(shared, unsharded_params=units["block_unsharded"] * np.where(keep, k + 1, 1),
                   unsharded_grads=2 * one["flat_grad_block"])
@@ -415,7 +438,7 @@ def _forward_moments(c, units, grads_held, common, in_block, acts):
     blocks_held = np.where(keep, c.num_layers * units["block_unsharded"], 0)
     forward = dict(common, grads=grads_held, activations=acts["saved"], logits_and_loss=acts["logits"][0],
                    unsharded_params=blocks_held, all_gather_buffers=units["all_gather_block"],
-                   root_unsharded=units["root_unsharded"])
+                   root_unsharded=units["root_unsharded"], qlora_dequant=_nf4_saved_weights(c, acts, c.num_layers))
     applies = units["fsdp"] | (c.strategy == st.SINGLE)  # block moments: FSDP and unwrapped runs
     last = np.maximum(c.num_layers - 1, 0)
     return [forward] + _only_for(applies, [_block_forward(common, c, 0, units, grads_held, acts, pre=True),
@@ -448,10 +471,11 @@ def _backward_moments(c, states, units, n_p, n_g, grads_held, common, in_block, 
     fsdp1_prefetch = np.where(eng.layout_is(eng.FLAT_UNIT, c.engine) & fsdp & np.logical_not(keep) & (L > 0), units["block_unsharded"], 0)
     start = dict(common, grads=grads_held, activations=acts["saved"], logits_and_loss=acts["logits"][1],
                  unsharded_params=blocks_held + fsdp1_prefetch,
-                 all_gather_buffers=np.where(keep, 0, units["all_gather_block"]), root_unsharded=units["root_unsharded"])
+                 all_gather_buffers=np.where(keep, 0, units["all_gather_block"]), root_unsharded=units["root_unsharded"],
+                 qlora_dequant=_nf4_saved_weights(c, acts, L))
     # a 4-bit lm_head dequantized for its first chunk's input gradient (``quant_head``, LitGPT on Fabric)
     head_logits, head_weight = chunked_head_dequant_moment_bytes(c)
-    head = {**start, "logits_and_loss": head_logits, "qlora_dequant": head_weight, ROWS: head_weight > 0}
+    head = {**start, "logits_and_loss": head_logits, "qlora_dequant": start["qlora_dequant"] + head_weight, ROWS: head_weight > 0}
     applies = fsdp | (c.strategy == st.SINGLE)
     return [start, head] + _only_for(applies, _block_backward_moments(c, states, units, n_p, n_g, grads_held, common,
                                                                       in_block, acts))

@@ -713,8 +713,8 @@ def qlora_dequant_s(c, rates: ComputeRates):
     (measured: no dequantization in the backward graph), so 1 use + 1 per recomputed block (a
     checkpointed block recomputes it once, for that matmul). Per micro-batch. ASSUMPTION: double
     quantization (the QLoRA recipe, ``bnb_4bit_use_double_quant=True``; torchao always) and the
-    dequantized dtype is the 16-bit compute dtype (no ``.to(A.dtype)`` copy); the compiled bf16
-    weight kept without checkpointing is not in the memory estimate."""
+    dequantized dtype is the 16-bit compute dtype (no ``.to(A.dtype)`` copy). The compiled bf16
+    weight kept for the backward is in the memory estimate (``activations.nf4_compiled_saved_weight_bytes``)."""
     recompute = recompute_fraction(c)
     compiled = np.asarray(c.compile, dtype=bool)
     torchao = np.asarray(c.nf4_torchao, dtype=bool) & (np.asarray(c.quant_format) == st.NF4)
