@@ -16,6 +16,8 @@ MEASURED = {
     "h100-pcie": (499.5, MAG, "NVIDIA H100 PCIe"),
     "l40s": (252.0, MAG, "NVIDIA L40S"),
     "rtx-a5000": (93.9, MAG, "NVIDIA RTX A5000"),
+    # above its 165.2 nameplate: a GeForce card boosts past the whitepaper's clock (test_rtx4090_gemm)
+    "rtx4090": (178.8, MAG, "NVIDIA GeForce RTX 4090"),
     # stas00/ml-engineering compute/accelerator/README.md @744d01e, MAMF BF16 table (mamf-finder v2);
     # the H100 SXM row's note 'H200 is the same' is the H200's figure
     "h200": (794.5, STAS, "H200 is the same"),

@@ -14,8 +14,9 @@ from shardplan.formulas.columns import columns_for
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import DEFAULT_GEMM_EFFICIENCY, MAX_GEMM_EFFICIENCY, GPUProfile, get_gpu, parse_gpus
 from shardplan.inputs.models import get_model
+from tests.test_profile_mamf import MEASURED
 
-MAMF_TFLOPS = 178.8  # mag-/gpu_benchmark README @2218e0a3: 'NVIDIA GeForce RTX 4090 | 14336x4096x4096 | 178.8'
+MAMF_TFLOPS = MEASURED["rtx4090"][0]  # the published figure, one table for every profile
 
 
 def test_the_profile_holds_the_measured_mamf_maximum_above_the_nameplate():

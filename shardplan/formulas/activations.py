@@ -258,6 +258,13 @@ def quant_saved_input_bytes_per_token(c, a):
     return np.where(on, a * (2 * c.hidden_size + c.mlp_width), 0)
 
 
+def torchao_nf4_qlora(c):
+    """QLoRA on torchao ``NF4Tensor`` weights (``nf4_torchao``: torchtune), the case whose
+    dequantization time (``throughput.qlora_dequant_s``) and compiled saved weights
+    (``nf4_compiled_saved_weight_bytes``) differ from bitsandbytes'."""
+    return (c.method == st.QLORA) & (np.asarray(c.quant_format) == st.NF4) & np.asarray(c.nf4_torchao, dtype=bool)
+
+
 def nf4_compiled_saved_weight_bytes(c):
     """Bytes of one block's 4-bit Linear weights, dequantized to the compute dtype, that a compiled
     torchao NF4 block (``nf4_torchao`` & ``compile``: torchtune's QLoRA) keeps for its backward: a
@@ -274,8 +281,7 @@ def nf4_compiled_saved_weight_bytes(c):
     back-propagated holds it. ASSUMPTION: block Linears alike in every block (quantizable / L); torch
     < 2.5's whole-model compile with the checkpoint inside the graph re-dequantizes in the backward
     graph instead (measured: 0 B saved) and is over-counted by this block amount."""
-    on = ((c.method == st.QLORA) & (np.asarray(c.quant_format) == st.NF4)
-          & np.asarray(c.nf4_torchao, dtype=bool) & np.asarray(c.compile, dtype=bool))
+    on = torchao_nf4_qlora(c) & np.asarray(c.compile, dtype=bool)
     per_block = compute_dtype_bytes(c.precision) * np.asarray(c.quantizable_params) / np.maximum(c.num_layers, 1)
     return np.asarray(np.where(on, np.ceil(per_block), 0), dtype=np.int64)
 

@@ -169,6 +169,7 @@ def _block_forward(engine_terms, c, k, units, grads_held, ctx, pre):
     fsdp = units["fsdp"]
     keep = units["keep_unsharded"]
     small = ctx["rope"] + position_ids_bytes(c)
+    dequant = engine_terms.get("qlora_dequant", 0) + _nf4_saved_weights(c, ctx, k)
     if pre:
         fsdp1 = fsdp & eng.layout_is(eng.FLAT_UNIT, c.engine) & (units["mp_shard_block"] > 0)
         on = (fsdp & eng.layout_is(eng.PER_TENSOR, c.engine) & (units["all_gather_block"] > 0)) | fsdp1
@@ -182,7 +183,7 @@ def _block_forward(engine_terms, c, k, units, grads_held, ctx, pre):
             "unsharded_params": np.where(on, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
             "all_gather_buffers": np.where(fsdp1, units["mp_shard_block"], np.where(on, prior + units["all_gather_block"], 0)),
             "root_unsharded": np.where(on, units["root_unsharded"], 0),
-            "qlora_dequant": engine_terms.get("qlora_dequant", 0) + _nf4_saved_weights(c, ctx, k),
+            "qlora_dequant": dequant,
         }
     per_token = layers_on_device(c, k) * kept_avg + ctx["forward_working"]
     acts = np.asarray(np.ceil(tokens * per_token), dtype=np.int64) + small
@@ -193,7 +194,7 @@ def _block_forward(engine_terms, c, k, units, grads_held, ctx, pre):
         "unsharded_params": np.where(fsdp, units["block_unsharded"] * np.where(keep, k + 1, 1), 0),
         "all_gather_buffers": np.where(fsdp, units["all_gather_block"], 0),
         "root_unsharded": np.where(fsdp, units["root_unsharded"], 0),
-        "qlora_dequant": engine_terms.get("qlora_dequant", 0) + _nf4_saved_weights(c, ctx, k),
+        "qlora_dequant": dequant,
     }
 
 

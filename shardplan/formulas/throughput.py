@@ -41,6 +41,7 @@ from shardplan.formulas.activations import (
     op_sac_recomputed_params_per_layer,
     recompute_fraction,
     stream_dtype_bytes,
+    torchao_nf4_qlora,
 )
 from shardplan.formulas.comm import COLLECTIVE_OP, LinkRates, comm_times, comm_volume, gathered_param_bytes, grad_comm_bytes_per_element, sync_count
 from shardplan.formulas.eager_host import host_phase_s
@@ -717,7 +718,7 @@ def qlora_dequant_s(c, rates: ComputeRates):
     weight kept for the backward is in the memory estimate (``activations.nf4_compiled_saved_weight_bytes``)."""
     recompute = recompute_fraction(c)
     compiled = np.asarray(c.compile, dtype=bool)
-    torchao = np.asarray(c.nf4_torchao, dtype=bool) & (np.asarray(c.quant_format) == st.NF4)
+    torchao = torchao_nf4_qlora(c)
     bnb = qlora_dequant_bytes_per_weight() * (2 + recompute)
     tao = torchao_nf4_dequant_bytes_per_weight(compiled) * (np.where(compiled, 1, 2) + recompute)
     per_weight = np.where(torchao, tao, bnb)
