@@ -50,6 +50,83 @@ def test_throughput_band_is_the_dev_set_error_quantiles():
     assert inside >= 0.79 * len(rows)
 
 
+def test_family_bands_are_each_gpu_familys_error_quantiles():
+    """Each GPU family with published tokens/s gets the same quantiles of its own out-of-source
+    errors (``validation.tokens.band_quantiles`` over its rows), and every family's answer band
+    (``fractions``: the all-runs band widened, never narrowed) holds the middle 80 % of its own runs
+    too: the single-source b200 and mi300 runs, which ran 1.06-1.9x slower than predicted, lie
+    inside theirs, where the all-runs band leaves them out."""
+    from shardplan.validation import tokens
+
+    rows = tokens.dev_set_rows()
+    groups = tokens.grouped_rows(rows, lambda r: r.family)
+    t = BANDS.throughput
+    assert set(t.gpu_families) == set(groups) >= {"a100", "h100", "b200", "mi300", "rtx4090"}
+    left_out = 0
+    for family, group in groups.items():
+        slower, faster = tokens.band_quantiles(group)
+        own = t.gpu_families[family]
+        assert (own.runs, own.slower_than_predicted, own.faster_than_predicted) == (
+            len(group), pytest.approx(slower, abs=0.0006), pytest.approx(faster, abs=0.0006))
+        inside = 0
+        for r in group:
+            low, high = throughput_band(r.predicted, BANDS, family)
+            inside += low * (1 - 1e-3) <= r.published <= high * (1 + 1e-3)
+            all_low, all_high = throughput_band(r.predicted, BANDS)
+            left_out += not all_low * (1 - 1e-3) <= r.published <= all_high * (1 + 1e-3)
+        assert inside >= 0.79 * len(group), family
+    assert left_out > 0  # the all-runs band alone misses runs the family bands hold
+
+
+def test_family_band_widens_never_narrows_and_broadcasts():
+    """``fractions`` takes the larger of the all-runs and the family's fraction on each side;
+    ``throughput_band`` looks each family of an array up and broadcasts it against the estimates
+    (a sweep's cluster cells against its rows); an unknown family gets the all-runs band."""
+    data = BANDS.throughput.model_dump()
+    data.update(slower_than_predicted=0.1, faster_than_predicted=0.1, gpu_families={
+        "wide": {"slower_than_predicted": 0.5, "faster_than_predicted": 0.05, "runs": 2, "median_error": 0.3},
+        "narrow": {"slower_than_predicted": 0.01, "faster_than_predicted": 0.02, "runs": 50, "median_error": 0.0}})
+    bands = BANDS.model_copy(update={"throughput": type(BANDS.throughput).model_validate(data)})
+    t = bands.throughput
+    assert t.fractions("wide") == (0.5, 0.1) and t.fractions("narrow") == (0.1, 0.1) == t.fractions("none")
+    assert t.evidence("wide")["widened"] and not t.evidence("narrow")["widened"]
+    assert t.evidence("none")["runs"] == 0
+    tps = np.array([[100.0, 200.0, 300.0], [100.0, 200.0, 300.0]])
+    low, high = throughput_band(tps, bands, np.array([["wide"], ["narrow"]], dtype=object))
+    assert low.shape == high.shape == (2, 3)
+    assert np.allclose(low[0], tps[0] / 1.5) and np.allclose(low[1], tps[1] / 1.1)
+    assert np.allclose(high, tps * 1.1)
+    assert np.allclose(throughput_band(tps, bands)[0], tps / 1.1)
+
+
+def test_sweep_rows_carry_their_gpu_familys_band():
+    """A sweep over GPUs of different families: each row's tokens/s band is its family's
+    (b200 widened by its published runs, h200 with none at the all-runs band)."""
+    df = shardplan.sweep(gpus=["h100-sxm", "b200", "h200"], strategies="full_shard", seq_len=[2048, 4096])
+    t = BANDS.throughput
+    for gpu, family in (("h100-sxm", "h100"), ("b200", "b200"), ("h200", "h200")):
+        rows = df[df["gpu"] == gpu]
+        slower, faster = t.fractions(family)
+        assert len(rows) == 2
+        assert np.allclose(rows["tokens_per_s_low"], rows["tokens_per_s"] / (1 + slower))
+        assert np.allclose(rows["tokens_per_s_high"], rows["tokens_per_s"] * (1 + faster))
+    assert t.fractions("b200")[0] > t.fractions("h200")[0] == t.slower_than_predicted
+
+
+def test_fit_says_what_its_tokens_band_rests_on(capsys):
+    """The timed fit answer names the GPU family's published runs behind its tokens/s band, says
+    when they widened it, and says when there are none."""
+    query = "llama-3.1-8b on 8x{} seq 8192 ac full full_shard"
+    _, out, _ = run(capsys, "fit", query.format("b200"), "--global-batch-tokens", "4M", "--wide")
+    assert "tokens/s band: 2 published b200 runs" in out and "widened to their own spread, /1.88" in out
+    _, out, _ = run(capsys, "fit", query.format("h200"), "--global-batch-tokens", "4M", "--wide")
+    assert "no published h200 run in the development set" in out
+    code, out, _ = run(capsys, "fit", query.format("b200"), "--global-batch-tokens", "4M", "--json")
+    r = json.loads(out)
+    assert code == 0 and r["time_band"]["family"] == "b200" and r["time_band"]["widened"]
+    assert r["time"]["tokens_per_s_low"] == pytest.approx(r["time"]["tokens_per_s"] / (1 + r["time_band"]["slower_than_predicted"]))
+
+
 def test_allocator_band_is_the_out_of_source_quantile_on_the_gpu_runs():
     """The allocator class is the allocator model's out-of-source error: estimate_memory's band bytes
     are band_upper × the largest transient (on every campaign run), and over every GPU source with
@@ -296,7 +373,8 @@ def test_fit_json_carries_the_verdict_and_the_band_per_class(capsys):
     assert abs(sum(r["band"].values()) - r["band_bytes"]) <= len(BAND_CLASSES)
     t = r["time"]
     assert t["tokens_per_s_low"] < t["tokens_per_s"] <= t["tokens_per_s_high"]
-    assert t["tokens_per_s_low"] == pytest.approx(t["tokens_per_s"] / (1 + BANDS.throughput.slower_than_predicted))
+    # 24GB stands for the RTX 4090, whose published runs widen the band (ThroughputBand.fractions)
+    assert t["tokens_per_s_low"] == pytest.approx(t["tokens_per_s"] / (1 + BANDS.throughput.fractions("rtx4090")[0]))
 
 
 def test_fit_headlines_for_each_state(capsys):

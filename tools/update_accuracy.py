@@ -63,9 +63,25 @@ def throughput_band(shipped: dict) -> dict:
                   "model but the window factor is fitted on them, and each source is predicted with the factor fitted on "
                   "the other sources (shardplan.validation.window_factor), so each error is out of source. Two-sided: low = estimate / (1 + p90 "
                   f"error) = estimate / (1 + {slower:.3f}); high = estimate x (1 + {faster:.3f}), 1 / (1 + p10 error) "
-                  "- 1: runs faster than predicted exist. The middle 80 % of runs lie inside")
+                  "- 1: runs faster than predicted exist. The middle 80 % of runs lie inside. gpu_families: the same "
+                  "percentiles over each GPU family's runs (hardware.gpu_family); an answer on a family gets the wider "
+                  "of the two on each side (ThroughputBand.fractions)")
     return {**shipped, "slower_than_predicted": round(slower, 3), "faster_than_predicted": round(faster, 3),
-            "runs": len(rows), "median_error": round(s["signed_median"], 3), "derivation": derivation}
+            "runs": len(rows), "median_error": round(s["signed_median"], 3), "derivation": derivation,
+            "gpu_families": family_bands(rows)}
+
+
+def family_bands(rows: list) -> dict[str, dict]:
+    """Per GPU family (the report's class column), the same quantiles of that family's rows alone;
+    ``ThroughputBand.fractions`` widens an answer's band by them where they exceed the all-runs ones."""
+    from shardplan.validation import tokens
+
+    out = {}
+    for family, group in sorted(tokens.grouped_rows(rows, lambda r: r.family).items()):
+        slower, faster = tokens.band_quantiles(group)
+        out[family] = {"slower_than_predicted": round(slower, 3), "faster_than_predicted": round(faster, 3),
+                       "runs": len(group), "median_error": round(tokens.stats(r.error for r in group)["signed_median"], 3)}
+    return out
 
 
 COLLECTIVES = ("<!-- collectives:begin -->", "<!-- collectives:end -->")

@@ -91,7 +91,7 @@ def run_fit(args: dict) -> None:
                              allocator=allocator, bands=bands, time=timed, calibration=overlay)
     results = [r.model_copy(update={"model": resolved.record(r.model)}) for r in results]
     if timed:
-        results = _with_efficiencies(results, cluster, overlay)
+        results = _with_time_sources(results, cluster, overlay, bands)
     _show(results, args, strategy_name)
 
 
@@ -155,12 +155,15 @@ def _calibration(path: Optional[Path], timed: bool, notes: list[str], cluster, f
     return overlay
 
 
-def _with_efficiencies(results: list, cluster, overlay) -> list:
-    """Each timed result with the efficiencies its step time used (measured, calibrated or nameplate)."""
+def _with_time_sources(results: list, cluster, overlay, bands) -> list:
+    """Each timed result with the efficiencies its step time used (measured, calibrated or
+    nameplate) and what the published runs of its GPU family say about its tokens/s band."""
     from shardplan.formulas.efficiencies import efficiencies_used
+    from shardplan.inputs.hardware import gpu_family
 
-    return [r.model_copy(update={"efficiencies": efficiencies_used(cluster, r.config, r.time["gemm_efficiency"], overlay)})
-            for r in results]
+    band = bands.throughput.evidence(gpu_family(cluster.gpu.name))
+    return [r.model_copy(update={"efficiencies": efficiencies_used(cluster, r.config, r.time["gemm_efficiency"], overlay),
+                                 "time_band": band}) for r in results]
 
 
 def _show(results: list, args: dict, strategy_name: Optional[str]) -> None:

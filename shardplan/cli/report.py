@@ -83,6 +83,20 @@ def tokens_line(t: dict) -> str:
             f"{t['tokens_per_s_high']:,.0f})")
 
 
+def time_band_line(band: dict) -> str:
+    """What the tokens/s band rests on for the answer's GPU family (``ThroughputBand.evidence``)."""
+    family, runs = band["family"], band["runs"]
+    if not runs:
+        return (f"tokens/s band: no published {family} run in the development set; the band is the other GPU "
+                "families' (docs/accuracy.md)")
+    text = (f"tokens/s band: {runs} published {family} run{'s' if runs > 1 else ''}, signed median error "
+            f"{band['median_error']:+.1%} (predicted / published - 1)")
+    shown = f"/{1 + band['slower_than_predicted']:.2f} to x{1 + band['faster_than_predicted']:.2f}"
+    if shown != "/{:.2f} to x{:.2f}".format(*(1 + x for x in band["all_runs"])):  # wider where it shows
+        text += f"; widened to their own spread, {shown}"
+    return text + " (docs/accuracy.md)"
+
+
 SHORT_FOLD = 0.02  # a term under 2 % of the peak allocated is folded in the short answer's table
 
 
@@ -255,6 +269,8 @@ def render_fit(results: list[FitResult], width: int | None = None, detail: bool 
             if r.efficiencies:
                 lines.append("    efficiencies: " + ", ".join(f"{e['name']} {e['value']:.3f} ({e['status']})"
                                                             for e in r.efficiencies))
+            if r.time_band:
+                lines.append("    " + time_band_line(r.time_band))
     lines.append("")
     lines.append(breakdown_table(results, width))
     failing = [r for r in results if not r.fits]

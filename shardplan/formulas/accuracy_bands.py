@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -65,8 +65,20 @@ class BandClasses(_Frozen):
     unknown_stack: UnknownStackBand
 
 
+class FamilyBand(_Frozen):
+    """One GPU family's published runs (``hardware.gpu_family``): the same quantiles as the
+    ``ThroughputBand``'s, of that family's out-of-source errors alone."""
+
+    slower_than_predicted: float = Field(ge=0)
+    faster_than_predicted: float = Field(ge=0)
+    runs: int = Field(ge=1)
+    median_error: float
+
+
 class ThroughputBand(_Frozen):
-    """tokens/s: low = estimate / (1 + slower_than_predicted), high = estimate × (1 + faster_than_predicted)."""
+    """tokens/s: low = estimate / (1 + slower_than_predicted), high = estimate × (1 + faster_than_predicted).
+    ``gpu_families``: each GPU family's own quantiles, which widen the band of an answer on that
+    family (``fractions``)."""
 
     slower_than_predicted: float = Field(ge=0)
     faster_than_predicted: float = Field(ge=0)
@@ -75,6 +87,28 @@ class ThroughputBand(_Frozen):
     status: Status
     derivation: str = Field(min_length=1)
     source: str = Field(min_length=1)
+    gpu_families: dict[str, FamilyBand] = {}
+
+    def fractions(self, family: str | None) -> tuple[float, float]:
+        """(slower, faster) for an answer on a GPU family: the all-runs fractions, each side widened
+        to the family's own where its published runs erred further. Never narrowed: a few runs of
+        one family do not make an estimate surer than all the runs do, and where the family erred
+        less the all-runs quantile still holds what the model gets wrong elsewhere."""
+        own = self.gpu_families.get(family or "")
+        if own is None:
+            return self.slower_than_predicted, self.faster_than_predicted
+        return (max(self.slower_than_predicted, own.slower_than_predicted),
+                max(self.faster_than_predicted, own.faster_than_predicted))
+
+    def evidence(self, family: str) -> dict[str, Any]:
+        """What the published runs say about answers on ``family``: its runs, their signed median
+        error, and whether they widened the band (``fractions``); runs 0 where none was published."""
+        own = self.gpu_families.get(family)
+        slower, faster = self.fractions(family)
+        return {"family": family, "runs": own.runs if own else 0,
+                "median_error": own.median_error if own else None, "slower_than_predicted": slower,
+                "faster_than_predicted": faster, "all_runs": (self.slower_than_predicted, self.faster_than_predicted),
+                "widened": (slower, faster) != (self.slower_than_predicted, self.faster_than_predicted)}
 
 
 class AccuracyBands(_Frozen):

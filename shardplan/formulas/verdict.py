@@ -338,9 +338,13 @@ def advice(risk, load_binding, m, c, states=None):
     return np.asarray(out, dtype=np.int8)
 
 
-def throughput_band(tokens_per_s, bands: AccuracyBands | None = None):
-    """(low, high) tokens/s: estimate / (1 + the largest slowdown seen), estimate × (1 + the
-    largest speed-up seen) over the published runs (``ThroughputBand``)."""
+def throughput_band(tokens_per_s, bands: AccuracyBands | None = None, family=None):
+    """(low, high) tokens/s: estimate / (1 + slower), estimate × (1 + faster), the out-of-source
+    error quantiles of the published runs (``ThroughputBand``), widened for a GPU ``family`` whose
+    own runs erred further (``ThroughputBand.fractions``). ``family``: None (all runs), a family
+    name, or an array of them broadcastable against ``tokens_per_s`` (a sweep's cluster cells)."""
     t = (bands or load_bands()).throughput
     tps = np.asarray(tokens_per_s, dtype=np.float64)
-    return tps / (1 + t.slower_than_predicted), tps * (1 + t.faster_than_predicted)
+    lookup = np.frompyfunc(t.fractions, 1, 2)  # per family name: a sweep has a few cells, not a row each
+    slower, faster = (np.asarray(x, dtype=np.float64) for x in lookup(np.asarray(family, dtype=object)))
+    return tps / (1 + slower), tps * (1 + faster)

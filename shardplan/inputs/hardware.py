@@ -249,6 +249,18 @@ def at_power_limit(gpu: GPUProfile, limit_watts: float) -> tuple[GPUProfile, flo
     return gpu.model_copy(update={"peak_flops": {k: v * factor for k, v in gpu.peak_flops.items()}}), factor
 
 
+# GPU families, by profile-name prefix: the published-runs report groups its tokens/s errors by
+# them (validation/tokens.py) and a tokens/s band is looked up by them (``ThroughputBand.fractions``),
+# so an H100 PCIe answer carries what the H100 SXM runs showed. Longer prefixes first ("l40" before
+# "l4"); a profile outside these is a family of its own.
+GPU_FAMILIES = ("a100", "h100", "h200", "b200", "gh200", "mi300", "mi250", "v100", "a10g", "l40", "l4")
+
+
+def gpu_family(gpu_name: str) -> str:
+    """The family of a GPU profile's name (``GPU_FAMILIES``; the name itself outside them)."""
+    return next((family for family in GPU_FAMILIES if gpu_name.startswith(family)), gpu_name)
+
+
 def gpu_for_capacity(nominal_gb: float) -> GPUProfile:
     """A GPU named only by its memory ('24GB'): the built-in profile with that nominal capacity.
 

@@ -27,7 +27,7 @@ from shardplan.formulas.throughput import compute_rates
 from shardplan.formulas.verdict import DOES_NOT_FIT, FITS, judge, throughput_band
 from shardplan.inputs import time_calibration
 from shardplan.inputs.config import TrainingConfig, resolved_knob_values
-from shardplan.inputs.hardware import Cluster
+from shardplan.inputs.hardware import Cluster, gpu_family
 from shardplan.inputs.model import ModelSpec
 from shardplan.support.errors import ShardplanError, require_type, safe_repr
 from shardplan.support.identity_cache import IdentityCache
@@ -65,16 +65,17 @@ def time_columns(c: Columns, cluster: Cluster, sync=None, calibration=None,
     links, rates = link_rates(cluster, calibration), compute_rates(cluster, calibration, window_factor=k)
     with quiet_numpy():
         memory = estimate_memory(c, breakdown=False) if memory is None else memory
-        return _timed(c, links, rates, sync, bands, memory)
+        return _timed(c, links, rates, sync, bands, memory, gpu_family(cluster.gpu.name))
 
 
-def _timed(c, links, rates, sync, bands, memory) -> dict[str, Any]:
-    """``time_columns`` of ``c`` at the given link and compute rates."""
+def _timed(c, links, rates, sync, bands, memory, family=None) -> dict[str, Any]:
+    """``time_columns`` of ``c`` at the given link and compute rates; the tokens/s band is the one
+    for the GPU ``family`` (``verdict.throughput_band``)."""
     volume = comm.comm_volume(c, sync)
     times = throughput.step_time(c, links, rates, sync, volume=volume, memory=memory)
     out = {**volume, **times, "calibrated": bool(links.calibrated or rates.calibrated)}
     for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
-        out[f"{name}_low"], out[f"{name}_high"] = throughput_band(times[name], bands)
+        out[f"{name}_low"], out[f"{name}_high"] = throughput_band(times[name], bands, family)
     return out
 
 

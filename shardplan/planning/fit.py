@@ -107,6 +107,8 @@ class FitResult(BaseModel):
     time: dict[str, float] | None = None
     # the efficiencies the step time used: name, value, status (measured / calibrated / nameplate), source
     efficiencies: list[dict[str, Any]] | None = None
+    # what the published runs of the GPU's family say about the tokens/s band (ThroughputBand.evidence)
+    time_band: dict[str, Any] | None = None
 
 
 def check_config(spec: ModelSpec, cluster: Cluster, config: TrainingConfig) -> None:

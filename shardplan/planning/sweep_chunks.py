@@ -127,7 +127,7 @@ def chunk_columns(plan: SweepPlan, ix: dict[str, Any]) -> tuple[Columns, dict[st
     values["reduce_dtype"] = st.resolve_reduce_dtype(plan.axis("reduce_dtype").codes[ix["reduce_dtype"]],
                                                      values["precision"], values["engine"])
     values = {f: np.asarray(v) for f, v in values.items()}
-    extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + COMPUTE_FIELDS + ("nodes", "cluster_ok", "has_bf16")}
+    extra = {f: plan.cluster_table[f][cl] for f in RATE_FIELDS + COMPUTE_FIELDS + ("nodes", "cluster_ok", "has_bf16", "gpu_family")}
     extra[PEAK_FIELD] = _PeakByPrecision(plan.cluster_table[PEAK_FIELD], cl)
     values = {**STACK_COLUMN_DEFAULTS, **values}  # knob columns the sweep does not vary
     values.update(untied_head_values(values))  # as Columns.build does (columns.completed_values)
@@ -178,7 +178,7 @@ def evaluate_columns(c: Columns, extra: dict[str, Any], want: set[str] | None = 
     rates = throughput.ComputeRates(**{f: extra[f] for f in COMPUTE_FIELDS + (PEAK_FIELD,)})
     with quiet_numpy():
         out.update(throughput.step_time(c, links, rates, volume=volume, memory=out))
-    out["tokens_per_s_low"], out["tokens_per_s_high"] = throughput_band(out["tokens_per_s"], bands)
+    out["tokens_per_s_low"], out["tokens_per_s_high"] = throughput_band(out["tokens_per_s"], bands, extra["gpu_family"])
     return out
 
 

@@ -15,7 +15,7 @@ from shardplan.formulas import comm, throughput
 from shardplan.formulas.columns import MODEL_FIELDS, cluster_values, model_values
 from shardplan.inputs import strategy as st
 from shardplan.inputs import time_calibration
-from shardplan.inputs.hardware import Cluster, parse_gpus
+from shardplan.inputs.hardware import Cluster, gpu_family, parse_gpus
 from shardplan.inputs.models import resolve_model
 from shardplan.planning.sweep_axes import AXES, Axis, as_list, checked_ints, dedupe, knob_axes
 from shardplan.support.errors import ShardplanError
@@ -141,6 +141,7 @@ def _cluster_table(gpu_texts: list[str], nodes: list, counts: list[int],
     table = {f: np.zeros(shape_c, dtype=np.int64) for f in CLUSTER_FIELDS + ("nodes", "cluster_ok", "has_bf16")}
     table.update({f: np.zeros(shape_c, dtype=np.float64) for f in RATE_FIELDS + COMPUTE_FIELDS})
     table[PEAK_FIELD] = np.zeros(shape_c + (len(st.PRECISIONS),), dtype=np.float64)
+    table["gpu_family"] = np.full(shape_c, "", dtype=object)  # the tokens/s band's (verdict.throughput_band)
     gpu_labels = list(gpu_texts)
     notes = []
     for (i, gpu), (j, n_nodes), (k, count) in itertools.product(enumerate(gpu_texts), enumerate(nodes), enumerate(counts)):
@@ -165,6 +166,7 @@ def _fill_cell(table: dict[str, np.ndarray], cell: tuple[int, int, int], cluster
     table["nodes"][cell] = cluster.nodes
     table["cluster_ok"][cell] = ok
     table["has_bf16"][cell] = cluster.gpu.has_bf16  # V100/T4: bf16 rows are not valid
+    table["gpu_family"][cell] = gpu_family(cluster.gpu.name)
     rates = comm.link_rates(cluster)
     for f in RATE_FIELDS:
         table[f][cell] = float(getattr(rates, f))

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardplan.inputs import time_calibration
+from shardplan.inputs import hardware, time_calibration
 from shardplan.support.quantiles import error_stats, quantile
 from shardplan.validation.runs import RunQuery, read_runs
 
@@ -45,6 +45,7 @@ class TokensRow:
     predicted: float
     gpu_share: float = 1.0  # GPU seconds (compute + GPU optimizer) / step (window_factor.row_factor)
     window_factor: float = 1.0  # the factor it was predicted at
+    family: str = ""  # the GPU family (hardware.gpu_family): the band an answer on it gets
 
     @property
     def error(self) -> float:
@@ -52,11 +53,7 @@ class TokensRow:
 
 
 def gpu_family(cluster) -> str:
-    name = cluster.gpu.name
-    for family in ("a100", "h100", "h200", "b200", "gh200", "mi300", "mi250", "v100", "a10g", "l4", "l40"):
-        if name.startswith(family):
-            return family
-    return name
+    return hardware.gpu_family(cluster.gpu.name)
 
 
 def run_class(q: RunQuery) -> str:
@@ -87,7 +84,7 @@ def predict(queries: list[RunQuery], window_factor: float | dict[str, float] | N
         gpu = t["compute_s"] + (t["optimizer_s"] if q.config.offload == "none" else 0.0)
         out.append(TokensRow(q.row_id, q.source, run_class(q), regime(t, q.config.offload != "none"),
                              q.measured_tokens_per_s_per_gpu,
-                             t["tokens_per_s_per_gpu"], gpu / t["step_time_s"], k))
+                             t["tokens_per_s_per_gpu"], gpu / t["step_time_s"], k, gpu_family(q.cluster)))
     return out
 
 
@@ -120,11 +117,15 @@ def stats(errors) -> dict[str, float]:
     return error_stats(errors)
 
 
-def grouped(rows: list[TokensRow], key) -> dict[str, dict[str, float]]:
-    groups: dict[str, list[float]] = {}
+def grouped_rows(rows: list[TokensRow], key) -> dict[str, list[TokensRow]]:
+    groups: dict[str, list[TokensRow]] = {}
     for r in rows:
-        groups.setdefault(key(r), []).append(r.error)
-    return {k: stats(v) for k, v in sorted(groups.items())}
+        groups.setdefault(key(r), []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def grouped(rows: list[TokensRow], key) -> dict[str, dict[str, float]]:
+    return {k: stats(r.error for r in v) for k, v in grouped_rows(rows, key).items()}
 
 
 def band_quantiles(rows: list[TokensRow]) -> tuple[float, float]:
@@ -166,10 +167,24 @@ def report_markdown(rows: list[TokensRow] | None = None) -> str:
              f"(1 + {slower:.3f}) … estimate × (1 + {faster:.3f}), the 10th–90th percentiles.", ""]
     lines += _table("regime", grouped(rows, lambda r: r.regime))
     lines += _table("source", grouped(rows, lambda r: r.source))
+    lines += _table("GPU family", grouped(rows, lambda r: r.family))
+    lines += [_family_bands(rows, slower, faster), ""]
     lines += _table("engine × strategy × method × GPU × nodes", by_class)
     lines += [f"Classes with |signed median| > {WORST_SIGNED:.0%}: {len(off)} of {len(by_class)}: " + "; ".join(off) + ".",
               "", END]
     return "\n".join(lines)
+
+
+def _family_bands(rows: list[TokensRow], slower: float, faster: float) -> str:
+    """The sentence naming the GPU families whose own quantiles widen an answer's band."""
+    wider = []
+    for family, group in grouped_rows(rows, lambda r: r.family).items():
+        own = band_quantiles(group)
+        if own[0] > slower or own[1] > faster:
+            wider.append(f"{family} /{1 + max(slower, own[0]):.3f} … ×{1 + max(faster, own[1]):.3f} ({len(group)} run{'s' if len(group) > 1 else ''})")
+    return ("An answer on a GPU family gets the same percentiles of that family's runs where they are wider, "
+            "never narrower (`ThroughputBand.fractions`; `fit` says which): " + "; ".join(wider)
+            + ". A family with no published run gets the band above, and `fit` says it has none.")
 
 
 def write_report(doc: Path) -> None:
