@@ -6,19 +6,14 @@ fastest warm step of three. Whether the GPU holds its clocks over minutes (power
 a measurement, not an assumption, so every sustained record carries the clocks it ran at.
 
 NVML through ``pynvml`` (nvidia-ml-py); without it, or without a GPU, the sampler records nothing
-and says why in ``error``.
+and says why in ``error``. The throttle mask's bits are named where records are read
+(``shardplan.calibrate.sustained.THROTTLE_BITS``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-
-# NVML's clocks-event (throttle) reason bits, nvml.h (nvmlClocksEventReason*): named so the records
-# read without the header.
-THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-                 0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
-                 0x100: "display_clocks"}
 
 
 class ClockSampler:

@@ -31,7 +31,12 @@ CAMPAIGN = FOLDER.parent
 STALL = 1.3
 STEADY_FROM = 5
 STEADY_TOL = 0.02
-POWER_CAP_BIT = 0x4  # NVML clocks-event reason sw_power_cap (benchmarks/gpu_clocks.THROTTLE_BITS)
+# NVML's clocks-event (throttle) reason bits, nvml.h (nvmlClocksEventReason*), as the records'
+# throttle_mask carries them (benchmarks/gpu_clocks.py samples it): named so the records read without the header.
+THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                 0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+                 0x100: "display_clocks"}
+POWER_CAP_BIT = next(bit for bit, name in THROTTLE_BITS.items() if name == "sw_power_cap")
 BEGIN = "<!-- BEGIN sustained (python tools/update_accuracy.py) -->"
 END = "<!-- END sustained -->"
 
