@@ -127,6 +127,24 @@ def test_fit_says_what_its_tokens_band_rests_on(capsys):
     assert r["time"]["tokens_per_s_low"] == pytest.approx(r["time"]["tokens_per_s"] / (1 + r["time_band"]["slower_than_predicted"]))
 
 
+def test_a_calibrated_throughput_band_replaces_the_published_families(tmp_path, capsys):
+    """A calibration overlay's ``accuracy.throughput`` (errors on the user's own runs) replaces the
+    published runs' band, families included: the answer uses it and says so, not 'no published run'."""
+    throughput = {"slower_than_predicted": 0.03, "faster_than_predicted": 0.02, "runs": 12, "median_error": 0.01,
+                  "status": "measured", "derivation": "our 12 runs", "source": "our runs"}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"schema": "shardplan.calibration/1", "created": "2026-11-27",
+                                "accuracy": {"throughput": throughput}}))
+    query = ["fit", "llama-3.1-8b on 8xb200 seq 8192 ac full full_shard", "--global-batch-tokens", "4M"]
+    code, out, _ = run(capsys, *query, "--json", "--calibration", str(path))
+    r = json.loads(out)
+    assert code == 0 and r["time_band"]["calibrated"] and not r["time_band"]["widened"]
+    assert r["time"]["tokens_per_s_low"] == pytest.approx(r["time"]["tokens_per_s"] / 1.03)
+    _, out, _ = run(capsys, *query, "--wide", "--calibration", str(path))
+    assert "tokens/s band: the calibration's, measured on 12 of your runs (/1.03 to x1.02)" in out
+    assert "published" not in out.split("tokens/s band:")[1].splitlines()[0]
+
+
 def test_allocator_band_is_the_out_of_source_quantile_on_the_gpu_runs():
     """The allocator class is the allocator model's out-of-source error: estimate_memory's band bytes
     are band_upper × the largest transient (on every campaign run), and over every GPU source with

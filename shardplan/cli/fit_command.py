@@ -161,7 +161,8 @@ def _with_time_sources(results: list, cluster, overlay, bands) -> list:
     from shardplan.formulas.efficiencies import efficiencies_used
     from shardplan.inputs.hardware import gpu_family
 
-    band = bands.throughput.evidence(gpu_family(cluster.gpu.name))
+    measured = overlay is not None and overlay.accuracy is not None and overlay.accuracy.throughput is not None
+    band = bands.throughput.evidence(gpu_family(cluster.gpu.name), calibrated=measured)
     return [r.model_copy(update={"efficiencies": efficiencies_used(cluster, r.config, r.time["gemm_efficiency"], overlay),
                                  "time_band": band}) for r in results]
 

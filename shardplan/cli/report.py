@@ -86,6 +86,9 @@ def tokens_line(t: dict) -> str:
 def time_band_line(band: dict) -> str:
     """What the tokens/s band rests on for the answer's GPU family (``ThroughputBand.evidence``)."""
     family, runs = band["family"], band["runs"]
+    if band["calibrated"]:
+        return (f"tokens/s band: the calibration's, measured on {band['band_runs']} of your runs "
+                f"(/{1 + band['slower_than_predicted']:.2f} to x{1 + band['faster_than_predicted']:.2f})")
     if not runs:
         return (f"tokens/s band: no published {family} run in the development set; the band is the other GPU "
                 "families' (docs/accuracy.md)")

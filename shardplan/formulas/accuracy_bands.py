@@ -100,12 +100,14 @@ class ThroughputBand(_Frozen):
         return (max(self.slower_than_predicted, own.slower_than_predicted),
                 max(self.faster_than_predicted, own.faster_than_predicted))
 
-    def evidence(self, family: str) -> dict[str, Any]:
-        """What the published runs say about answers on ``family``: its runs, their signed median
-        error, and whether they widened the band (``fractions``); runs 0 where none was published."""
+    def evidence(self, family: str, calibrated: bool = False) -> dict[str, Any]:
+        """What the runs behind the band say about answers on ``family``: its published runs, their
+        signed median error, and whether they widened the band (``fractions``); runs 0 where none
+        was published. ``calibrated``: the band came from the user's own runs (a calibration
+        overlay's ``throughput``, which replaces the published runs' band and its families)."""
         own = self.gpu_families.get(family)
         slower, faster = self.fractions(family)
-        return {"family": family, "runs": own.runs if own else 0,
+        return {"family": family, "calibrated": calibrated, "band_runs": self.runs, "runs": own.runs if own else 0,
                 "median_error": own.median_error if own else None, "slower_than_predicted": slower,
                 "faster_than_predicted": faster, "all_runs": (self.slower_than_predicted, self.faster_than_predicted),
                 "widened": (slower, faster) != (self.slower_than_predicted, self.faster_than_predicted)}
