@@ -1,5 +1,6 @@
-"""``shardplan accuracy [CSV]``: the memory accuracy report over a runs CSV (by default the
-published development set shipped with the tests), through fit's own path."""
+"""``shardplan accuracy [CSV]``: the accuracy report over a runs CSV (by default the published
+development set shipped with the tests), through fit's own path: peak memory, then tokens/s (issue
+23 item 4: one report), every prediction out of source."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ def accuracy_command(
     as_json: bool = typer.Option(False, "--json", help="the report as JSON"),
     rows: bool = typer.Option(False, "--rows", help="also list every row's prediction, error and verdict"),
 ) -> None:
-    """Predicted vs measured peak memory per counter class, source and stack; false fits and false OOMs."""
+    """Predicted vs measured peak memory per counter class, source and stack, false fits and false OOMs;
+    then tokens/s per regime, source, GPU family and class."""
     from shardplan.support.errors import ShardplanError
-    from shardplan.validation import accuracy
+    from shardplan.validation import accuracy, tokens
     from shardplan.validation.runs import read_runs
 
     path = runs or DEFAULT_RUNS
@@ -28,9 +30,11 @@ def accuracy_command(
         raise ShardplanError("runs", str(path), "no such file (give a runs CSV; the default exists in a checkout)")
     judged, bands_of = accuracy.judge_out_of_source(read_runs(path))
     data = accuracy.report(judged, bands_of)
+    timed = tokens.csv_rows(path)
     if as_json:
-        typer.echo(json.dumps(data, indent=1, default=float))
+        typer.echo(json.dumps({**data, "tokens": tokens.report_data(timed)}, indent=1, default=float))
         return
     typer.echo(accuracy.render(data, f"shardplan accuracy {runs or ''}".strip()))
     if rows:
         typer.echo(accuracy.render_rows(judged))
+    typer.echo("\n## Tokens/s\n\n" + "\n".join(tokens.report_lines(timed)))

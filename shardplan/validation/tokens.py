@@ -151,15 +151,21 @@ def _table(title: str, groups: dict[str, dict[str, float]]) -> list[str]:
 
 def report_markdown(rows: list[TokensRow] | None = None) -> str:
     """The tokens/s section of docs/accuracy.md (between ``BEGIN`` and ``END``)."""
-    rows = dev_set_rows() if rows is None else rows
+    return "\n".join([BEGIN, "", *report_lines(dev_set_rows() if rows is None else rows), "", END])
+
+
+def report_lines(rows: list[TokensRow]) -> list[str]:
+    """The tokens/s report of ``rows`` (out-of-source predictions): the headline with the band, then
+    the tables per regime, source, GPU family and class, and the classes over ``WORST_SIGNED``."""
+    if not rows:
+        return ["No run with tokens/s that shardplan expresses."]
     overall = stats(r.error for r in rows)
     slower, faster = band_quantiles(rows)
     by_class = grouped(rows, lambda r: r.klass)
     off = [f"{k} ({v['signed_median']:+.1%}, {v['n']} runs)" for k, v in by_class.items()
            if abs(v["signed_median"]) > WORST_SIGNED]
     loso = ", ".join(f"{s} {k:.3f}" for s, k in sorted({r.source: r.window_factor for r in rows}.items()))
-    lines = [BEGIN, "",
-             f"{overall['n']} runs with tokens/s: median |error| {overall['median_abs']:.1%}, signed median "
+    lines = [f"{overall['n']} runs with tokens/s: median |error| {overall['median_abs']:.1%}, signed median "
              f"{overall['signed_median']:+.1%}, p90 {overall['p90_abs']:.1%} (error = predicted / published − 1; "
              f"each source predicted at the window factor fitted on the other sources — {loso}; answers use the "
              "one calibrated on all of them, shardplan/data/time_calibration.json — so every error is out of "
@@ -170,9 +176,29 @@ def report_markdown(rows: list[TokensRow] | None = None) -> str:
     lines += _table("GPU family", grouped(rows, lambda r: r.family))
     lines += [_family_bands(rows, slower, faster), ""]
     lines += _table("engine × strategy × method × GPU × nodes", by_class)
-    lines += [f"Classes with |signed median| > {WORST_SIGNED:.0%}: {len(off)} of {len(by_class)}: " + "; ".join(off) + ".",
-              "", END]
-    return "\n".join(lines)
+    return lines + [f"Classes with |signed median| > {WORST_SIGNED:.0%}: {len(off)} of {len(by_class)}: "
+                    + "; ".join(off) + "."]
+
+
+def report_data(rows: list[TokensRow]) -> dict:
+    """``report_lines``' numbers for JSON: overall, the band's fractions and the groups."""
+    if not rows:
+        return {"runs": 0}
+    slower, faster = band_quantiles(rows)
+    keys = {"regime": lambda r: r.regime, "source": lambda r: r.source, "gpu_family": lambda r: r.family,
+            "class": lambda r: r.klass}
+    return {"runs": len(rows), "overall": stats(r.error for r in rows),
+            "band": {"slower_than_predicted": slower, "faster_than_predicted": faster},
+            **{name: grouped(rows, key) for name, key in keys.items()}}
+
+
+def csv_rows(path: Path) -> list[TokensRow]:
+    """The tokens/s rows of any runs CSV, each predicted out of source: a development-set source at
+    the window factor fitted without it (the shipped leave-one-source-out values), any other source
+    at the shipped factor, which none of its runs was fitted on."""
+    queries = dev_set_queries(path)
+    cal = time_calibration.time_calibration()
+    return predict(queries, {q.source: cal["loso"].get(q.source, cal["value"]) for q in queries})
 
 
 def _family_bands(rows: list[TokensRow], slower: float, faster: float) -> str:
