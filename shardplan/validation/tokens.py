@@ -193,12 +193,15 @@ def report_data(rows: list[TokensRow]) -> dict:
 
 
 def csv_rows(path: Path) -> list[TokensRow]:
-    """The tokens/s rows of any runs CSV, each predicted out of source: a development-set source at
-    the window factor fitted without it (the shipped leave-one-source-out values), any other source
-    at the shipped factor, which none of its runs was fitted on."""
+    """The tokens/s rows of any runs CSV, each predicted out of source: at the window factor fitted
+    on the development set without the row's source (``window_factor.fitted``; a source the
+    development set lacks gets the factor fitted on all of it, which none of its runs was in). On
+    the development set itself these are ``dev_set_rows``."""
+    from shardplan.validation import window_factor
+
+    dev = predict(dev_set_queries(), window_factor=1.0)
     queries = dev_set_queries(path)
-    cal = time_calibration.time_calibration()
-    return predict(queries, {q.source: cal["loso"].get(q.source, cal["value"]) for q in queries})
+    return predict(queries, {s: window_factor.fitted(dev, leave_out=s) for s in {q.source for q in queries}})
 
 
 def _family_bands(rows: list[TokensRow], slower: float, faster: float) -> str:
