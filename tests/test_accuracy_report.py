@@ -83,7 +83,7 @@ def test_cli_on_a_users_csv(tmp_path):
     assert t["overall"]["signed_median"] == pytest.approx(fma.error)
     text = subprocess.run([sys.executable, "-m", "shardplan", "accuracy", str(mine)], capture_output=True,
                           text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout
-    assert "## Tokens/s" in text and "1 runs with tokens/s" in text and "| FMA | 1 |" in text
+    assert "## Tokens/s" in text and "1 run with tokens/s" in text and "| FMA | 1 |" in text
     bad = subprocess.run([sys.executable, "-m", "shardplan", "accuracy", str(tmp_path / "none.csv")], capture_output=True,
                          text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

@@ -162,10 +162,10 @@ def report_lines(rows: list[TokensRow]) -> list[str]:
     overall = stats(r.error for r in rows)
     slower, faster = band_quantiles(rows)
     by_class = grouped(rows, lambda r: r.klass)
-    off = [f"{k} ({v['signed_median']:+.1%}, {v['n']} runs)" for k, v in by_class.items()
+    off = [f"{k} ({v['signed_median']:+.1%}, {_runs(v['n'])})" for k, v in by_class.items()
            if abs(v["signed_median"]) > WORST_SIGNED]
     loso = ", ".join(f"{s} {k:.3f}" for s, k in sorted({r.source: r.window_factor for r in rows}.items()))
-    lines = [f"{overall['n']} runs with tokens/s: median |error| {overall['median_abs']:.1%}, signed median "
+    lines = [f"{_runs(overall['n'])} with tokens/s: median |error| {overall['median_abs']:.1%}, signed median "
              f"{overall['signed_median']:+.1%}, p90 {overall['p90_abs']:.1%} (error = predicted / published − 1; "
              f"each source predicted at the window factor fitted on the other sources — {loso}; answers use the "
              "one calibrated on all of them, shardplan/data/time_calibration.json — so every error is out of "
@@ -204,13 +204,17 @@ def csv_rows(path: Path) -> list[TokensRow]:
     return predict(queries, {s: window_factor.fitted(dev, leave_out=s) for s in {q.source for q in queries}})
 
 
+def _runs(n: int) -> str:
+    return f"{n} run" + ("" if n == 1 else "s")
+
+
 def _family_bands(rows: list[TokensRow], slower: float, faster: float) -> str:
     """The sentence naming the GPU families whose own quantiles widen an answer's band."""
     wider = []
     for family, group in grouped_rows(rows, lambda r: r.family).items():
         own = band_quantiles(group)
         if own[0] > slower or own[1] > faster:
-            wider.append(f"{family} /{1 + max(slower, own[0]):.3f} … ×{1 + max(faster, own[1]):.3f} ({len(group)} run{'s' if len(group) > 1 else ''})")
+            wider.append(f"{family} /{1 + max(slower, own[0]):.3f} … ×{1 + max(faster, own[1]):.3f} ({_runs(len(group))})")
     return ("An answer on a GPU family gets the same percentiles of that family's runs where they are wider, "
             "never narrower (`ThroughputBand.fractions`; `fit` says which): " + "; ".join(wider)
             + ". A family with no published run gets the band above, and `fit` says it has none.")
