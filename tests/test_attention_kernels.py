@@ -24,21 +24,26 @@ def test_ratio_is_the_papers_forward_and_backward_speedups_weighted_by_flops():
     assert 0.5 < tp.TRITON_OVER_FLASH2 < 1 / 1.3
 
 
+def _per_token_s(c):
+    """Forward + backward seconds per token, at the GEMM efficiency ``step_time`` would use."""
+    return sum(tp.compute_time_per_token_s(c, RATES, tp.gemm_efficiency(c, RATES)))
+
+
 @pytest.mark.parametrize("seq", [512, 4096, 32768])
 def test_triton_adds_attention_time_that_grows_with_sequence(seq):
     """Only the attention core slows: by its FLOPs / (peak · eff) · (1/ratio − 1), ∝ s per token."""
     sdpa, triton = columns(seq_len=seq, attention=st.SDPA), columns(seq_len=seq, attention=st.TRITON)
     f = tp.flops_per_token(sdpa)
     attn_s = (f["fwd_attention"] + f["bwd_attention"]) / (RATES.peak_flops_by_precision[0] * tp.attention_efficiency(sdpa, RATES))
-    slow = sum(tp.compute_time_per_token_s(triton, RATES)) - sum(tp.compute_time_per_token_s(sdpa, RATES))
+    slow = _per_token_s(triton) - _per_token_s(sdpa)
     assert float(slow) == pytest.approx(float(attn_s) * (1 / tp.TRITON_OVER_FLASH2 - 1), rel=1e-9)
     ratio = tp.attention_efficiency(triton, RATES) / tp.attention_efficiency(sdpa, RATES)
     assert float(ratio) == pytest.approx(tp.TRITON_OVER_FLASH2)
 
 
 def test_gap_per_token_is_linear_in_sequence_past_the_long_end():
-    gaps = [float(sum(tp.compute_time_per_token_s(columns(seq_len=s, attention=st.TRITON), RATES))
-                  - sum(tp.compute_time_per_token_s(columns(seq_len=s, attention=st.SDPA), RATES))) for s in (16384, 32768)]
+    gaps = [float(_per_token_s(columns(seq_len=s, attention=st.TRITON)) - _per_token_s(columns(seq_len=s, attention=st.SDPA)))
+            for s in (16384, 32768)]
     assert gaps[1] == pytest.approx(2 * gaps[0], rel=1e-9)
 
 

@@ -78,7 +78,8 @@ def test_it_falls_with_the_micro_batch():
 def test_it_scales_with_layers_and_the_price(monkeypatch):
     """Every layer is the same chain of cycles: at the same GPU seconds a layer, twice the layers is
     twice the exposure; a dearer unit exposes more."""
-    rates = tp.limiter_rates(fake_pg(2), tp.compute_rates(parse_gpus("2xh100-sxm")))
+    c, compute = fake_pg(2), tp.compute_rates(parse_gpus("2xh100-sxm"))
+    rates = tp.limiter_rates(c, compute, tp.gemm_efficiency(c, compute))
 
     def total(layers):
         f, b = fl.limiter_exposure_s(fake_pg(2, num_layers=layers), 0.011, 0.032, rates)

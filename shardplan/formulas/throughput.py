@@ -627,12 +627,13 @@ def gemm_shape_efficiency(c, rates: ComputeRates):
     return flops / time
 
 
-def compute_time_per_token_s(c, rates: ComputeRates):
-    """(forward, backward) seconds per token on one GPU, recompute included in backward."""
+def compute_time_per_token_s(c, rates: ComputeRates, eff):
+    """(forward, backward) seconds per token on one GPU, recompute included in backward. ``eff``:
+    ``gemm_efficiency(c, rates)``, which the caller computes once for everything that prices a
+    GEMM (``step_time``: it is the costliest part of an evaluation, a sum over every Linear's GEMMs)."""
     peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
     mm_peak = rates.peak_flops_by_precision[matmul_precision(c)]
     f = flops_per_token(c)
-    eff = gemm_efficiency(c, rates)
     ew = elementwise_bytes_per_token(c) / rates.hbm_bytes_per_s
     share_fwd = 1.0 / (2.0 + BACKWARD_ELEMENTWISE_FACTOR + recompute_fraction(c))
     attn = peak * attention_efficiency(c, rates)
@@ -789,11 +790,12 @@ def paged_migration_s(rates: ComputeRates, paged_bytes, spill_bytes):
     return np.where(spill > 0, 2.0 * np.asarray(paged_bytes, dtype=np.float64), 0.0) / rates.host_link_bytes_per_s
 
 
-def micro_batch_compute_s(c, rates: ComputeRates):
+def micro_batch_compute_s(c, rates: ComputeRates, eff):
     """(forward, backward) compute seconds of one micro-batch on one GPU, QLoRA's dequantization
-    split evenly between them, and the lm_head's share of it (its matmul share of N_matmul)."""
+    split evenly between them, and the lm_head's share of it (its matmul share of N_matmul).
+    ``eff``: ``gemm_efficiency(c, rates)`` (``compute_time_per_token_s``)."""
     tokens_mb = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64)
-    fwd_tok, bwd_tok = compute_time_per_token_s(c, rates)
+    fwd_tok, bwd_tok = compute_time_per_token_s(c, rates, eff)
     dequant = qlora_dequant_s(c, rates)
     head_share = (c.vocab_size * c.hidden_size) / matmul_params_per_token(c)
     fwd, bwd = (window_gpu_s(t * tokens_mb + dequant / 2, rates) for t in (fwd_tok, bwd_tok))
@@ -818,15 +820,16 @@ def per_unit_collective_s(c, t, v, syncs):
             per_call("ar_replica", sync_den * (v["ar_replica_calls"] > 0)))
 
 
-def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host):
+def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host, eff):
     """Seconds of a step's micro-batches with the per-unit overlap (module docstring): ``syncs`` of
     them reduce gradients, the rest (no_sync) do not; each forward and backward at least its eager
     host time (``host``: ``eager_host.host_phase_s``). Also returns the compute seconds of the step (FSDP's own
-    copies included) and the seconds the host adds beyond them when nothing is communicated."""
+    copies included) and the seconds the host adds beyond them when nothing is communicated.
+    ``eff``: ``gemm_efficiency(c, rates)``, one value for the compute and the limiter's rates."""
     k = np.asarray(c.grad_accum, dtype=np.float64)
     L = np.asarray(c.num_layers, dtype=np.float64)
     units = L + 1
-    cf_total, cb_total, head_share = micro_batch_compute_s(c, rates)
+    cf_total, cb_total, head_share = micro_batch_compute_s(c, rates, eff)
     cf, cb = cf_total * (1 - head_share) / L, cb_total * (1 - head_share) / L
     head_f, head_b = cf_total * head_share, cb_total * head_share
     ag_f, ag_b, rs, ar, rep = per_unit_collective_s(c, t, v, syncs)
@@ -850,7 +853,7 @@ def micro_batches_s(c, rates: ComputeRates, t, v, syncs, host):
     # each phase takes max(host, GPU): eager launches run ahead of the GPU (eager_host module docstring),
     # except where FSDP1's rate limiter holds the host to one adapted Linear ahead (fsdp1_limiter)
     host_f, host_b, _ = host
-    per_position = limiter_rates(c, rates)  # once: the GEMM rate is also what an expert's interval runs at
+    per_position = limiter_rates(c, rates, eff)  # once: the GEMM rate is also what an expert's interval runs at
     lim_f, lim_b = limiter_exposure_s(c, cf_u, cb + cp_b_gather, per_position)
     # and where an MoE's expert loop syncs the host once per expert (moe_sync)
     moe_f, moe_b = sync_exposure_s(c, expert_gemm_s(c, rates, per_position[0]))
@@ -874,23 +877,24 @@ def expert_gemm_s(c, rates: ComputeRates, s_per_flop=None):
     rows = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64) * k / np.maximum(e, 1)
     width = np.asarray(c.mlp_width, dtype=np.float64) / np.maximum(k, 1)
     flops = rows * 2 * (2 + np.asarray(c.gated_mlp, dtype=np.float64)) * np.asarray(c.hidden_size) * width
-    s_per_flop = limiter_rates(c, rates)[0] if s_per_flop is None else s_per_flop
+    s_per_flop = limiter_rates(c, rates, gemm_efficiency(c, rates))[0] if s_per_flop is None else s_per_flop
     return window_gpu_s(flops * s_per_flop, rates)
 
 
-def limiter_rates(c, rates: ComputeRates):
+def limiter_rates(c, rates: ComputeRates, eff):
     """What ``fsdp1_limiter.position_weights`` prices a layer's positions with: seconds per matmul
-    FLOP, per attention-core FLOP, and PEFT's adapter path (forward, backward) seconds per token."""
+    FLOP (at ``eff``: ``gemm_efficiency(c, rates)``, the compute's own), per attention-core FLOP,
+    and PEFT's adapter path (forward, backward) seconds per token."""
     mm_peak = rates.peak_flops_by_precision[matmul_precision(c)]
     attn_peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
     adapter = tuple(x / rates.hbm_bytes_per_s for x in lora_adapter_pass_bytes(c))
-    return 1.0 / (mm_peak * gemm_efficiency(c, rates)), 1.0 / (attn_peak * attention_efficiency(c, rates)), adapter
+    return 1.0 / (mm_peak * eff), 1.0 / (attn_peak * attention_efficiency(c, rates)), adapter
 
 
 def compute_only_phases_s(c, rates: ComputeRates):
     """(forward, backward) GPU seconds of one micro-batch without communication: compute and FSDP's
     copy-out after each all-gather (gradient packing left out, as for a no_sync micro-batch)."""
-    return _compute_only(micro_batch_compute_s(c, rates), fsdp_copy_s(c, rates))
+    return _compute_only(micro_batch_compute_s(c, rates, gemm_efficiency(c, rates)), fsdp_copy_s(c, rates))
 
 
 def _compute_only(compute, copies):
@@ -916,7 +920,10 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=N
     reduces = v["rs_grad_calls"] + v["ar_grad_calls"] + v["ar_replica_calls"] > 0
     syncs = np.asarray(np.where(reduces, sync_count(c, sync_every_micro_batch), 0), dtype=np.float64)
     host = host_phase_s(c)  # (forward, backward, optimizer step) seconds of the eager host
-    micro, compute, host_wait = micro_batches_s(c, rates, t, v, syncs, host)
+    # once per evaluation (the costliest part of it): the compute, FSDP1's limiter, the MoE expert
+    # loop and the reported column all price the Linear GEMMs at this one efficiency
+    eff = gemm_efficiency(c, rates)
+    micro, compute, host_wait = micro_batches_s(c, rates, t, v, syncs, host, eff)
     opt = optimizer_step_s(c, rates)
     host_opt = host[2]
     host_wait = host_wait + np.maximum(host_opt - opt, 0.0)
@@ -929,12 +936,13 @@ def step_time(c, links: LinkRates, rates: ComputeRates, sync_every_micro_batch=N
     out.update(compute_s=compute, optimizer_s=opt + cpu_opt, offload_transfer_s=offload, host_wait_s=host_wait,
                comm_s=sum(t[f"{n}_s"] for n in COLLECTIVE_OP), step_time_s=step,
                exposed_comm_s=np.maximum(step - compute - opt - cpu_opt - offload - host_wait, 0.0))
-    out.update(rates_per_step(c, rates, step))
+    out.update(rates_per_step(c, rates, step, eff))
     return out
 
 
-def rates_per_step(c, rates: ComputeRates, step_s):
-    """Tokens per step and per second, MFU, HFU and the recompute share for a step of ``step_s``."""
+def rates_per_step(c, rates: ComputeRates, step_s, eff):
+    """Tokens per step and per second, MFU, HFU and the recompute share for a step of ``step_s``, and
+    the GEMM efficiency ``eff`` it was priced at (``gemm_efficiency``)."""
     peak = rates.peak_flops_by_precision[np.asarray(c.precision)]
     tokens_step = np.asarray(c.micro_batch * c.seq_len, dtype=np.float64) * np.asarray(c.grad_accum, dtype=np.float64)
     f = flops_per_token(c)
@@ -947,7 +955,7 @@ def rates_per_step(c, rates: ComputeRates, step_s):
         # recomputed FLOPs over those the step runs without them (hfu/mfu is not this: under LoRA the
         # model-FLOPs convention 6N exceeds what the frozen base computes, 4N)
         recompute_extra=f["recompute"] * tokens_step / np.maximum(hw_flops - f["recompute"] * tokens_step, 1e-12),
-        gemm_efficiency=gemm_efficiency(c, rates),
+        gemm_efficiency=eff,
     )
 
 
