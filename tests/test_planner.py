@@ -5,9 +5,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from shardplan.cli.app import main
+from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.hardware import parse_gpus
 from shardplan.inputs.models import resolve_model
@@ -139,3 +141,26 @@ def test_reduce_dtype_cli_option_query_word_and_export(capsys, tmp_path):
     code, out, _ = run("plan", "llama-3.1-8b", "--gpus", "8xh100-sxm", "--seq-len", "4096",
                        "--global-batch-tokens", "256K", "--reduce-dtype", "bf16", "--json")
     assert code == 0 and {p["reduce_dtype"] for p in json.loads(out)["plans"]} == {"bf16"}
+
+
+def test_equals_of_the_best_plan_are_judged_on_the_all_runs_band():
+    """A GPU family's widened tokens/s band (b200: its published runs ran up to 1.88x slower) is the
+    same for every plan on that GPU, so ``rank_rows`` tells equals apart on the all-runs band: at
+    100 / 95 / 80 / 60 tokens/s, 95 is an equal of 100 (95 x 1.096 >= 100 / 1.067) and 80 is not,
+    although b200's displayed band (100 / 1.877 = 53) would make all of them equal."""
+    from types import SimpleNamespace
+
+    from shardplan.formulas.accuracy_bands import load_bands
+    from shardplan.formulas.verdict import throughput_band
+    from shardplan.planning.planner import rank_rows
+
+    bands = load_bands()
+    assert bands.throughput.fractions("b200")[0] > 0.5  # the widened family this guards against
+    tps = np.array([100.0, 95.0, 80.0, 60.0])
+    low, high = throughput_band(tps, bands, "b200")  # what the plan shows
+    r = {"tokens_per_s": tps, "tokens_per_s_low": low, "tokens_per_s_high": high, "margin_bytes": np.zeros(4)}
+    c = SimpleNamespace(strategy=np.full(4, st.FULL_SHARD), offload=np.full(4, st.OFFLOAD_NONE),
+                        ac=np.full(4, st.AC_NONE), grad_accum=np.ones(4, dtype=np.int64))
+    order, equal = rank_rows(np.arange(4), r, c, np.ones(4, dtype=bool), bands)
+    assert dict(zip(order.tolist(), equal.tolist())) == {0: True, 1: True, 2: False, 3: False}
+    assert np.all(high >= low[0])  # on the family band every one would have been an equal

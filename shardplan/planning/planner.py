@@ -22,7 +22,7 @@ from shardplan.formulas.comm import COLLECTIVES
 from shardplan.formulas.memory import BREAKDOWN_TERMS
 from shardplan.formulas.overflow import OVERFLOW_NOTE, check_one
 from shardplan.formulas.throughput import training_cost
-from shardplan.formulas.verdict import ADVICE, TIGHT, VERDICTS
+from shardplan.formulas.verdict import ADVICE, TIGHT, VERDICTS, throughput_band
 from shardplan.inputs import strategy as st
 from shardplan.inputs.config import TrainingConfig
 from shardplan.inputs.engines import tables as engine_tables
@@ -282,15 +282,19 @@ def moving_parts(c: Columns, sync: np.ndarray) -> np.ndarray:
             + (~np.asarray(sync, dtype=bool) & (c.grad_accum > 1)))
 
 
-def rank_rows(rows: np.ndarray, r: dict, c: Columns, sync: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rank_rows(rows: np.ndarray, r: dict, c: Columns, sync: np.ndarray,
+              bands: AccuracyBands | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``rows`` (fitting candidates) in plan order, and which of them are equal to the first: the
     fastest row's tokens/s band [low, point] decides; every row whose band reaches it (its high end
     at or above the fastest one's low end) is its equal, and equals are ordered by SECOND_CRITERION.
-    The rest follow by tokens/s."""
+    The rest follow by tokens/s. The band here is the all-runs one (``throughput_band`` without a
+    family): a GPU family's widening (``ThroughputBand.fractions``) is what all its published runs
+    shared, the same for every plan on that GPU, so it does not blur their order."""
     if rows.size == 0:
         return rows, np.zeros(0, dtype=bool)
     best = rows[np.argmax(r["tokens_per_s"][rows])]
-    equal = r["tokens_per_s_high"][rows] >= r["tokens_per_s_low"][best]
+    low, high = throughput_band(r["tokens_per_s"], bands)
+    equal = high[rows] >= low[best]
     parts = moving_parts(c, sync)[rows]
     # lexsort: last key first -> (not equal, then parts or -tokens/s, then -margin)
     first = np.where(equal, parts, 0).astype(np.float64)
@@ -397,10 +401,10 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
     fitting = np.flatnonzero(r["fits"])
     asked = st.METHODS.index(base.method)  # the query's method, else TrainingConfig's: full fine-tuning
     plans = _ranked(fitting[c.method[fitting] == asked], top, r, c, sync, cluster, train_tokens,
-                    price_per_gpu_hour, bases)
+                    price_per_gpu_hour, bases, bands)
     others = [p for m in sorted(bases) if m != asked
               for p in _ranked(fitting[c.method[fitting] == m], 1, r, c, sync, cluster, train_tokens,
-                               price_per_gpu_hour, bases)]
+                               price_per_gpu_hour, bases, bands)]
     tight_rows = np.flatnonzero((r["verdict"] == TIGHT) & (c.method == asked))
     tight_order = tight_rows[np.lexsort((-r["margin_bytes"][tight_rows], -r["tokens_per_s"][tight_rows]))]
     tight = [_plan_entry(i, 0, r, c, sync, cluster, _tight_why(i, r, c), train_tokens, price_per_gpu_hour, bases)
@@ -422,9 +426,9 @@ def plan(spec: ModelSpec, cluster: Cluster, base: TrainingConfig, workload: Work
 
 
 def _ranked(rows: np.ndarray, top: int, r: dict, c: Columns, sync, cluster: Cluster, train_tokens, price_per_gpu_hour,
-            bases) -> list[Plan]:
+            bases, bands: AccuracyBands | None = None) -> list[Plan]:
     """The best ``top`` plans of ``rows`` (one per family) in ``rank_rows``' order, explained."""
-    order, equal = rank_rows(rows, r, c, sync)
+    order, equal = rank_rows(rows, r, c, sync, bands)
     is_equal = dict(zip(order.tolist(), equal.tolist()))
     chosen = _best_per_family(order, c, top)
     chosen_arr = np.array(chosen, dtype=np.int64)
