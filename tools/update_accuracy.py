@@ -72,16 +72,11 @@ def throughput_band(shipped: dict) -> dict:
 
 
 def family_bands(rows: list) -> dict[str, dict]:
-    """Per GPU family (the report's class column), the same quantiles of that family's rows alone;
-    ``ThroughputBand.fractions`` widens an answer's band by them where they exceed the all-runs ones."""
+    """The band file's ``gpu_families`` (``tokens.family_bands``), rounded as the all-runs entry is."""
     from shardplan.validation import tokens
 
-    out = {}
-    for family, group in sorted(tokens.grouped_rows(rows, lambda r: r.family).items()):
-        slower, faster = tokens.band_quantiles(group)
-        out[family] = {"slower_than_predicted": round(slower, 3), "faster_than_predicted": round(faster, 3),
-                       "runs": len(group), "median_error": round(tokens.stats(r.error for r in group)["signed_median"], 3)}
-    return out
+    return {family: {k: round(v, 3) if isinstance(v, float) else v for k, v in band.model_dump().items()}
+            for family, band in tokens.family_bands(rows).items()}
 
 
 COLLECTIVES = ("<!-- collectives:begin -->", "<!-- collectives:end -->")

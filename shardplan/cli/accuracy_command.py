@@ -28,9 +28,11 @@ def accuracy_command(
     path = runs or DEFAULT_RUNS
     if not path.is_file():
         raise ShardplanError("runs", str(path), "no such file (give a runs CSV; the default exists in a checkout)")
-    judged, bands_of = accuracy.judge_out_of_source(read_runs(path))
+    rows_read = read_runs(path)
+    judged, bands_of = accuracy.judge_out_of_source(rows_read)
     data = accuracy.report(judged, bands_of)
-    timed = tokens.csv_rows(path)
+    # the tokens/s rows are fitted on the development set: read again only when the CSV is another
+    timed = tokens.csv_rows(rows_read, rows_read if path.resolve() == tokens.RUNS else None)
     if as_json:
         typer.echo(json.dumps({**data, "tokens": tokens.report_data(timed)}, indent=1, default=float))
         return

@@ -66,8 +66,9 @@ class BandClasses(_Frozen):
 
 
 class FamilyBand(_Frozen):
-    """One GPU family's published runs (``hardware.gpu_family``): the same quantiles as the
-    ``ThroughputBand``'s, of that family's out-of-source errors alone."""
+    """tokens/s: low = estimate / (1 + slower_than_predicted), high = estimate × (1 + faster_than_predicted),
+    over ``runs`` out-of-source errors: one GPU family's (``hardware.gpu_family``), or all of them
+    (``ThroughputBand``)."""
 
     slower_than_predicted: float = Field(ge=0)
     faster_than_predicted: float = Field(ge=0)
@@ -75,15 +76,18 @@ class FamilyBand(_Frozen):
     median_error: float
 
 
-class ThroughputBand(_Frozen):
-    """tokens/s: low = estimate / (1 + slower_than_predicted), high = estimate × (1 + faster_than_predicted).
-    ``gpu_families``: each GPU family's own quantiles, which widen the band of an answer on that
-    family (``fractions``)."""
+def widened(base: FamilyBand, own: FamilyBand | None) -> tuple[float, float]:
+    """(slower, faster): ``base``'s fractions, each side widened to ``own``'s where it is wider."""
+    if own is None:
+        return base.slower_than_predicted, base.faster_than_predicted
+    return (max(base.slower_than_predicted, own.slower_than_predicted),
+            max(base.faster_than_predicted, own.faster_than_predicted))
 
-    slower_than_predicted: float = Field(ge=0)
-    faster_than_predicted: float = Field(ge=0)
-    runs: int = Field(ge=1)
-    median_error: float
+
+class ThroughputBand(FamilyBand):
+    """The all-runs band with its provenance; ``gpu_families``: each GPU family's own band, which
+    widens the band of an answer on that family (``fractions``)."""
+
     status: Status
     derivation: str = Field(min_length=1)
     source: str = Field(min_length=1)
@@ -94,11 +98,7 @@ class ThroughputBand(_Frozen):
         to the family's own where its published runs erred further. Never narrowed: a few runs of
         one family do not make an estimate surer than all the runs do, and where the family erred
         less the all-runs quantile still holds what the model gets wrong elsewhere."""
-        own = self.gpu_families.get(family or "")
-        if own is None:
-            return self.slower_than_predicted, self.faster_than_predicted
-        return (max(self.slower_than_predicted, own.slower_than_predicted),
-                max(self.faster_than_predicted, own.faster_than_predicted))
+        return widened(self, self.gpu_families.get(family or ""))
 
     def evidence(self, family: str, calibrated: bool = False) -> dict[str, Any]:
         """What the runs behind the band say about answers on ``family``: its published runs, their

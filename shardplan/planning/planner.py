@@ -292,9 +292,9 @@ def rank_rows(rows: np.ndarray, r: dict, c: Columns, sync: np.ndarray,
     shared, the same for every plan on that GPU, so it does not blur their order."""
     if rows.size == 0:
         return rows, np.zeros(0, dtype=bool)
-    best = rows[np.argmax(r["tokens_per_s"][rows])]
-    low, high = throughput_band(r["tokens_per_s"], bands)
-    equal = high[rows] >= low[best]
+    tps = r["tokens_per_s"][rows]
+    low, high = throughput_band(tps, bands)
+    equal = high >= low[np.argmax(tps)]
     parts = moving_parts(c, sync)[rows]
     # lexsort: last key first -> (not equal, then parts or -tokens/s, then -margin)
     first = np.where(equal, parts, 0).astype(np.float64)

@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardplan.formulas.accuracy_bands import FamilyBand, widened
 from shardplan.inputs import hardware, time_calibration
 from shardplan.support.quantiles import error_stats, quantile
 from shardplan.validation.runs import RunQuery, read_runs
@@ -52,13 +53,9 @@ class TokensRow:
         return self.predicted / self.published - 1
 
 
-def gpu_family(cluster) -> str:
-    return hardware.gpu_family(cluster.gpu.name)
-
-
 def run_class(q: RunQuery) -> str:
     nodes = "1 node" if q.cluster.nodes == 1 else "multi-node"
-    return f"{q.config.engine} × {q.config.strategy} × {q.config.method} × {gpu_family(q.cluster)} × {nodes}"
+    return f"{q.config.engine} × {q.config.strategy} × {q.config.method} × {hardware.gpu_family(q.cluster.gpu.name)} × {nodes}"
 
 
 def regime(t: dict, offloaded: bool) -> str:
@@ -84,7 +81,7 @@ def predict(queries: list[RunQuery], window_factor: float | dict[str, float] | N
         gpu = t["compute_s"] + (t["optimizer_s"] if q.config.offload == "none" else 0.0)
         out.append(TokensRow(q.row_id, q.source, run_class(q), regime(t, q.config.offload != "none"),
                              q.measured_tokens_per_s_per_gpu,
-                             t["tokens_per_s_per_gpu"], gpu / t["step_time_s"], k, gpu_family(q.cluster)))
+                             t["tokens_per_s_per_gpu"], gpu / t["step_time_s"], k, hardware.gpu_family(q.cluster.gpu.name)))
     return out
 
 
@@ -192,15 +189,16 @@ def report_data(rows: list[TokensRow]) -> dict:
             **{name: grouped(rows, key) for name, key in keys.items()}}
 
 
-def csv_rows(path: Path) -> list[TokensRow]:
-    """The tokens/s rows of any runs CSV, each predicted out of source: at the window factor fitted
-    on the development set without the row's source (``window_factor.fitted``; a source the
-    development set lacks gets the factor fitted on all of it, which none of its runs was in). On
-    the development set itself these are ``dev_set_rows``."""
+def csv_rows(runs: list, dev_runs: list | None = None) -> list[TokensRow]:
+    """The tokens/s rows of a runs CSV's ``read_runs`` output, each predicted out of source: at the
+    window factor fitted on the development set without the row's source (``window_factor.fitted``;
+    a source the development set lacks gets the factor fitted on all of it, which none of its runs
+    was in). ``dev_runs``: the development set already read (None: read here). On the development
+    set itself these are ``dev_set_rows``."""
     from shardplan.validation import window_factor
 
-    dev = predict(dev_set_queries(), window_factor=1.0)
-    queries = dev_set_queries(path)
+    dev = predict(with_tokens(read_runs(RUNS) if dev_runs is None else dev_runs), window_factor=1.0)
+    queries = with_tokens(runs)
     return predict(queries, {s: window_factor.fitted(dev, leave_out=s) for s in {q.source for q in queries}})
 
 
@@ -208,13 +206,23 @@ def _runs(n: int) -> str:
     return f"{n} run" + ("" if n == 1 else "s")
 
 
+def family_bands(rows: list[TokensRow]) -> dict[str, FamilyBand]:
+    """Per GPU family, the ``band_quantiles`` of its rows alone (the band file's ``gpu_families``,
+    written by tools/update_accuracy.py; ``ThroughputBand.fractions`` widens an answer by them)."""
+    out = {}
+    for family, group in grouped_rows(rows, lambda r: r.family).items():
+        slower, faster = band_quantiles(group)
+        out[family] = FamilyBand(slower_than_predicted=slower, faster_than_predicted=faster, runs=len(group),
+                                 median_error=stats(r.error for r in group)["signed_median"])
+    return out
+
+
 def _family_bands(rows: list[TokensRow], slower: float, faster: float) -> str:
     """The sentence naming the GPU families whose own quantiles widen an answer's band."""
-    wider = []
-    for family, group in grouped_rows(rows, lambda r: r.family).items():
-        own = band_quantiles(group)
-        if own[0] > slower or own[1] > faster:
-            wider.append(f"{family} /{1 + max(slower, own[0]):.3f} … ×{1 + max(faster, own[1]):.3f} ({_runs(len(group))})")
+    base = FamilyBand(slower_than_predicted=slower, faster_than_predicted=faster, runs=len(rows), median_error=0.0)
+    wider = [f"{family} /{1 + s:.3f} … ×{1 + f:.3f} ({_runs(own.runs)})"
+             for family, own in family_bands(rows).items()
+             for s, f in [widened(base, own)] if (s, f) != (slower, faster)]
     return ("An answer on a GPU family gets the same percentiles of that family's runs where they are wider, "
             "never narrower (`ThroughputBand.fractions`; `fit` says which): " + "; ".join(wider)
             + ". A family with no published run gets the band above, and `fit` says it has none.")
